@@ -44,8 +44,9 @@ def reader_shares(plan):
 def _expected_shares(env, graph):
   """Reader shares from the strategies known when the dataset is built."""
   from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
+  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
   from epl.parallel import planner  # pylint: disable=import-outside-toplevel
-  state = env.graph_state(graph, create=False)
+  state = state_of(graph)
   taskgraphs = list(state.taskgraphs) if state is not None else []
   if not taskgraphs and env.default_strategy is not None:
     taskgraphs = [TaskGraph(0, env.default_strategy)]
@@ -174,8 +175,8 @@ def check_rewritten(graph):
   assumed = _assumed.get(graph)
   if not assumed:
     return
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
-  state = Env.get().graph_state(graph, create=False)
+  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
+  state = state_of(graph)
   result = state.rewrite_result if state is not None else None
   if result is None:
     return

@@ -5,11 +5,15 @@ code and calls the original:
 
 - `Graph._create_op_helper`: tags each new op with its TaskGraph and phase
   (`epl.ir.capture.on_op_created`).
-- `gradients_util._GradientsHelper` (behind `tf.gradients` and
-  `Optimizer.compute_gradients`): ops built inside are BACKWARD.
-- `Optimizer.compute_gradients`: remembers the raw gradients.
+- `gradients_util._GradientsHelper` (behind `tf.gradients`,
+  `Optimizer.compute_gradients` and `minimize`) and
+  `GradientTape.gradient` (Keras optimizers): ops built inside are
+  BACKWARD; the gradients of variables are recorded
+  (`epl.ir.capture.record_gradients`), dense when
+  communication.sparse_as_dense.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
-  (gradient, variable) pairs and the returned op are recorded.
+  (gradient, variable) pairs it applied are recorded, so that the rewrite
+  knows which post-processed gradient belongs to which raw one.
 - `Graph.finalize`: the rewrite runs before a graph is frozen (this is when
   `MonitoredTrainingSession` freezes it). Here and before the first run, a
   worker that holds no replica's first stage serves instead
@@ -27,8 +31,10 @@ code and calls the original:
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
 import functools
+import threading
 
 from tensorflow.python.client import session as session_lib
+from tensorflow.python.eager import backprop
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers
 from tensorflow.python.framework import errors as tf_errors
@@ -36,12 +42,21 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import gradients_util
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import saver as saver_lib
+from tensorflow.python.util import nest
 
 from epl.ir import capture
 from epl.ir.phase import Phase
 
 _originals = {}
-_apply_depth = [0]
+
+
+class _ApplyDepth(threading.local):
+  # Optimizers that wrap another call apply_gradients inside
+  # apply_gradients: only the outermost call is recorded.
+  value = 0
+
+
+_apply_depth = _ApplyDepth()
 
 
 def _env():
@@ -56,36 +71,43 @@ def _create_op_helper(original, graph, op, compute_device=True):
     capture.on_op_created(env, op)
 
 
-def _gradients_helper(original, *args, **kwargs):
-  with capture.phase_scope(Phase.BACKWARD):
-    return original(*args, **kwargs)
-
-
-def _compute_gradients(original, optimizer, *args, **kwargs):
-  grads_and_vars = original(optimizer, *args, **kwargs)
+def _gradients_helper(original, ys, xs, *args, **kwargs):
   env = _env()
-  if env is not None:
-    capture.record_computed_gradients(env, grads_and_vars)
-  return grads_and_vars
+  if env is None:
+    return original(ys, xs, *args, **kwargs)
+  with capture.phase_scope(Phase.BACKWARD):
+    grads = original(ys, xs, *args, **kwargs)
+    if env.config.communication.sparse_as_dense and not getattr(
+        ops.get_default_graph(), "building_function", False):
+      grads = capture.densify_sparse_gradients(grads)
+  capture.record_gradients(nest.flatten(xs), grads)
+  return grads
+
+
+def _tape_gradient(original, tape, target, sources, *args, **kwargs):
+  env = _env()
+  if env is None or ops.executing_eagerly_outside_functions():
+    return original(tape, target, sources, *args, **kwargs)
+  with capture.phase_scope(Phase.BACKWARD):
+    grads = original(tape, target, sources, *args, **kwargs)
+  capture.record_gradients(nest.flatten(sources), nest.flatten(grads))
+  return grads
 
 
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
                      name=None):
-  env = _env()
-  if env is None or _apply_depth[0]:
+  if _env() is None or _apply_depth.value:
     return original(optimizer, grads_and_vars, global_step=global_step,
                     name=name)
   grads_and_vars = list(grads_and_vars)
-  if env.config.communication.sparse_as_dense:
-    grads_and_vars = capture.densify_sparse_gradients(grads_and_vars)
-  _apply_depth[0] += 1
+  _apply_depth.value += 1
   try:
     with capture.phase_scope(Phase.APPLY):
       train_op = original(optimizer, grads_and_vars, global_step=global_step,
                           name=name)
   finally:
-    _apply_depth[0] -= 1
-  capture.record_apply(env, grads_and_vars, train_op, global_step)
+    _apply_depth.value -= 1
+  capture.record_apply(grads_and_vars, train_op, global_step)
   return train_op
 
 
@@ -157,7 +179,7 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
 _PATCHES = (
     (ops.Graph, "_create_op_helper", _create_op_helper),
     (gradients_util, "_GradientsHelper", _gradients_helper),
-    (optimizer_lib.Optimizer, "compute_gradients", _compute_gradients),
+    (backprop.GradientTape, "gradient", _tape_gradient),
     (optimizer_lib.Optimizer, "apply_gradients", _apply_gradients),
     (ops.Graph, "finalize", _finalize),
     (session_lib.BaseSession, "__init__", _session_init),

@@ -96,8 +96,8 @@ class PipelineTrace:
   @classmethod
   def from_run_metadata(cls, graph, run_metadata):
     """Builds the trace of a step of `graph` (rewritten by EPL)."""
-    from epl.env import Env  # pylint: disable=import-outside-toplevel
-    state = Env.get().graph_state(graph, create=False)
+    from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
+    state = state_of(graph)
     if state is None or state.rewrite_result is None:
       raise ValueError("The graph was not rewritten by EPL: run a training "
                        "step under epl.init() first.")

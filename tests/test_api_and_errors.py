@@ -4,6 +4,7 @@ import tensorflow as tf
 
 import epl
 from epl.cluster import Cluster
+from epl.ir.graph_state import state_of
 from epl.parallel import planner
 from tests import training
 
@@ -61,12 +62,14 @@ def test_ops_are_captured_per_taskgraph_and_phase():
       loss = tf.reduce_mean(tf.square(tf.compat.v1.layers.dense(hidden, 1)
                                       - y))
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-  state = epl.Env.get().graph_state(graph)
+  state = state_of(graph)
   assert [t.name for t in state.taskgraphs] == ["stage_0", "stage_1"]
   assert state.taskgraph_of(hidden.op).name == "stage_0"
   assert state.taskgraph_of(loss.op).name == "stage_1"
   assert state.phase_of(loss.op).value == "forward"
-  assert state.phase_of(x.op).value == "other"  # built outside every scope
+  # Built before the first strategy scope: forward work of the first one.
+  assert state.phase_of(x.op).value == "forward"
+  assert state.taskgraph_of(x.op).name == "stage_0"
   grad_matmuls = [op for op in graph.get_operations()
                   if op.name.startswith("gradients/dense/") and
                   op.type == "MatMul"]
@@ -75,7 +78,9 @@ def test_ops_are_captured_per_taskgraph_and_phase():
       state.taskgraph_of(op).name == "stage_0" for op in grad_matmuls)
   assert state.phase_of(train_op).value == "apply"
   [record] = state.gradient_records
-  assert record.train_op is train_op and len(record.grads_and_vars) == 4
+  assert len(record.pairs) == 4
+  [applied] = state.apply_records
+  assert applied.train_op is train_op and len(applied.grads_and_vars) == 4
 
 
 @pytest.mark.parametrize("strategy, error, message", [

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir.graph_state import state_of
 from epl.parallel import engine
 from epl.parallel.context import RewriteContext
 from tests import training
@@ -37,7 +38,7 @@ GLOBAL_BATCH = 8
 
 
 def _state(graph):
-  return epl.Env.get().graph_state(graph, create=False)
+  return state_of(graph)
 
 
 def _build_and_rewrite(**flags):
@@ -179,7 +180,7 @@ def _check_tiny_graph(graph, handles, replicas, stages, micro):
   # The word-embedding table is read by the gather (IndexedSlices gradient)
   # and by the tied MLM output layer (dense): tf.gradients sums the two into
   # one dense gradient, so nothing sparse reaches the all-reduce.
-  grads = {v.op.name: g for g, v in state.gradient_records[0].grads_and_vars}
+  grads = {v.name: g for g, v in state.gradient_records[0].pairs}
   table_grad = grads["bert/embeddings/word_embeddings"]
   assert isinstance(table_grad, tf.Tensor), type(table_grad)
 

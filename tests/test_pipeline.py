@@ -416,12 +416,14 @@ def test_error_compute_outside_every_stage():
 
 
 def test_error_trained_variable_outside_every_stage():
+  # Built between two stage scopes (ops built before the first scope
+  # belong to the first stage).
   def build(x, y):
-    weights = tf.compat.v1.get_variable("outside", [training.FEATURES, 1])
     with epl.replicate(1, name="stage_0"):
-      hidden = tf.matmul(x, weights)
+      hidden = tf.tanh(x)
+    weights = tf.compat.v1.get_variable("outside", [training.FEATURES, 1])
     with epl.replicate(1, name="stage_1"):
-      return tf.reduce_mean(tf.square(hidden - y))
+      return tf.reduce_mean(tf.square(tf.matmul(hidden, weights) - y))
   with pytest.raises(ValueError, match="Variable 'outside' is trained but "
                      "was created outside every stage"):
     _run_first_step(build)

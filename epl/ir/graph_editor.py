@@ -20,10 +20,15 @@ def input_ops(op):
   return [t.op for t in op.inputs] + list(op.control_inputs)
 
 
-def ancestors(roots):
-  """Every op that `roots` depend on, through data and control edges."""
+def output_ops(op):
+  """Consumers of op's outputs, then the ops it is a control input of."""
+  return [c for t in op.outputs for c in t.consumers()] + list(
+      op._control_outputs)  # pylint: disable=protected-access
+
+
+def _reachable(roots, neighbours):
   seen = set()
-  stack = [r for r in roots]
+  stack = list(roots)
   result = []
   while stack:
     op = stack.pop()
@@ -31,8 +36,19 @@ def ancestors(roots):
       continue
     seen.add(op.name)
     result.append(op)
-    stack.extend(input_ops(op))
+    stack.extend(neighbours(op))
   return result
+
+
+def ancestors(roots):
+  """`roots` and every op they depend on, through data and control edges."""
+  return _reachable(roots, input_ops)
+
+
+def descendants(roots):
+  """`roots` and every op that depends on them, through data and control
+  edges."""
+  return _reachable(roots, output_ops)
 
 
 def topological_order(ops):

@@ -1,32 +1,51 @@
-"""What EPL captured about one tf.Graph while the user built it."""
+"""What EPL captured about one tf.Graph while the user built it.
+
+The state lives on the graph itself (not in a process-wide table), so a
+graph that the user drops is freed with its state, and a later `epl.init`
+starts every graph afresh.
+"""
 import dataclasses
 from typing import List, Optional
 
+from epl.env import Env
 from epl.ir.phase import Phase
 from epl.ir.taskgraph import TaskGraph
+
+_ATTRIBUTE = "_epl_graph_state"
+# The TaskGraph of ops built before the first strategy scope: the first
+# TaskGraph, whichever it turns out to be (the original EPL's rule).
+_FIRST_TASKGRAPH = object()
 
 
 @dataclasses.dataclass
 class GradientRecord:
-  """One call of `Optimizer.apply_gradients`.
+  """One `tf.gradients` (or `GradientTape.gradient`) call.
 
-  `grads_and_vars` are the pairs the optimizer applied (gradients are
-  Tensors or IndexedSlices); `train_op` is the op it returned;
-  `computed_grads` are the gradients `compute_gradients` produced for the
-  same variables before any user post-processing (None when the user called
-  `tf.gradients` directly).
+  `pairs` are its (gradient, variable op) results for the sources that are
+  variables, gradients as TensorFlow returned them (Tensors or
+  IndexedSlices), before any user post-processing.
+  """
+  pairs: list
+
+
+@dataclasses.dataclass
+class ApplyRecord:
+  """One call of `Optimizer.apply_gradients` of the base class.
+
+  `grads_and_vars` are the pairs the optimizer applied (possibly
+  post-processed, e.g. clipped); `train_op` is the op it returned.
   """
   grads_and_vars: list
   train_op: object
   global_step: object = None
-  computed_grads: Optional[list] = None
 
 
 class GraphState:
   """TaskGraphs, op tags and gradient records of one graph."""
 
-  def __init__(self, graph):
+  def __init__(self, graph, generation):
     self.graph = graph
+    self.generation = generation
     self.taskgraphs: List[TaskGraph] = []
     self._taskgraph_by_name = {}
     self._op_taskgraph = {}
@@ -35,11 +54,11 @@ class GraphState:
     # pass (set by the rewrite); None for ops that run once per step.
     self._op_micro_batch = {}
     self.gradient_records: List[GradientRecord] = []
-    # Gradients returned by the latest compute_gradients, keyed by variable
-    # op name, so that apply_gradients can tell which were post-processed.
-    self.computed_grads = {}
+    self.apply_records: List[ApplyRecord] = []
     # Set once the rewrite has run; the engine keeps its result here.
     self.rewrite_result = None
+    # The graph version at which gradients were found without updates.
+    self.version_without_step = None
 
   def taskgraph_for(self, strategy):
     """The TaskGraph of `strategy` in this graph, created on first use."""
@@ -62,13 +81,21 @@ class GraphState:
     if micro_batch is not None:
       self._op_micro_batch[op.name] = micro_batch
 
+  def tag_before_first_strategy(self, op):
+    """Tags `op`, built before any strategy scope, as forward work of the
+    first TaskGraph."""
+    self.tag(op, _FIRST_TASKGRAPH, Phase.FORWARD)
+
   def copy_tags(self, source, target):
     """Gives op `target` (a clone) every tag of op `source`."""
     self.tag(target, self.taskgraph_of(source), self.phase_of(source),
              self.micro_batch_of(source))
 
   def taskgraph_of(self, op) -> Optional[TaskGraph]:
-    return self._op_taskgraph.get(op.name)
+    taskgraph = self._op_taskgraph.get(op.name)
+    if taskgraph is _FIRST_TASKGRAPH:
+      return self.taskgraphs[0] if self.taskgraphs else None
+    return taskgraph
 
   def phase_of(self, op) -> Phase:
     return self._op_phase.get(op.name, Phase.OTHER)
@@ -84,3 +111,22 @@ class GraphState:
 
   def set_micro_batch(self, op, micro_batch):
     self._op_micro_batch[op.name] = micro_batch
+
+
+def state_of(graph, create=False):
+  """The GraphState of `graph` under the current environment.
+
+  None when EPL is not initialised, or when the graph has none and not
+  `create`. A state left by an earlier `epl.init` counts as none.
+  """
+  if not Env.initialised():
+    return None
+  generation = Env.get().generation
+  state = getattr(graph, _ATTRIBUTE, None)
+  if state is not None and state.generation == generation:
+    return state
+  if not create:
+    return None
+  state = GraphState(graph, generation)
+  setattr(graph, _ATTRIBUTE, state)
+  return state

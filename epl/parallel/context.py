@@ -79,15 +79,20 @@ class RewriteContext:
     worker = self.plan.device_workers[self.replicas[local]][0]
     return self.cluster.host_device(worker)
 
-  def communicator(self, taskgraph_index):
-    """The communicator over TaskGraph `taskgraph_index` of every replica."""
-    if taskgraph_index in self.communicators:
-      return self.communicators[taskgraph_index]
+  def communicator(self, taskgraph_index, chain=0):
+    """A communicator over TaskGraph `taskgraph_index` of every replica.
+
+    Collectives of one communicator run in the order they were built;
+    each `chain` has its own, independent of the others.
+    """
+    key = (taskgraph_index, chain)
+    if key in self.communicators:
+      return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
                for r in range(self.plan.num_replicas)]
     communicator = CollectiveCommunicator(
         devices, self.replicas, self.keys,
         self.config.cluster.collective_timeout_seconds,
         self.cluster.device_type)
-    self.communicators[taskgraph_index] = communicator
+    self.communicators[key] = communicator
     return communicator

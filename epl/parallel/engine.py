@@ -25,6 +25,7 @@ import logging
 
 from epl.env import Env
 from epl.ir import capture
+from epl.ir.graph_state import state_of
 from epl.ir.resolve import resolve_training_ops
 from epl.parallel import planner
 from epl.parallel.context import RewriteContext
@@ -65,10 +66,10 @@ def _log_plan(ctx):
       len(ctx.subgraph.shared), len(ctx.subgraph.variables))
 
 
-def rewrite(graph, state):
-  """Runs the rewrite passes over `graph`; returns the RewriteResult."""
+def rewrite(graph, state, subgraph):
+  """Runs the rewrite passes over `graph`, whose training step is
+  `subgraph`; returns the RewriteResult."""
   env = Env.get()
-  subgraph = select_training_subgraph(graph, state)
   resolve_training_ops(state, subgraph.cloned)
   check_stages(state, subgraph)
   plan = planner.make_plan(env.cluster, state.taskgraphs, env.config)
@@ -76,7 +77,7 @@ def rewrite(graph, state):
                        cluster=env.cluster, subgraph=subgraph,
                        replicas=plan.local_replicas,
                        gradient_points=gradient_points(
-                           env.config, state.gradient_records))
+                           env.config, state))
   with capture.suspended():
     place_replica_zero(ctx)
     clone_micro_batches(ctx)
@@ -92,22 +93,20 @@ def rewrite(graph, state):
   return RewriteResult(ctx, variable_sync)
 
 
-def _state_to_rewrite(graph):
-  if not Env.initialised():
-    return None
-  state = Env.get().graph_state(graph, create=False)
-  if state is None or not state.gradient_records:
-    return None
-  return state
-
-
 def ensure_rewritten(graph):
-  """Rewrites `graph` once, if it holds captured training ops."""
-  state = _state_to_rewrite(graph)
-  if state is None:
+  """Rewrites `graph` once, when it holds a training step under strategies:
+  gradients recorded and variable updates built from them."""
+  state = state_of(graph)
+  if state is None or not state.taskgraphs or not state.gradient_records:
     return None
-  if state.rewrite_result is None:
-    state.rewrite_result = rewrite(graph, state)
+  if state.rewrite_result is None and state.version_without_step != (
+      graph.version):
+    subgraph = select_training_subgraph(graph, state)
+    if not subgraph.updates:
+      # Gradients without updates (yet): look again when the graph grows.
+      state.version_without_step = graph.version
+      return None
+    state.rewrite_result = rewrite(graph, state, subgraph)
   return state.rewrite_result
 
 

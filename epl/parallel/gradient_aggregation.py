@@ -6,30 +6,72 @@ import tensorflow as tf
 
 from epl.ir import capture
 from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from epl.parallel.training_subgraph import tensors_of
 
 logger = logging.getLogger("epl")
 
 
-def gradient_points(config, records):
-  """The (gradient, variable) pairs to reduce, one list per apply_gradients
-  call (`ctx.gradient_points` starts from these).
+def _applied_gradients(state):
+  """{name of a recorded gradient: the gradient apply_gradients applied for
+  the same variable}, where exactly one applied gradient descends from it.
 
-  By default the gradients the optimizer applies (any clipping ran per
-  replica before). With communication.clip_after_allreduce, the raw
-  gradients of compute_gradients, so that clipping sees reduced gradients.
+  Walks back from each applied gradient through the post-processing
+  between (ops that work on gradients), stopping at recorded gradients.
   """
-  points = []
-  for record in records:
-    if config.communication.clip_after_allreduce:
-      if record.computed_grads is not None:
-        points.append(list(zip(record.computed_grads,
-                               [v for _, v in record.grads_and_vars])))
+  raw_by_variable = collections.defaultdict(dict)
+  raw_ops = set()
+  for record in state.gradient_records:
+    for grad, variable in record.pairs:
+      raw_by_variable[variable.name][tensors_of(grad)[0].op.name] = grad
+      raw_ops.update(t.op.name for t in tensors_of(grad))
+  matches = collections.defaultdict(list)
+  for record in state.apply_records:
+    for applied, variable in record.grads_and_vars:
+      raw = raw_by_variable.get(variable.name)
+      if not raw:
         continue
-      logger.warning(
-          "communication.clip_after_allreduce is set but the gradients were "
-          "not made by Optimizer.compute_gradients; reducing the gradients "
-          "passed to apply_gradients instead.")
-    points.append(list(record.grads_and_vars))
+      stack = [t.op for t in tensors_of(applied)]
+      seen = set()
+      while stack:
+        op = stack.pop()
+        if op.name in seen:
+          continue
+        seen.add(op.name)
+        if op.name in raw:
+          matches[tensors_of(raw[op.name])[0].name].append(applied)
+        if op.name in raw_ops or state.phase_of(op) not in (Phase.BACKWARD,
+                                                            Phase.APPLY):
+          continue
+        stack.extend(graph_editor.input_ops(op))
+  return {name: applied[0] for name, applied in matches.items()
+          if len(applied) == 1}
+
+
+def gradient_points(config, state):
+  """The (gradient, variable op) pairs to reduce, one list per recorded
+  `tf.gradients` call (`ctx.gradient_points` starts from these).
+
+  By default the gradient as `apply_gradients` applied it, when it did:
+  any post-processing between (clipping) runs per replica first, as in the
+  original EPL. With communication.clip_after_allreduce, or when no
+  `apply_gradients` of the base class applied it (an optimizer that
+  overrides it, hand-written updates), the gradient `tf.gradients` made,
+  so that everything after it sees the reduced gradient. Each gradient is
+  reduced once.
+  """
+  applied = ({} if config.communication.clip_after_allreduce else
+             _applied_gradients(state))
+  points, seen = [], set()
+  for record in state.gradient_records:
+    pairs = []
+    for grad, variable in record.pairs:
+      point = applied.get(tensors_of(grad)[0].name, grad)
+      key = tensors_of(point)[0].name
+      if key not in seen:
+        seen.add(key)
+        pairs.append((point, variable))
+    points.append(pairs)
   return points
 
 
@@ -116,22 +158,23 @@ def aggregate_gradients(ctx):
   reduce_op = ctx.config.communication.gradients_reduce_method
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
-    for points in ctx.gradient_points:
+    # Each tf.gradients call's gradients reduce in a chain of their own, so
+    # that a train op run alone never waits on another's all-reduce.
+    for chain, points in enumerate(ctx.gradient_points):
       groups = collections.OrderedDict()
       sparse = []
       for grad, var in points:
-        taskgraph = ctx.taskgraph_index(grad.op if isinstance(grad, tf.Tensor)
-                                        else grad.values.op)
+        taskgraph = ctx.taskgraph_index(tensors_of(grad)[0].op)
         if isinstance(grad, tf.IndexedSlices):
           sparse.append((taskgraph, grad))
         else:
           groups.setdefault((taskgraph, grad.dtype), []).append(grad)
       for (taskgraph, _), grads in groups.items():
-        communicator = ctx.communicator(taskgraph)
+        communicator = ctx.communicator(taskgraph, chain)
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
         for bucket in _buckets(grads, ctx.config.communication.max_splits):
           _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, devices)
       for taskgraph, grad in sparse:
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
-        _reduce_sparse(ctx, ctx.communicator(taskgraph), grad, reduce_op,
+        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad, reduce_op,
                        devices)

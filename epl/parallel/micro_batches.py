@@ -7,28 +7,11 @@ import tensorflow as tf
 from epl.ir import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
-from epl.parallel.training_subgraph import INPUT_READ_TYPES
+from epl.parallel.training_subgraph import (INPUT_READ_TYPES, raw_gradients,
+                                            tensors_of)
 
 MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d/"
 ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
-
-
-def _accumulation_points(record):
-  """The gradients of one apply_gradients call to accumulate.
-
-  The raw gradients of compute_gradients when known, so that post-processing
-  (clipping) sees the accumulated gradient, as it would see the gradient of
-  one big batch; else the gradients passed to apply_gradients.
-  """
-  if record.computed_grads is not None:
-    return list(record.computed_grads)
-  return [grad for grad, _ in record.grads_and_vars]
-
-
-def _tensors_of(grad):
-  if isinstance(grad, tf.IndexedSlices):
-    return [grad.values, grad.indices]
-  return [grad]
 
 
 def _creates_state(op):
@@ -46,7 +29,7 @@ def _micro_batch_ops(ctx, points):
   """
   cloned = ctx.subgraph.cloned_names
   backward = set()
-  stack = [t.op for grad in points for t in _tensors_of(grad)]
+  stack = [t.op for grad in points for t in tensors_of(grad)]
   while stack:
     op = stack.pop()
     if op.name in backward or op.name not in cloned:
@@ -74,7 +57,7 @@ def _accumulate(ctx, grad, copies, built):
   ops built are tagged and appended to `built`.
   """
   mean = ctx.config.communication.gradients_reduce_method == "mean"
-  source = _tensors_of(grad)[0].op
+  source = tensors_of(grad)[0].op
   taskgraph = ctx.state.taskgraph_of(source)
   count = len(copies) + 1
 
@@ -137,9 +120,11 @@ def clone_micro_batches(ctx):
   count = ctx.plan.num_micro_batch
   state = ctx.state
   points = collections.OrderedDict()
-  for record in state.gradient_records:
-    for grad in _accumulation_points(record):
-      points.setdefault(_tensors_of(grad)[0].name, grad)
+  # The gradients tf.gradients made, so that post-processing (clipping)
+  # sees the accumulated gradient, as it would see the gradient of one big
+  # batch.
+  for grad in raw_gradients(state):
+    points.setdefault(tensors_of(grad)[0].name, grad)
   selected = _micro_batch_ops(ctx, list(points.values()))
   for op in selected:
     if op.type in INPUT_READ_TYPES:
@@ -164,20 +149,20 @@ def clone_micro_batches(ctx):
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       ACCUMULATION_SCOPE), ctx.graph.control_dependencies(None):
     for name, grad in points.items():
-      if _tensors_of(grad)[0].op.name not in selected_names:
+      if tensors_of(grad)[0].op.name not in selected_names:
         continue
       readers = [(tensor, [c for c in tensor.consumers()
                            if c.name in ctx.subgraph.cloned_names and
                            c.name not in selected_names])
-                 for tensor in _tensors_of(grad)]
+                 for tensor in tensors_of(grad)]
       copies = [_copy_of(grad, clones) for clones in ctx.micro_batches[1:]]
       total = _accumulate(ctx, grad, copies, built)
-      for (old, consumers), new in zip(readers, _tensors_of(total)):
+      for (old, consumers), new in zip(readers, tensors_of(total)):
         graph_editor.replace_input_in(consumers, old, new)
       accumulated[name] = total
   ctx.subgraph.add_cloned(built)
   ctx.clones[0].update({op.name: op for op in built})
   ctx.gradient_points = [
-      [(accumulated.get(_tensors_of(grad)[0].name, grad), var)
+      [(accumulated.get(tensors_of(grad)[0].name, grad), var)
        for grad, var in record_points]
       for record_points in ctx.gradient_points]

@@ -12,9 +12,7 @@ and both are reported here, naming the ops, before any graph is changed:
 """
 from epl.ir.phase import Phase
 from epl.ir import graph_editor
-from epl.parallel.training_subgraph import (VARIABLE_TYPES,
-                                            is_variable_writer,
-                                            variable_consumers)
+from epl.parallel.training_subgraph import VARIABLE_TYPES, written_variables
 
 _VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 
@@ -42,9 +40,8 @@ def _outside_every_stage(state, subgraph):
           "pipeline (datasets, iterators, get_next) may be built outside the "
           "stages; it goes to the first stage that reads it." %
           (op.name, op.type, stage_inputs[0].name))
-    if op.type in VARIABLE_TYPES and any(
-        c.name in cloned and is_variable_writer(c)
-        for c in variable_consumers(op)):
+    if op.type in VARIABLE_TYPES and op.name not in subgraph.global_steps and (
+        any(op in written_variables(u) for u in subgraph.updates)):
       raise ValueError(
           "Variable %r is trained but was created outside every stage scope, "
           "and no default strategy is set. Create it inside the stage that "

@@ -80,10 +80,11 @@ def session_workers(env, graph):
   This worker, plus the workers that hold later pipeline stages of its
   replicas (from the plan, when the model is already annotated).
   """
+  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
   from epl.parallel import planner  # pylint: disable=import-outside-toplevel
   cluster = env.cluster
   workers = {cluster.worker_index}
-  state = env.graph_state(graph, create=False) if graph is not None else None
+  state = state_of(graph) if graph is not None else None
   if state is not None and state.taskgraphs:
     result = state.rewrite_result
     try:

@@ -35,7 +35,8 @@ class Strategy:
 
   def __enter__(self):
     from epl.env import Env  # pylint: disable=import-outside-toplevel
-    Env.get().enter_strategy(self, tf.compat.v1.get_default_graph())
+    from epl.ir import capture  # pylint: disable=import-outside-toplevel
+    capture.enter_strategy(Env.get(), self, tf.compat.v1.get_default_graph())
     return self
 
   def __exit__(self, *exc_info):

@@ -1,0 +1,81 @@
+"""The entry points that set EPL up and take it down: `epl.init`,
+`epl.shutdown`, `epl.set_default_strategy`."""
+import logging
+
+import tensorflow as tf
+
+from epl import patches
+from epl.cluster import Cluster
+from epl.config import Config
+from epl.env import Env
+from epl.runtime import server
+from epl.strategies.strategy import Strategy
+
+logger = logging.getLogger("epl")
+
+
+def set_default_strategy(strategy):
+  """Every op built outside a strategy scope belongs to `strategy`."""
+  if strategy is not None and not isinstance(strategy, Strategy):
+    raise ValueError(
+        "epl.set_default_strategy expects epl.replicate(...) or "
+        "epl.split(...), got %r." % (strategy,))
+  Env.get().default_strategy = strategy
+
+
+def _ensure_graph_mode():
+  """EPL rewrites graphs: switch eager TF2 to graph mode before any build."""
+  if tf.executing_eagerly():
+    tf.compat.v1.disable_eager_execution()
+    logger.info("epl.init: eager execution was on; switched to graph mode "
+                "(tf.compat.v1.disable_eager_execution).")
+
+
+def _configure_logging():
+  if not logger.handlers:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[EPL %(levelname)s] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def init(config=None):
+  """Initialises EPL; call once before building the model.
+
+  Switches TensorFlow to graph mode if it is executing eagerly, reads the
+  cluster (TF_CONFIG, devices), installs the capture and session hooks, and
+  in a multi-worker job starts this worker's tf.distribute.Server.
+  Calling it again starts afresh with the new config.
+  """
+  _configure_logging()
+  if config is None:
+    config = Config()
+  elif isinstance(config, dict):
+    config = Config(config)
+  elif not isinstance(config, Config):
+    raise ValueError("epl.init(config=...) expects epl.Config or a dict, got "
+                     "%r." % (config,))
+  unbuilt = config.unbuilt_settings()
+  if unbuilt:
+    logger.warning("epl.init: these settings are accepted but their feature "
+                   "is not built yet, so they have no effect: %s", unbuilt)
+  _ensure_graph_mode()
+  env = Env(config, Cluster.from_environment(config))
+  Env.install(env)
+  patches.install()
+  # A multi-worker job (TF_CONFIG) starts this worker's gRPC server now, so
+  # that peers can reach it before the first collective.
+  server.get_or_start(env)
+  logger.info("epl.init: %s", env.cluster)
+  return env
+
+
+def shutdown():
+  """Forgets the environment and removes EPL's hooks from TensorFlow.
+
+  After it, graphs build and run as plain TensorFlow (used by tests that
+  compare against single-device training in the same process).
+  """
+  patches.uninstall()
+  Env.install(None)
