@@ -13,11 +13,13 @@ The passes, in order (each a function with its own docstring):
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
   9. join_replicas             - the train op waits for every replica
- 10. aggregate_gradients       - all-reduce between gradients and update
- 11. schedule_pipeline         - each stage runs its micro-batches in the
+ 10. order_shared_writes       - the global_step increment runs once, after
+                                 every replica read it
+ 11. aggregate_gradients       - all-reduce between gradients and update
+ 12. schedule_pipeline         - each stage runs its micro-batches in the
                                  schedule's order
- 12. merge_global_objects      - merged fetches
- 13. VariableSync.update       - init / restore reach every replica
+ 13. merge_global_objects      - merged fetches
+ 14. VariableSync.update       - init / restore reach every replica
 Later, before each run, VariableSync handles ops built since.
 """
 import collections
@@ -36,6 +38,7 @@ from epl.parallel.micro_batches import clone_micro_batches
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.schedule import schedule_pipeline
+from epl.parallel.shared_writes import order_shared_writes
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
@@ -84,6 +87,7 @@ def rewrite(graph, state, subgraph):
     clone_replicas(ctx)
     order_input_reads(ctx)
     join_replicas(ctx)
+    order_shared_writes(ctx)
     aggregate_gradients(ctx)
     schedule_pipeline(ctx)
     merge_global_objects(ctx)
