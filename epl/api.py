@@ -2,8 +2,7 @@
 `epl.shutdown`, `epl.set_default_strategy`."""
 import logging
 
-import tensorflow as tf
-
+from epl import graph_mode
 from epl import patches
 from epl.cluster import Cluster
 from epl.config import Config
@@ -21,14 +20,6 @@ def set_default_strategy(strategy):
         "epl.set_default_strategy expects epl.replicate(...) or "
         "epl.split(...), got %r." % (strategy,))
   Env.get().default_strategy = strategy
-
-
-def _ensure_graph_mode():
-  """EPL rewrites graphs: switch eager TF2 to graph mode before any build."""
-  if tf.executing_eagerly():
-    tf.compat.v1.disable_eager_execution()
-    logger.info("epl.init: eager execution was on; switched to graph mode "
-                "(tf.compat.v1.disable_eager_execution).")
 
 
 def _configure_logging():
@@ -60,7 +51,7 @@ def init(config=None):
   if unbuilt:
     logger.warning("epl.init: these settings are accepted but their feature "
                    "is not built yet, so they have no effect: %s", unbuilt)
-  _ensure_graph_mode()
+  graph_mode.ensure_graph_mode()
   env = Env(config, Cluster.from_environment(config))
   Env.install(env)
   patches.install()

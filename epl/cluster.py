@@ -107,8 +107,78 @@ class Cluster:
   def worker_of(self, global_index):
     return global_index // self.devices_per_worker
 
+  # The original EPL's names, read by its published scripts. They count
+  # the devices EPL uses, GPUs or logical CPU devices.
+
+  @property
+  def gpu_num_per_worker(self):
+    return self.devices_per_worker
+
+  @property
+  def total_gpu_num(self):
+    return self.total_devices
+
+  @property
+  def available_devices(self):
+    """Every device of the job, workers in order."""
+    return [self.device_name(i) for i in range(self.total_devices)]
+
+  @property
+  def virtual_devices(self):
+    """The original's default ("all") layout: one VirtualDevice whose
+    slices are the job's devices, one each."""
+    return [VirtualDevice([[d] for d in self.available_devices],
+                          self.worker_index, self)]
+
+  @property
+  def hosts(self):
+    return [address.rsplit(":", 1)[0] for address in self.worker_addresses]
+
+  @property
+  def cluster_spec(self):
+    """The job as a tf.train.ClusterSpec (one local worker: localhost)."""
+    return tf.train.ClusterSpec(
+        {"worker": self.worker_addresses or ["localhost:0"]})
+
+  def current_worker_cpu(self):
+    return self.host_device(self.worker_index)
+
+  def current_worker_chief_gpu(self):
+    return self.device_name(self.worker_index * self.devices_per_worker)
+
   def __repr__(self):
     return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker,"
             " %d in total)" % (self.worker_num, self.worker_index,
                                self.devices_per_worker, self.device_type,
                                self.total_devices))
+
+
+class VirtualDevice:
+  """Device slices, as the original EPL's `cluster.virtual_devices` gave
+  them: slice r holds the devices of model replica r."""
+
+  def __init__(self, slices, worker_index, cluster):
+    self.slice_devices = [list(s) for s in slices]
+    self._worker_index = worker_index
+    self._cluster = cluster
+
+  @property
+  def all_devices(self):
+    return [d for s in self.slice_devices for d in s]
+
+  @property
+  def local_devices(self):
+    """The devices of this worker."""
+    per_worker = self._cluster.devices_per_worker
+    return [d for i, d in enumerate(self.all_devices)
+            if i // per_worker == self._worker_index]
+
+  @property
+  def num_replicas(self):
+    return len(self.slice_devices)
+
+  def get_device(self, replica, device_index):
+    return self.slice_devices[replica][device_index]
+
+  def __repr__(self):
+    return "VirtualDevice(%r)" % self.slice_devices

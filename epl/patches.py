@@ -25,6 +25,9 @@ code and calls the original:
 - `TFRecordDataset`, `TextLineDataset`, `FixedLengthRecordDataset`
   constructors and `Dataset.list_files`: with `io.slicing`, the file list is
   cut to this worker's share (`epl.io_slicing`).
+- `DatasetV1._make_one_shot_iterator` / `_make_initializable_iterator`
+  (behind `tf.compat.v1.data.make_*_iterator`): a dataset built eagerly
+  before `epl.init()` raises a clear error (`epl.graph_mode`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
 
@@ -160,6 +163,13 @@ def _dataset_init(original, dataset, *args, **kwargs):
   original(dataset, *args, **kwargs)
 
 
+def _dataset_iterator(original, dataset, *args, **kwargs):
+  if _env() is not None:
+    from epl import graph_mode  # pylint: disable=import-outside-toplevel
+    graph_mode.check_dataset_in_graph(dataset)
+  return original(dataset, *args, **kwargs)
+
+
 def _list_files(original, *args, **kwargs):
   if _env() is None:
     return original(*args, **kwargs)
@@ -188,6 +198,8 @@ _PATCHES = (
     (readers.TextLineDatasetV2, "__init__", _dataset_init),
     (readers.FixedLengthRecordDatasetV2, "__init__", _dataset_init),
     (dataset_ops.DatasetV2, "list_files", _list_files),
+    (dataset_ops.DatasetV1, "_make_one_shot_iterator", _dataset_iterator),
+    (dataset_ops.DatasetV1, "_make_initializable_iterator", _dataset_iterator),
     (saver_lib.Saver, "save", _saver_save),
 )
 # Static methods among the entry points: wrapped without a `self`.

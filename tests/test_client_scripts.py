@@ -5,6 +5,10 @@ apply_gradients, the manual global_step increment, clipping by global norm,
 an embedding built before the first strategy, stages by switching the
 default strategy.
 """
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -191,3 +195,51 @@ def test_clipping_semantics(use_tf_gradients, micro_batches,
   if not clip_after_allreduce:
     single = _single_device_clipped(REPLICAS * micro_batches * MICRO)
     assert any(np.abs(actual[n] - single[n]).max() > 1e-4 for n in single)
+
+
+def test_original_cluster_api_as_a_resnet_script_reads_it():
+  env = epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  cluster = epl.Env.get().cluster
+  assert env.cluster is cluster
+  assert (cluster.worker_num, cluster.worker_index) == (1, 0)
+  assert cluster.gpu_num_per_worker == 4 and cluster.total_gpu_num == 4
+  assert cluster.available_devices == ["/device:CPU:%d" % i for i in range(4)]
+  [virtual] = cluster.virtual_devices
+  assert virtual.num_replicas == 4 and virtual.get_device(2, 0) == (
+      "/device:CPU:2")
+  assert virtual.local_devices == cluster.available_devices
+  assert cluster.cluster_spec.as_dict() == {"worker": ["localhost:0"]}
+  assert cluster.current_worker_cpu() == "/device:CPU:0"
+  # A ResNet-style script sizes its global batch from the device count.
+  per_device_batch = 2
+  epl.set_default_strategy(epl.replicate(1))
+  with tf.Graph().as_default():
+    x, y = training.input_batch(per_device_batch)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    global_batch = per_device_batch * cluster.gpu_num_per_worker * (
+        cluster.worker_num)
+    merged = tf.shape(x)[0]
+    epl.add_to_collection(merged, epl.GraphKeys.GLOBAL_SUM_OBJECTS)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      _, rows = session.run([train_op, merged])
+  assert rows == global_batch == 8
+
+
+def test_dataset_built_before_init_is_a_clear_error(tmp_path):
+  script = tmp_path / "script.py"
+  script.write_text(
+      "import tensorflow as tf\nimport epl\n"
+      "dataset = tf.data.Dataset.range(8).batch(2)\n"
+      "epl.init()\n"
+      "tf.compat.v1.data.make_one_shot_iterator(dataset)\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run(
+      [sys.executable, str(script)], capture_output=True, text=True,
+      timeout=120, check=False,
+      env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode != 0
+  assert "built before epl.init()" in result.stderr
+  assert "Call epl.init() before building the input pipeline" in (
+      result.stderr)

@@ -18,3 +18,10 @@ def test_quick_start_trains_data_parallel_on_four_devices():
   assert "4 model replica(s)" in result.stderr
   losses = [float(l.rsplit(" ", 1)[1]) for l in lines]
   assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_readme_shows_the_quick_start_script_whole():
+  with open(os.path.join(ROOT, "README.md")) as readme:
+    text = readme.read()
+  with open(os.path.join(ROOT, "examples/quick_start/train.py")) as script:
+    assert "```python\n" + script.read() + "```\n" in text
