@@ -59,6 +59,8 @@ class GraphState:
     self.rewrite_result = None
     # The graph version at which gradients were found without updates.
     self.version_without_step = None
+    # Fetch sets (op names) found to train nothing EPL did not rewrite.
+    self.checked_fetches = set()
 
   def taskgraph_for(self, strategy):
     """The TaskGraph of `strategy` in this graph, created on first use."""

@@ -46,21 +46,21 @@ def resolve_training_ops(state, ops):
   """Gives every op of `ops` (topologically ordered) a TaskGraph and phase.
 
   - Ops that work on gradients become BACKWARD (mark_gradient_processing).
-  - An op without a TaskGraph that is colocated with an op that has one
-    takes it (slot variables and Adam's beta powers go with the variable
-    the optimizer colocated them with, as TensorFlow's placer requires).
+  - An op colocated with an op that has a TaskGraph takes it, whatever
+    capture said (slot variables and Adam's beta powers go with the
+    variable the optimizer colocated them with, as TensorFlow's placer
+    requires, also when a Keras optimizer built them under another
+    strategy).
   - Other ops without a TaskGraph take it from their neighbours: backward
     ops from their consumers first (gradients flow to the stage of the
     forward op), others from their inputs (the latest stage among them).
   - Whatever is still open goes to the first TaskGraph.
-  Keeps every tag capture already set.
+  Keeps every other tag capture set.
   """
   names = {op.name for op in ops}
   mark_gradient_processing(state, ops)
   graph = ops[0].graph if ops else None
   for op in ops:
-    if state.taskgraph_of(op) is not None:
-      continue
     for target in _colocation_targets(op):
       try:
         taskgraph = state.taskgraph_of(graph.get_operation_by_name(target))

@@ -55,6 +55,8 @@ class RewriteResult:
     self.substitutes = ctx.substitutes
     self.variable_sync = variable_sync
     self.graph_version = ctx.graph.version
+    # Names of every op of the rewritten step (epl.runtime.coverage).
+    self.covered_names = None
 
 
 def _log_plan(ctx):

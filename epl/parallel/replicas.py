@@ -76,15 +76,22 @@ def order_input_reads(ctx):
 
 
 def join_replicas(ctx):
-  """Makes every shared op of the step wait for all replicas' inputs to it.
+  """Makes every op the user may fetch to train run every replica's step.
 
   A shared op (the op `apply_gradients` returned, the global_step
   increment) that reads an op of the cloned part gets control edges from
   that op's copy in every other replica: fetching the user's `train_op`
-  then runs the update of every replica. Data edges are kept.
+  then runs the update of every replica. A cloned op that ends the step
+  (no op of the step reads it, such as the variable increment a Keras
+  optimizer returns as its train op) gets control edges from its own
+  copies. Data edges are kept.
   """
   cloned = ctx.subgraph.cloned_names
   for op in ctx.subgraph.joins + ctx.subgraph.shared:
     inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
     for local in range(1, len(ctx.replicas)):
       graph_editor.add_control_inputs(op, [ctx.op(local, i) for i in inputs])
+  for op in ctx.subgraph.cloned:
+    if not any(c.name in cloned for c in graph_editor.output_ops(op)):
+      graph_editor.add_control_inputs(
+          op, [ctx.op(local, op) for local in range(1, len(ctx.replicas))])

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from epl import io_slicing
 from epl.parallel import engine
+from epl.runtime import coverage
 from epl.runtime import server as epl_server
 
 
@@ -81,6 +82,7 @@ def before_run(graph, fetches):
   """Rewrites the graph if needed; returns the fetches to really run."""
   substitutes = engine.before_run(graph)
   io_slicing.check_rewritten(graph)
+  coverage.check_run(graph, fetches)
   if not substitutes:
     return fetches
   return _substitute(fetches, substitutes)

@@ -1,0 +1,126 @@
+"""No silent single-device training.
+
+Under strategies, a `Session.run` that trains variables (writes a
+trainable variable from values computed from other variables) through ops
+that EPL did not rewrite is an error: training would run on one replica
+with its batch, not the job's. This happens when EPL never saw the
+gradients (computed inside a `tf.function`, a Keras 3 optimizer,
+`Model.fit`), or when the train op was built after EPL rewrote the graph
+at its first run. Initialisers, restores and `var.load` write variables
+from values that come from no other variable, and pass.
+"""
+import tensorflow as tf
+
+from epl.ir import graph_editor
+from epl.ir.capture import VARIABLE_TYPES, variable_op
+from epl.ir.graph_state import state_of
+from epl.parallel.training_subgraph import written_variables
+
+# EPL's own ops (replica copies, variable sync, collectives) are named
+# under EPL_* scopes.
+_EPL_PREFIX = "EPL_"
+_FUNCTION_CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+
+
+def _fetched_ops(fetch, graph, result):
+  """Appends the ops of `fetch` (any Session.run fetch structure)."""
+  if isinstance(fetch, (list, tuple)):
+    for item in fetch:
+      _fetched_ops(item, graph, result)
+  elif isinstance(fetch, dict):
+    for item in fetch.values():
+      _fetched_ops(item, graph, result)
+  elif isinstance(fetch, tf.Operation):
+    result.append(fetch)
+  elif isinstance(fetch, str):
+    try:
+      element = graph.as_graph_element(fetch)
+    except (KeyError, ValueError, TypeError):
+      return
+    _fetched_ops(element, graph, result)
+  elif isinstance(fetch, tf.IndexedSlices):
+    _fetched_ops([fetch.values, fetch.indices], graph, result)
+  elif hasattr(fetch, "op") and isinstance(fetch.op, tf.Operation):
+    result.append(fetch.op)
+
+
+def _covered_names(state):
+  result = state.rewrite_result
+  if result is None:
+    return frozenset()
+  if result.covered_names is None:
+    ctx = result.context
+    names = set(ctx.subgraph.cloned_names)
+    names.update(op.name for op in ctx.subgraph.shared + ctx.subgraph.joins)
+    names.update(ctx.clones[0])
+    result.covered_names = frozenset(names)
+  return result.covered_names
+
+
+def _uncovered_ancestors(roots, covered):
+  """`roots` and their ancestors, not walking past ops EPL rewrote (whose
+  ancestors are all part of the rewritten step)."""
+  seen, stack, result = set(), list(roots), []
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    result.append(op)
+    if op.name not in covered:
+      stack.extend(graph_editor.input_ops(op))
+  return result
+
+
+def _trains(op, written, trainable, covered):
+  """Whether `op` writes `written` from values computed from variables:
+  a function call (which reads what it is given), or an op whose inputs
+  other than its targets come from a trainable variable or from the
+  rewritten training step."""
+  if op.type in _FUNCTION_CALLS:
+    return True
+  targets = {v.name for v in written}
+  roots = [t.op for t in op.inputs if t.op.name not in targets]
+  roots += op.control_inputs
+  return any(a.name in covered or (
+      a.type in VARIABLE_TYPES and a.name in trainable and
+      a.name not in targets) for a in _uncovered_ancestors(roots, covered))
+
+
+def check_run(graph, fetches):
+  """Raises if running `fetches` trains variables EPL did not parallelise.
+
+  Checked once per distinct set of fetches, in graphs that use strategies.
+  """
+  state = state_of(graph)
+  if state is None or not state.taskgraphs:
+    return
+  ops = []
+  _fetched_ops(fetches, graph, ops)
+  key = frozenset(op.name for op in ops)
+  if key in state.checked_fetches:
+    return
+  covered = _covered_names(state)
+  trainable = set()
+  for variable in graph.get_collection(
+      tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+    op = variable_op(variable)
+    if op is not None:
+      trainable.add(op.name)
+  for op in _uncovered_ancestors(ops, covered):
+    if op.name in covered or op.name.startswith(_EPL_PREFIX):
+      continue
+    written = [v for v in written_variables(op) if v.name in trainable]
+    if written and _trains(op, written, trainable, covered):
+      raise RuntimeError(
+          "EPL: this Session.run trains %s through op %r (%s), which EPL "
+          "did not parallelise, so it would train on one replica's batch "
+          "only. EPL sees gradients made by tf.gradients, "
+          "Optimizer.compute_gradients/minimize and GradientTape.gradient "
+          "in this graph before its first Session.run. Gradients computed "
+          "inside a tf.function, Keras 3 optimizers and Model.fit are not "
+          "seen; neither is a train op built after the first Session.run. "
+          "Build the whole training step (tf.compat.v1.train or "
+          "tf.keras.optimizers.legacy optimizers) before the first run." %
+          (", ".join(repr(v.name) for v in written), op.name, op.type))
+  state.checked_fetches.add(key)
