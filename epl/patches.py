@@ -9,7 +9,9 @@ code and calls the original:
   `Optimizer.compute_gradients`): ops built inside are BACKWARD.
 - `Optimizer.compute_gradients`: remembers the raw gradients.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
-  (gradient, variable) pairs and the returned op are recorded.
+  (gradient, variable) pairs and the returned op are recorded; with
+  optimizer.num_apply_group > 1 the update is built in groups
+  (`epl.parallel.grouped_apply`).
 - `Graph.finalize`: the rewrite runs before a graph is frozen (this is when
   `MonitoredTrainingSession` freezes it). Here and before the first run, a
   worker that holds no replica's first stage serves instead
@@ -39,6 +41,7 @@ from tensorflow.python.training import saver as saver_lib
 
 from epl.ir import capture
 from epl.ir.phase import Phase
+from epl.parallel import grouped_apply
 
 _originals = {}
 _apply_depth = [0]
@@ -81,8 +84,9 @@ def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
   _apply_depth[0] += 1
   try:
     with capture.phase_scope(Phase.APPLY):
-      train_op = original(optimizer, grads_and_vars, global_step=global_step,
-                          name=name)
+      train_op = grouped_apply.apply_gradients(
+          original, optimizer, grads_and_vars, global_step, name,
+          env.config.optimizer.num_apply_group)
   finally:
     _apply_depth[0] -= 1
   capture.record_apply(env, grads_and_vars, train_op, global_step)

@@ -26,6 +26,7 @@ import logging
 from epl.env import Env
 from epl.ir import capture
 from epl.ir.resolve import resolve_training_ops
+from epl.parallel import grouped_apply
 from epl.parallel import planner
 from epl.parallel.context import RewriteContext
 from epl.parallel.gradient_aggregation import (aggregate_gradients,
@@ -77,6 +78,7 @@ def rewrite(graph, state):
                        replicas=plan.local_replicas,
                        gradient_points=gradient_points(
                            env.config, state.gradient_records))
+  grouped_apply.check_grouped(ctx)
   with capture.suspended():
     place_replica_zero(ctx)
     clone_micro_batches(ctx)

@@ -1,0 +1,92 @@
+"""ZeRO, offload and grouped apply train like single-device TensorFlow on
+the same global batch, with data parallelism, micro-batches and pipelines;
+where their state lives; checkpoints both ways; errors."""
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import epl
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from tests import training
+
+MICRO = 8
+
+
+def _layouts():
+  """(name, model, devices, config, default strategy, batch multiple)."""
+  return {
+      "dp4": (training.layers_model, {"cluster.num_cpu_devices": 4}, True, 4),
+      "dp4_micro2": (training.layers_model,
+                     {"cluster.num_cpu_devices": 4,
+                      "pipeline.num_micro_batch": 2}, True, 8),
+      "pipe2x2": (training.staged_model((16, 1)),
+                  {"cluster.num_cpu_devices": 4,
+                   "pipeline.num_micro_batch": 2}, False, 4),
+  }
+
+
+def _check(layout, optimizer, savers):
+  model, config, default_strategy, multiple = _layouts()[layout]
+  expected, _, _ = training.train(model, optimizer, batch_size=MICRO * multiple,
+                                  with_epl=False)
+  actual, _, graph = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=default_strategy,
+      config=dict(config, **savers))
+  training.assert_close(actual, expected)
+  assert actual["global_step"] == 5
+  return graph
+
+
+# ------------------------------------------------------------ grouped apply
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_grouped_apply_matches_single_device(layout, optimizer):
+  _check(layout, optimizer, {"optimizer.num_apply_group": 3})
+
+
+def test_groups_run_one_after_another_and_finish_once():
+  _, _, graph = training.train(
+      optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 2, "optimizer.num_apply_group": 3})
+  updates = [op for op in graph.get_operations()
+             if op.type == "ResourceApplyAdam" and
+             not op.name.startswith("EPL_REPLICA")]
+  order = ["Adam_group_0", "Adam_group_1", "Adam"]
+  # 4 variables (kernel 8x16, bias 16, kernel 16x1, bias 1) in 3 groups.
+  assert sorted({op.name.split("/")[0] for op in updates}) == sorted(order)
+  for op in updates:
+    index = order.index(op.name.split("/")[0])
+    before = {a.name for a in graph_editor.ancestors([op])}
+    assert [g in before for g in order[:-1]] == [i < index for i in range(2)]
+  beta_updates = [op for op in graph.get_operations()
+                  if op.type == "AssignVariableOp" and
+                  op.inputs[0].op.name == "beta1_power" and
+                  op.name != "beta1_power/Assign"]  # not the initializer
+  assert len(beta_updates) == 1
+
+
+class _OwnApply(tf.compat.v1.train.GradientDescentOptimizer):
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    return super().apply_gradients(grads_and_vars, global_step, name)
+
+
+def test_grouped_apply_warns_for_an_optimizer_with_its_own_apply(caplog):
+  training.OPTIMIZERS["own_apply"] = lambda: _OwnApply(0.05)
+  try:
+    expected, _, _ = training.train(optimizer="own_apply",
+                                    batch_size=2 * MICRO, with_epl=False)
+    with caplog.at_level(logging.WARNING, logger="epl"):
+      actual, _, _ = training.train(
+          optimizer="own_apply", batch_size=MICRO,
+          config={"cluster.num_cpu_devices": 2,
+                  "optimizer.num_apply_group": 2})
+  finally:
+    del training.OPTIMIZERS["own_apply"]
+  training.assert_close(actual, expected)
+  assert [r for r in caplog.records
+          if "num_apply_group = 2" in r.getMessage()]
