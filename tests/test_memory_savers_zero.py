@@ -90,3 +90,72 @@ def test_grouped_apply_warns_for_an_optimizer_with_its_own_apply(caplog):
   training.assert_close(actual, expected)
   assert [r for r in caplog.records
           if "num_apply_group = 2" in r.getMessage()]
+
+
+# ------------------------------------------------------------------- ZeRO
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_matches_single_device(layout, level):
+  _check(layout, "adam", {"zero.level": level})
+
+
+def _four_equal_layers(x):
+  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
+  exactly one."""
+  hidden = x
+  for index in range(4):
+    weight = tf.compat.v1.get_variable(
+        "w%d" % index, [training.FEATURES, training.FEATURES],
+        initializer=tf.compat.v1.random_normal_initializer(
+            stddev=0.3, seed=20 + index))
+    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
+  return tf.reduce_mean(hidden, axis=1, keepdims=True)
+
+
+def _slots(graph):
+  """{slot variable op: device} of Adam's slots, every replica."""
+  return {op.name: op.device for op in graph.get_operations()
+          if op.type == "VarHandleOp" and op.name.split("/")[-1] in (
+              "Adam", "Adam_1")}
+
+
+def _slot_elements_per_device(graph):
+  per_device = {}
+  for op in graph.get_operations():
+    if op.type == "VarHandleOp" and op.name.split("/")[-1] in ("Adam",
+                                                               "Adam_1"):
+      elements = tf.TensorShape(op.get_attr("shape")).num_elements()
+      per_device[op.device] = per_device.get(op.device, 0) + elements
+  return per_device
+
+
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_slots_exist_once_on_their_owner(level):
+  expected, _, plain = training.train(_four_equal_layers, "adam",
+                                      batch_size=4 * MICRO, with_epl=False)
+  actual, _, graph = training.train(
+      _four_equal_layers, "adam", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": 4, "zero.level": level})
+  training.assert_close(actual, expected)
+  slots = _slots(graph)
+  # Once over all replicas, under the user's names.
+  assert sorted(slots) == sorted(_slots(plain))
+  per_device = _slot_elements_per_device(graph)
+  total = sum(_slot_elements_per_device(plain).values())
+  assert sorted(per_device) == ["/device:CPU:%d" % d for d in range(4)]
+  assert set(per_device.values()) == {total // 4}
+  # Each slot sits with its owner's copy of the variable and its update.
+  for name, device in slots.items():
+    weight = name.split("/")[0]
+    update = graph.get_operation_by_name("Adam/update_%s/ResourceApplyAdam" %
+                                         weight)
+    assert update.device == device
+    owner = device[-1]
+    assert update.inputs[0].op.name == (
+        weight if owner == "0" else "EPL_REPLICA_%s/%s" % (owner, weight))
+  # v0 all-reduces the gradients; v1 reduces each on its owner only.
+  all_reduces = [op for op in graph.get_operations()
+                 if op.type == "CollectiveReduceV2"]
+  assert bool(all_reduces) == (level == "v0")

@@ -9,7 +9,11 @@ The passes, in order (each a function with its own docstring):
   5. place_replica_zero        - the user's ops become replica 0
   6. clone_micro_batches       - forward + backward per micro-batch,
                                  gradients accumulated
+  6b. zero.partition_updates  - ZeRO: each variable's owner replica; its
+                                 update is not cloned
   7. clone_replicas            - the other local replicas
+  7b. zero.place_updates       - ZeRO: updates run on their owners, new
+                                 values copied to the other replicas
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
   9. join_replicas             - the train op waits for every replica
@@ -28,6 +32,7 @@ from epl.ir import capture
 from epl.ir.resolve import resolve_training_ops
 from epl.parallel import grouped_apply
 from epl.parallel import planner
+from epl.parallel import zero
 from epl.parallel.context import RewriteContext
 from epl.parallel.gradient_aggregation import (aggregate_gradients,
                                                gradient_points)
@@ -82,7 +87,9 @@ def rewrite(graph, state):
   with capture.suspended():
     place_replica_zero(ctx)
     clone_micro_batches(ctx)
+    zero_partition = zero.partition_updates(ctx)
     clone_replicas(ctx)
+    zero.place_updates(ctx, zero_partition)
     order_input_reads(ctx)
     join_replicas(ctx)
     aggregate_gradients(ctx)
