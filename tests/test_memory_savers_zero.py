@@ -159,3 +159,95 @@ def test_zero_slots_exist_once_on_their_owner(level):
   all_reduces = [op for op in graph.get_operations()
                  if op.type == "CollectiveReduceV2"]
   assert bool(all_reduces) == (level == "v0")
+
+
+# ------------------------------------------------------------ checkpoints
+
+
+def _run(config, steps, restore=None, save=None):
+  """Trains Adam `steps` steps (under EPL with `config` on 4 replicas, else
+  plain TF on their global batch) after restoring `restore`; saves to
+  `save`; returns the trained values."""
+  batch = MICRO if config else 4 * MICRO
+  epl.shutdown()
+  if config:
+    epl.init(epl.Config(dict({"cluster.num_cpu_devices": 4}, **config)))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = training.OPTIMIZERS["adam"]().minimize(loss, global_step=step)
+    saver = tf.compat.v1.train.Saver()
+    names = [v.op.name for v in tf.compat.v1.global_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      if restore:
+        saver.restore(session, restore)
+      for _ in range(steps):
+        session.run(train_op)
+      if save:
+        saver.save(session, save)
+      return training.read_variables(session, graph, names)
+
+
+def _checkpoint(path):
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"offload.level": "v0"},
+          {"zero.level": "v1", "offload.level": "v0",
+           "optimizer.num_apply_group": 2}]
+
+
+@pytest.mark.parametrize("savers", SAVERS, ids=lambda s: ",".join(
+    "%s=%s" % kv for kv in sorted(s.items())))
+def test_checkpoints_round_trip_with_single_device(savers, tmp_path):
+  single, parallel = str(tmp_path / "single"), str(tmp_path / "parallel")
+  _run(None, 3, save=single)
+  _run(savers, 3, save=parallel)
+  # The parallel run's checkpoint: every variable and slot once, under its
+  # own name, equal to the single-device one.
+  training.assert_close(_checkpoint(parallel), _checkpoint(single))
+  # A single-device checkpoint (slots included) restores into the parallel
+  # run: it goes on as single-device TF does.
+  expected = _run(None, 2, restore=single)
+  training.assert_close(_run(savers, 2, restore=single), expected)
+
+
+# ---------------------------------------------------------------- offload
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+def test_offload_matches_single_device(layout):
+  graph = _check(layout, "adam", {"offload.level": "v0"})
+  host = "/device:CPU:0"
+  variables = [op for op in graph.get_operations()
+               if op.type == "VarHandleOp" and op.name != "global_step"]
+  replicas = 2 if layout == "pipe2x2" else 4
+  # 4 weights with Adam's 2 slots each, and Adam's 2 powers, per replica.
+  assert len(variables) == replicas * (4 * 3 + 2)
+  assert {op.device for op in variables} == {host}
+  updates = [op for op in graph.get_operations()
+             if op.type == "ResourceApplyAdam"]
+  assert len(updates) == replicas * 4
+  assert {op.device for op in updates} == {host}
+  # The compute stays on the replicas' devices; each op there reads the
+  # weights through a read of its own, made after its other inputs.
+  checked = 0
+  for op in graph.get_operations():
+    reads = [t.op for t in op.inputs if t.op.type == "ReadVariableOp"]
+    if op.device == host or not reads:
+      continue
+    checked += 1
+    assert len(reads) == 1, op.name
+    read = reads[0]
+    assert read.device == host and read.name.startswith("EPL_OFFLOAD/")
+    assert [c.name for c in read.outputs[0].consumers()] == [op.name]
+    other = [t.op for t in op.inputs if t.op is not read]
+    assert set(read.control_inputs) == set(other), op.name
+  # At least the forward reads of every weight off the host.
+  assert checked >= 4 * replicas - 4

@@ -14,6 +14,8 @@ The passes, in order (each a function with its own docstring):
   7. clone_replicas            - the other local replicas
   7b. zero.place_updates       - ZeRO: updates run on their owners, new
                                  values copied to the other replicas
+  7c. offload_variables        - offload: state and updates on the host,
+                                 variables read just in time
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
   9. join_replicas             - the train op waits for every replica
@@ -38,6 +40,7 @@ from epl.parallel.gradient_aggregation import (aggregate_gradients,
                                                gradient_points)
 from epl.parallel.merge_outputs import merge_global_objects
 from epl.parallel.micro_batches import clone_micro_batches
+from epl.parallel.offload import offload_variables
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.schedule import schedule_pipeline
@@ -90,6 +93,7 @@ def rewrite(graph, state):
     zero_partition = zero.partition_updates(ctx)
     clone_replicas(ctx)
     zero.place_updates(ctx, zero_partition)
+    offload_variables(ctx)
     order_input_reads(ctx)
     join_replicas(ctx)
     aggregate_gradients(ctx)
