@@ -251,3 +251,40 @@ def test_offload_matches_single_device(layout):
     assert set(read.control_inputs) == set(other), op.name
   # At least the forward reads of every weight off the host.
   assert checked >= 4 * replicas - 4
+
+
+# ----------------------------------------------------- together, and errors
+
+
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_with_sparse_gradients(level):
+  from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
+  expected = _embedding_train(False, 4 * MICRO, "adam")
+  actual = _embedding_train(True, MICRO, "adam", {"zero.level": level})
+  training.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_offload_and_grouped_apply_together(layout, level):
+  _check(layout, "adam", {"zero.level": level, "offload.level": "v0",
+                          "optimizer.num_apply_group": 2})
+
+
+@pytest.mark.parametrize("config, error, words", [
+    ({"zero.level": "v2"}, NotImplementedError, ["zero.level", "v2"]),
+    ({"zero.level": "v1", "communication.clip_after_allreduce": True},
+     ValueError, ["zero.level", "communication.clip_after_allreduce"]),
+])
+def test_zero_settings_that_cannot_work(config, error, words):
+  with pytest.raises(error) as raised:
+    training.train(steps=1, config=dict({"cluster.num_cpu_devices": 2},
+                                        **config))
+  for word in words:
+    assert word in str(raised.value)
+
+
+def test_zero_with_one_replica_warns(caplog):
+  with caplog.at_level(logging.WARNING, logger="epl"):
+    training.train(steps=1, config={"zero.level": "v0"})
+  assert [r for r in caplog.records if "no effect" in r.getMessage()]
