@@ -288,3 +288,15 @@ def test_zero_with_one_replica_warns(caplog):
   with caplog.at_level(logging.WARNING, logger="epl"):
     training.train(steps=1, config={"zero.level": "v0"})
   assert [r for r in caplog.records if "no effect" in r.getMessage()]
+
+
+@pytest.mark.parametrize("savers", SAVERS, ids=lambda s: ",".join(
+    "%s=%s" % kv for kv in sorted(s.items())))
+def test_reference_variables(savers):
+  """TF1 reference variables (VariableV2): reads are Identity ops."""
+  expected, _, _ = training.train(training.ref_variable_model, "adam",
+                                  batch_size=4 * MICRO, with_epl=False)
+  actual, _, _ = training.train(
+      training.ref_variable_model, "adam", batch_size=MICRO,
+      config=dict({"cluster.num_cpu_devices": 4}, **savers))
+  training.assert_close(actual, expected)
