@@ -25,10 +25,12 @@ checkpoints hold each slot once under its own name, and restore both ways.
   exists on CPU; within a worker this per-owner reduce is what it would do.)
 
 Replicas partitioned are those of one worker: a multi-worker job keeps a
-full set of slots on every worker (v0; v1 across workers is an error).
+full set of slots on every worker, and with v1 the owners of the same share
+on each worker (the k-th replica of each) all-reduce their local sums.
 Optimizer values shared by every variable (Adam's beta powers, scalars)
 stay one per replica.
 """
+import collections
 import dataclasses
 import logging
 from typing import Dict, List
@@ -84,10 +86,13 @@ def _check_level(ctx):
         "zero.level 'v1' keeps each reduced gradient on its owner only, so "
         "communication.clip_after_allreduce (clipping that sees every reduced "
         "gradient) cannot run. Use zero.level 'v0', or clip per replica.")
-  if level == "v1" and across_workers.spans_workers(ctx):
+  per_worker = collections.Counter(
+      workers[0] for workers in ctx.plan.device_workers)
+  if level == "v1" and len(set(per_worker.values())) > 1:
     raise NotImplementedError(
-        "zero.level 'v1' across workers is not built; use zero.level 'v0' "
-        "(each worker partitions over its own replicas).")
+        "zero.level 'v1' across workers needs as many replicas on every "
+        "worker (the owners of a share reduce together); replicas per worker "
+        "are %s. Use zero.level 'v0'." % dict(per_worker))
   if len(ctx.replicas) < 2:
     logger.warning("zero.level %r has no effect: this worker holds one "
                    "model replica, nothing to partition over.", level)
@@ -248,28 +253,34 @@ def _keep_all_reduces(ctx, partition):
 
 def _reduce_to_owners(ctx, partition):
   """v1: each gradient summed (or averaged) on its owner's device from every
-  replica's; the owner's update reads that. Takes the gradients out of
+  replica's; the owner's update reads that. Across workers, the owners of
+  one share (the k-th replica of each worker) then all-reduce their local
+  sums (IndexedSlices: all-gather). Takes the gradients out of
   `ctx.gradient_points`, so they are not all-reduced."""
   mean = ctx.config.communication.gradients_reduce_method == "mean"
-  count = len(ctx.replicas)
+  across = across_workers.spans_workers(ctx)
   for grad, var in partition.points:
     owner = partition.owner[var.op.name]
+    taskgraph = ctx.taskgraph_index(var.op)
     update_names = {op.name for op in partition.updates[var.op.name]}
     copies = [[ctx.tensor(l, t) for t in _tensors(grad)]
-              for l in range(count)]
-    name = "%s/reduce/%s" % (ZERO_SCOPE, var.op.name)
-    with tf.device(ctx.device(owner, ctx.taskgraph_index(var.op))), \
-        tf.name_scope(name):
+              for l in range(len(ctx.replicas))]
+    peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
+        if across else None
+    with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
+        "%s/reduce/%s" % (ZERO_SCOPE, var.op.name)):
       if isinstance(grad, tf.IndexedSlices):
-        values = tf.concat([c[0] for c in copies], 0)
-        reduced = [values / count if mean else values,
-                   tf.concat([c[1] for c in copies], 0)]
+        reduced = [tf.concat([c[i] for c in copies], 0) for i in (0, 1)]
+        if across:
+          reduced = [peers.all_gather([t])[0] for t in reduced]
       else:
         total = copies[owner][0]
         for local, copy in enumerate(copies):
           if local != owner:
             total = total + copy[0]
-        reduced = [total / count if mean else total]
+        reduced = [peers.all_reduce([total], "sum")[0] if across else total]
+      if mean:
+        reduced[0] = reduced[0] / ctx.plan.num_replicas
     for old, new in zip(copies[owner], reduced):
       graph_editor.replace_input_in(
           graph_editor.consumers_of(old, update_names), old, new)
