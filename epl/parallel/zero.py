@@ -100,7 +100,7 @@ def _check_level(ctx):
   return level
 
 
-def _labels(ctx, apply_ops, gradient_owner, trained):
+def _labels(apply_ops, gradient_owner, trained):
   """For each apply op, the trained variables its data flow touches.
 
   An op touches variable v if it reads v (its handle, a read of it) or v's
@@ -160,7 +160,7 @@ def partition_updates(ctx):
         gradient_owner[tensor.name] = var.op.name
   apply_ops = [op for op in ctx.subgraph.cloned
                if ctx.state.phase_of(op) is Phase.APPLY]
-  labels = _labels(ctx, apply_ops, gradient_owner, variables)
+  labels = _labels(apply_ops, gradient_owner, variables)
   updates = {name: [op for op in apply_ops if labels[op.name] == {name}]
              for name in variables}
   mixed = sorted(name for name, ops in updates.items() if not ops)
