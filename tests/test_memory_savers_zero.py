@@ -339,3 +339,15 @@ def test_zero_v0_with_clipping_after_the_all_reduce():
   training.assert_close(run({"cluster.num_cpu_devices": 4, "zero.level": "v0",
                              "communication.clip_after_allreduce": True},
                             MICRO), expected)
+
+
+def test_zero_partitions_each_stage_over_its_replicas():
+  graph = _check("pipe2x2", "adam", {"zero.level": "v1"})
+  # Replica 0's stages are on devices 0 and 1, replica 1's on 2 and 3; each
+  # stage's larger variable goes to replica 0, its smaller one to replica 1.
+  expected = {"layer_0/kernel": 0, "layer_0/bias": 2, "layer_1/kernel": 1,
+              "layer_1/bias": 3}
+  slots = _slots(graph)
+  assert len(slots) == 2 * len(expected)
+  for name, device in slots.items():
+    assert device == "/device:CPU:%d" % expected[name.rsplit("/", 1)[0]], name
