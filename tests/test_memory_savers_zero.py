@@ -216,6 +216,8 @@ def test_checkpoints_round_trip_with_single_device(savers, tmp_path):
   # run: it goes on as single-device TF does.
   expected = _run(None, 2, restore=single)
   training.assert_close(_run(savers, 2, restore=single), expected)
+  # And the parallel run's checkpoint into single-device TF.
+  training.assert_close(_run(None, 2, restore=parallel), expected)
 
 
 # ---------------------------------------------------------------- offload
