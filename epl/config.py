@@ -267,11 +267,13 @@ _KEYS = (
        built=True),
     # zero
     _k("zero", "level", _Choice(["", "v0", "v1", "v2"]), "",
-       "ZeRO memory partitioning; \"v0\" optimizer states, \"v1\" also "
-       "gradients, \"v2\" also weights; \"\" is off."),
+       "ZeRO memory partitioning over data-parallel replicas; \"v0\" "
+       "optimizer states, \"v1\" also gradients; \"v2\" (weights) is not "
+       "built and raises; \"\" is off.", built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",
-       "Offload to host memory; \"v0\" offloads all variables; \"\" is off."),
+       "Offload to host memory; \"v0\" puts variables, optimizer state and "
+       "updates on the host CPU; \"\" is off.", built=True),
     # communication
     _k("communication", "num_communicators", _Int(minimum=1), 2,
        "Number of communicators in the pool that run gradient all-reduces.",
@@ -295,7 +297,7 @@ _KEYS = (
     # optimizer
     _k("optimizer", "num_apply_group", _Int(minimum=1), 1,
        "Apply the gradients in this many groups, one after another, to "
-       "lower peak memory."),
+       "lower peak memory.", built=True),
     # cluster
     _k("cluster", "device_place_prefer_intra_node", _Bool(), True,
        "Prefer placing one model replica within a single node.", built=True),

@@ -13,7 +13,9 @@ code and calls the original:
   communication.sparse_as_dense.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
-  knows which post-processed gradient belongs to which raw one.
+  knows which post-processed gradient belongs to which raw one; with
+  optimizer.num_apply_group > 1 the update is built in groups
+  (`epl.parallel.grouped_apply`).
 - `Graph.finalize`: the rewrite runs before a graph is frozen (this is when
   `MonitoredTrainingSession` freezes it). Here and before the first run, a
   worker that holds no replica's first stage serves instead
@@ -49,6 +51,7 @@ from tensorflow.python.util import nest
 
 from epl.ir import capture
 from epl.ir.phase import Phase
+from epl.parallel import grouped_apply
 
 _originals = {}
 
@@ -99,15 +102,17 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
 
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
                      name=None):
-  if _env() is None or _apply_depth.value:
+  env = _env()
+  if env is None or _apply_depth.value:
     return original(optimizer, grads_and_vars, global_step=global_step,
                     name=name)
   grads_and_vars = list(grads_and_vars)
   _apply_depth.value += 1
   try:
     with capture.phase_scope(Phase.APPLY):
-      train_op = original(optimizer, grads_and_vars, global_step=global_step,
-                          name=name)
+      train_op = grouped_apply.apply_gradients(
+          original, optimizer, grads_and_vars, global_step, name,
+          env.config.optimizer.num_apply_group)
   finally:
     _apply_depth.value -= 1
   capture.record_apply(grads_and_vars, train_op, global_step)

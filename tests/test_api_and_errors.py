@@ -159,7 +159,7 @@ def test_init_warns_about_settings_not_built_yet(caplog):
   logger = logging.getLogger("epl")
   logger.addHandler(caplog.handler)
   try:
-    epl.init({"zero.level": "v1"})
+    epl.init({"auto.auto_parallel": True})
   finally:
     logger.removeHandler(caplog.handler)
-  assert "zero.level" in caplog.text and "not built yet" in caplog.text
+  assert "auto.auto_parallel" in caplog.text and "not built yet" in caplog.text

@@ -51,7 +51,8 @@ EXPECTED_DEFAULTS = {
     "pipeline.strategy": "PreferBackward",
 }
 
-BUILT_SECTIONS = {"pipeline", "communication", "io"}
+BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
+                  "optimizer"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices"
@@ -92,8 +93,9 @@ def test_key_info():
 
 def test_unbuilt_settings():
   assert Config().unbuilt_settings() == {}
-  config = Config({"zero.level": "v1", "pipeline.num_micro_batch": 4})
-  assert config.unbuilt_settings() == {"zero.level": "v1"}
+  config = Config({"auto.auto_parallel": True, "zero.level": "v1",
+                   "pipeline.num_micro_batch": 4})
+  assert config.unbuilt_settings() == {"auto.auto_parallel": True}
 
 
 # ----------------------------------------------------------------- sources

@@ -236,3 +236,22 @@ def test_monitored_training_sessions_save_once_and_resume(tmp_path):
                                plain_losses, rtol=1e-5)
     assert after["global_step"] == 6
     training.assert_close(_arrays(after["variables"]), plain)
+
+
+@pytest.mark.parametrize("savers", [
+    {"EPL_ZERO_LEVEL": "v0", "EPL_OFFLOAD_LEVEL": "v0"},
+    {"EPL_ZERO_LEVEL": "v1", "EPL_OPTIMIZER_NUM_APPLY_GROUP": "2"}])
+def test_memory_savers_across_workers_match_single_device(
+    tmp_path, monkeypatch, savers):
+  """ZeRO: each worker partitions the optimizer state over its own
+  replicas; v0 all-reduces gradients over every worker's replicas, v1
+  reduces them on the owners, which then all-reduce across workers."""
+  for key, value in savers.items():
+    monkeypatch.setenv(key, value)
+  job, results = multiworker.train_job(tmp_path, "savers", steps=5)
+  _assert_ok(job, results)
+  _, plain = _plain_run(5)
+  for result in results:
+    training.assert_close(_arrays(result["variables"]), plain)
+    assert result["global_step"] == 5
+  assert "ZeRO %s" % savers["EPL_ZERO_LEVEL"] in job.output

@@ -20,30 +20,40 @@ import tensorflow as tf
 from epl.communicators.collective import CollectiveCommunicator
 
 
+def peers(plan, local):
+  """The `local`-th replica of each worker that holds replicas, by worker."""
+  by_worker = {}
+  for replica in range(plan.num_replicas):
+    by_worker.setdefault(plan.device_workers[replica][0], []).append(replica)
+  return [replicas[local] for _, replicas in sorted(by_worker.items())]
+
+
 def leaders(plan):
   """The first replica of each worker that holds replicas, by worker."""
-  first = {}
-  for replica in range(plan.num_replicas):
-    first.setdefault(plan.device_workers[replica][0], replica)
-  return [first[w] for w in sorted(first)]
+  return peers(plan, 0)
 
 
 def spans_workers(ctx):
   return bool(ctx.replicas) and len(leaders(ctx.plan)) > 1
 
 
-def leader_communicator(ctx, taskgraph_index):
-  """A communicator over TaskGraph `taskgraph_index` of every leader.
+def peer_communicator(ctx, local, taskgraph_index):
+  """A communicator over TaskGraph `taskgraph_index` of the `local`-th
+  replica of every worker; this worker builds ops for its own.
 
-  This worker builds ops for its own leader (member `ctx.replicas[0]`'s
-  position). Each call gives a new communicator, so that the collectives
-  of one group op are ordered among themselves only.
+  Each call gives a new communicator, so that its collectives are ordered
+  among themselves only.
   """
-  replicas = leaders(ctx.plan)
+  replicas = peers(ctx.plan, local)
   devices = [ctx.plan.device(r, taskgraph_index) for r in replicas]
   return CollectiveCommunicator(
-      devices, [replicas.index(ctx.replicas[0])], ctx.keys,
+      devices, [replicas.index(ctx.replicas[local])], ctx.keys,
       ctx.config.cluster.collective_timeout_seconds, ctx.cluster.device_type)
+
+
+def leader_communicator(ctx, taskgraph_index):
+  """A communicator over TaskGraph `taskgraph_index` of every leader."""
+  return peer_communicator(ctx, 0, taskgraph_index)
 
 
 def broadcast_from_worker_zero(communicator, value):

@@ -9,7 +9,13 @@ The passes, in order (each a function with its own docstring):
   5. place_replica_zero        - the user's ops become replica 0
   6. clone_micro_batches       - forward + backward per micro-batch,
                                  gradients accumulated
+  6b. zero.partition_updates  - ZeRO: each variable's owner replica; its
+                                 update is not cloned
   7. clone_replicas            - the other local replicas
+  7b. zero.place_updates       - ZeRO: updates run on their owners, new
+                                 values copied to the other replicas
+  7c. offload_variables        - offload: state and updates on the host,
+                                 variables read just in time
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
   9. join_replicas             - the train op waits for every replica
@@ -29,12 +35,15 @@ from epl.env import Env
 from epl.ir import capture
 from epl.ir.graph_state import state_of
 from epl.ir.resolve import resolve_training_ops
+from epl.parallel import grouped_apply
 from epl.parallel import planner
+from epl.parallel import zero
 from epl.parallel.context import RewriteContext
 from epl.parallel.gradient_aggregation import (aggregate_gradients,
                                                gradient_points)
 from epl.parallel.merge_outputs import merge_global_objects
 from epl.parallel.micro_batches import clone_micro_batches
+from epl.parallel.offload import offload_variables
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.schedule import schedule_pipeline
@@ -83,10 +92,14 @@ def rewrite(graph, state, subgraph):
                        replicas=plan.local_replicas,
                        gradient_points=gradient_points(
                            env.config, state))
+  grouped_apply.check_grouped(ctx)
   with capture.suspended():
     place_replica_zero(ctx)
     clone_micro_batches(ctx)
+    zero_partition = zero.partition_updates(ctx)
     clone_replicas(ctx)
+    zero.place_updates(ctx, zero_partition)
+    offload_variables(ctx)
     order_input_reads(ctx)
     join_replicas(ctx)
     order_shared_writes(ctx)

@@ -19,6 +19,24 @@ from epl.parallel import across_workers
 from epl.parallel.training_subgraph import is_variable_writer
 
 
+def read_value(variable):
+  """The value of variable op `variable`, read on its device."""
+  with tf.device(variable.device):
+    if variable.type == "VarHandleOp":
+      return gen_resource_variable_ops.read_variable_op(
+          variable.outputs[0], variable.get_attr("dtype"))
+    return tf.identity(variable.outputs[0])
+
+
+def assign_value(target, value, name):
+  """Writes `value` into variable op `target`, on its device; the write."""
+  with tf.device(target.device):
+    if target.type == "VarHandleOp":
+      return gen_resource_variable_ops.assign_variable_op(
+          target.outputs[0], value, name=name)
+    return gen_state_ops.assign(target.outputs[0], value, name=name).op
+
+
 class VariableSync:
   """Adds replica copies to groups of variable writes; runs again on new ops."""
 
@@ -30,23 +48,6 @@ class VariableSync:
     # the broadcasts of one group run in one order on every worker.
     self._broadcasters = {}
     self._seen_ops = 0
-
-  def _read(self, variable):
-    """Replica 0's value, read on its device (after the write: a ref
-    variable's value would otherwise be sent before the write)."""
-    with tf.device(variable.device):
-      if variable.type == "VarHandleOp":
-        return gen_resource_variable_ops.read_variable_op(
-            variable.outputs[0], variable.get_attr("dtype"))
-      return tf.identity(variable.outputs[0])
-
-  @staticmethod
-  def _assign(target, value, name):
-    with tf.device(target.device):
-      if target.type == "VarHandleOp":
-        return gen_resource_variable_ops.assign_variable_op(
-            target.outputs[0], value, name=name)
-      return gen_state_ops.assign(target.outputs[0], value, name=name).op
 
   def _from_worker_zero(self, variable, value, group):
     """Broadcast of worker 0's value to the other workers' replica 0.
@@ -66,7 +67,7 @@ class VariableSync:
       return received.op, value
     name = "EPL_REPLICA_%d/%s/sync_from_worker_0" % (ctx.replicas[0],
                                                      variable.name)
-    return self._assign(variable, received, name), received
+    return assign_value(variable, received, name), received
 
   def _copy_ops(self, writer, variable, group):
     if writer.name in self._copies:
@@ -76,14 +77,16 @@ class VariableSync:
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         None), ctx.graph.control_dependencies([writer]), \
         ctx.graph.colocate_with(None, ignore_existing=True):
-      value = self._read(variable)
+      # Replica 0's value, read after the write (a ref variable's value
+      # would otherwise be sent before it).
+      value = read_value(variable)
       if across_workers.spans_workers(ctx):
         sync, value = self._from_worker_zero(variable, value, group)
         copies.append(sync)
       for local in range(1, len(ctx.replicas)):
         name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
             ctx.replicas[local], variable.name)
-        copies.append(self._assign(ctx.op(local, variable), value, name))
+        copies.append(assign_value(ctx.op(local, variable), value, name))
     self._copies[writer.name] = copies
     return copies
 

@@ -1,0 +1,355 @@
+"""ZeRO, offload and grouped apply train like single-device TensorFlow on
+the same global batch, with data parallelism, micro-batches and pipelines;
+where their state lives; checkpoints both ways; errors."""
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import epl
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from tests import training
+
+MICRO = 8
+
+
+def _layouts():
+  """(name, model, devices, config, default strategy, batch multiple)."""
+  return {
+      "dp4": (training.layers_model, {"cluster.num_cpu_devices": 4}, True, 4),
+      "dp4_micro2": (training.layers_model,
+                     {"cluster.num_cpu_devices": 4,
+                      "pipeline.num_micro_batch": 2}, True, 8),
+      "pipe2x2": (training.staged_model((16, 1)),
+                  {"cluster.num_cpu_devices": 4,
+                   "pipeline.num_micro_batch": 2}, False, 4),
+  }
+
+
+def _check(layout, optimizer, savers):
+  model, config, default_strategy, multiple = _layouts()[layout]
+  expected, _, _ = training.train(model, optimizer, batch_size=MICRO * multiple,
+                                  with_epl=False)
+  actual, _, graph = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=default_strategy,
+      config=dict(config, **savers))
+  training.assert_close(actual, expected)
+  assert actual["global_step"] == 5
+  return graph
+
+
+# ------------------------------------------------------------ grouped apply
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_grouped_apply_matches_single_device(layout, optimizer):
+  _check(layout, optimizer, {"optimizer.num_apply_group": 3})
+
+
+def test_groups_run_one_after_another_and_finish_once():
+  _, _, graph = training.train(
+      optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 2, "optimizer.num_apply_group": 3})
+  updates = [op for op in graph.get_operations()
+             if op.type == "ResourceApplyAdam" and
+             not op.name.startswith("EPL_REPLICA")]
+  order = ["Adam_group_0", "Adam_group_1", "Adam"]
+  # 4 variables (kernel 8x16, bias 16, kernel 16x1, bias 1) in 3 groups.
+  assert sorted({op.name.split("/")[0] for op in updates}) == sorted(order)
+  for op in updates:
+    index = order.index(op.name.split("/")[0])
+    before = {a.name for a in graph_editor.ancestors([op])}
+    assert [g in before for g in order[:-1]] == [i < index for i in range(2)]
+  beta_updates = [op for op in graph.get_operations()
+                  if op.type == "AssignVariableOp" and
+                  op.inputs[0].op.name == "beta1_power" and
+                  op.name != "beta1_power/Assign"]  # not the initializer
+  assert len(beta_updates) == 1
+
+
+class _OwnApply(tf.compat.v1.train.GradientDescentOptimizer):
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    return super().apply_gradients(grads_and_vars, global_step, name)
+
+
+def test_grouped_apply_warns_for_an_optimizer_with_its_own_apply(caplog):
+  training.OPTIMIZERS["own_apply"] = lambda: _OwnApply(0.05)
+  try:
+    expected, _, _ = training.train(optimizer="own_apply",
+                                    batch_size=2 * MICRO, with_epl=False)
+    with caplog.at_level(logging.WARNING, logger="epl"):
+      actual, _, _ = training.train(
+          optimizer="own_apply", batch_size=MICRO,
+          config={"cluster.num_cpu_devices": 2,
+                  "optimizer.num_apply_group": 2})
+  finally:
+    del training.OPTIMIZERS["own_apply"]
+  training.assert_close(actual, expected)
+  assert [r for r in caplog.records
+          if "num_apply_group = 2" in r.getMessage()]
+
+
+# ------------------------------------------------------------------- ZeRO
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_matches_single_device(layout, level):
+  _check(layout, "adam", {"zero.level": level})
+
+
+def _four_equal_layers(x):
+  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
+  exactly one."""
+  hidden = x
+  for index in range(4):
+    weight = tf.compat.v1.get_variable(
+        "w%d" % index, [training.FEATURES, training.FEATURES],
+        initializer=tf.compat.v1.random_normal_initializer(
+            stddev=0.3, seed=20 + index))
+    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
+  return tf.reduce_mean(hidden, axis=1, keepdims=True)
+
+
+def _slots(graph):
+  """{slot variable op: device} of Adam's slots, every replica."""
+  return {op.name: op.device for op in graph.get_operations()
+          if op.type == "VarHandleOp" and op.name.split("/")[-1] in (
+              "Adam", "Adam_1")}
+
+
+def _slot_elements_per_device(graph):
+  per_device = {}
+  for op in graph.get_operations():
+    if op.type == "VarHandleOp" and op.name.split("/")[-1] in ("Adam",
+                                                               "Adam_1"):
+      elements = tf.TensorShape(op.get_attr("shape")).num_elements()
+      per_device[op.device] = per_device.get(op.device, 0) + elements
+  return per_device
+
+
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_slots_exist_once_on_their_owner(level):
+  expected, _, plain = training.train(_four_equal_layers, "adam",
+                                      batch_size=4 * MICRO, with_epl=False)
+  actual, _, graph = training.train(
+      _four_equal_layers, "adam", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": 4, "zero.level": level})
+  training.assert_close(actual, expected)
+  slots = _slots(graph)
+  # Once over all replicas, under the user's names.
+  assert sorted(slots) == sorted(_slots(plain))
+  per_device = _slot_elements_per_device(graph)
+  total = sum(_slot_elements_per_device(plain).values())
+  assert sorted(per_device) == ["/device:CPU:%d" % d for d in range(4)]
+  assert set(per_device.values()) == {total // 4}
+  # Each slot sits with its owner's copy of the variable and its update.
+  for name, device in slots.items():
+    weight = name.split("/")[0]
+    update = graph.get_operation_by_name("Adam/update_%s/ResourceApplyAdam" %
+                                         weight)
+    assert update.device == device
+    owner = device[-1]
+    assert update.inputs[0].op.name == (
+        weight if owner == "0" else "EPL_REPLICA_%s/%s" % (owner, weight))
+  # v0 all-reduces the gradients; v1 reduces each on its owner only.
+  all_reduces = [op for op in graph.get_operations()
+                 if op.type == "CollectiveReduceV2"]
+  assert bool(all_reduces) == (level == "v0")
+
+
+# ------------------------------------------------------------ checkpoints
+
+
+def _run(config, steps, restore=None, save=None):
+  """Trains Adam `steps` steps (under EPL with `config` on 4 replicas, else
+  plain TF on their global batch) after restoring `restore`; saves to
+  `save`; returns the trained values."""
+  batch = MICRO if config else 4 * MICRO
+  epl.shutdown()
+  if config:
+    epl.init(epl.Config(dict({"cluster.num_cpu_devices": 4}, **config)))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = training.OPTIMIZERS["adam"]().minimize(loss, global_step=step)
+    saver = tf.compat.v1.train.Saver()
+    names = [v.op.name for v in tf.compat.v1.global_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      if restore:
+        saver.restore(session, restore)
+      for _ in range(steps):
+        session.run(train_op)
+      if save:
+        saver.save(session, save)
+      return training.read_variables(session, graph, names)
+
+
+def _checkpoint(path):
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"offload.level": "v0"},
+          {"zero.level": "v1", "offload.level": "v0",
+           "optimizer.num_apply_group": 2}]
+
+
+@pytest.mark.parametrize("savers", SAVERS, ids=lambda s: ",".join(
+    "%s=%s" % kv for kv in sorted(s.items())))
+def test_checkpoints_round_trip_with_single_device(savers, tmp_path):
+  single, parallel = str(tmp_path / "single"), str(tmp_path / "parallel")
+  _run(None, 3, save=single)
+  _run(savers, 3, save=parallel)
+  # The parallel run's checkpoint: every variable and slot once, under its
+  # own name, equal to the single-device one.
+  training.assert_close(_checkpoint(parallel), _checkpoint(single))
+  # A single-device checkpoint (slots included) restores into the parallel
+  # run: it goes on as single-device TF does.
+  expected = _run(None, 2, restore=single)
+  training.assert_close(_run(savers, 2, restore=single), expected)
+  # And the parallel run's checkpoint into single-device TF.
+  training.assert_close(_run(None, 2, restore=parallel), expected)
+
+
+# ---------------------------------------------------------------- offload
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+def test_offload_matches_single_device(layout):
+  graph = _check(layout, "adam", {"offload.level": "v0"})
+  host = "/device:CPU:0"
+  variables = [op for op in graph.get_operations()
+               if op.type == "VarHandleOp" and op.name != "global_step"]
+  replicas = 2 if layout == "pipe2x2" else 4
+  # 4 weights with Adam's 2 slots each, and Adam's 2 powers, per replica.
+  assert len(variables) == replicas * (4 * 3 + 2)
+  assert {op.device for op in variables} == {host}
+  updates = [op for op in graph.get_operations()
+             if op.type == "ResourceApplyAdam"]
+  assert len(updates) == replicas * 4
+  assert {op.device for op in updates} == {host}
+  # The compute stays on the replicas' devices; each op there reads the
+  # weights through a read of its own, made after its other inputs.
+  checked = 0
+  for op in graph.get_operations():
+    reads = [t.op for t in op.inputs if t.op.type == "ReadVariableOp"]
+    if op.device == host or not reads:
+      continue
+    checked += 1
+    assert len(reads) == 1, op.name
+    read = reads[0]
+    assert read.device == host and read.name.startswith("EPL_OFFLOAD/")
+    assert [c.name for c in read.outputs[0].consumers()] == [op.name]
+    other = [t.op for t in op.inputs if t.op is not read]
+    assert set(read.control_inputs) == set(other), op.name
+  # At least the forward reads of every weight off the host.
+  assert checked >= 4 * replicas - 4
+
+
+# ----------------------------------------------------- together, and errors
+
+
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_with_sparse_gradients(level):
+  from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
+  expected = _embedding_train(False, 4 * MICRO, "adam")
+  actual = _embedding_train(True, MICRO, "adam", {"zero.level": level})
+  training.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_offload_and_grouped_apply_together(layout, level):
+  _check(layout, "adam", {"zero.level": level, "offload.level": "v0",
+                          "optimizer.num_apply_group": 2})
+
+
+@pytest.mark.parametrize("config, error, words", [
+    ({"zero.level": "v2"}, NotImplementedError, ["zero.level", "v2"]),
+    ({"zero.level": "v1", "communication.clip_after_allreduce": True},
+     ValueError, ["zero.level", "communication.clip_after_allreduce"]),
+])
+def test_zero_settings_that_cannot_work(config, error, words):
+  with pytest.raises(error) as raised:
+    training.train(steps=1, config=dict({"cluster.num_cpu_devices": 2},
+                                        **config))
+  for word in words:
+    assert word in str(raised.value)
+
+
+def test_zero_with_one_replica_warns(caplog):
+  with caplog.at_level(logging.WARNING, logger="epl"):
+    training.train(steps=1, config={"zero.level": "v0"})
+  assert [r for r in caplog.records if "no effect" in r.getMessage()]
+
+
+@pytest.mark.parametrize("savers", SAVERS, ids=lambda s: ",".join(
+    "%s=%s" % kv for kv in sorted(s.items())))
+def test_reference_variables(savers):
+  """TF1 reference variables (VariableV2): reads are Identity ops."""
+  expected, _, _ = training.train(training.ref_variable_model, "adam",
+                                  batch_size=4 * MICRO, with_epl=False)
+  actual, _, _ = training.train(
+      training.ref_variable_model, "adam", batch_size=MICRO,
+      config=dict({"cluster.num_cpu_devices": 4}, **savers))
+  training.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("level", ["v0", "v1"])
+def test_zero_with_summed_gradients(level):
+  # Summing 4 replicas' mean-loss gradients equals the gradient of 4 x the
+  # global mean loss.
+  expected, _, _ = training.train(batch_size=4 * MICRO, loss_scale=4,
+                                  with_epl=False)
+  actual, _, _ = training.train(
+      batch_size=MICRO, config={
+          "cluster.num_cpu_devices": 4, "zero.level": level,
+          "communication.gradients_reduce_method": "sum"})
+  training.assert_close(actual, expected)
+
+
+def test_zero_v0_with_clipping_after_the_all_reduce():
+  def run(config, batch_size):
+    epl.shutdown()
+    if config:
+      epl.init(epl.Config(config))
+      epl.set_default_strategy(epl.replicate(device_count=1))
+    graph = tf.Graph()
+    with graph.as_default():
+      x, y = training.input_batch(batch_size)
+      loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+      optimizer = tf.compat.v1.train.AdamOptimizer(0.05)
+      grads, variables = zip(*optimizer.compute_gradients(loss))
+      clipped, _ = tf.clip_by_global_norm(grads, 0.1)
+      train_op = optimizer.apply_gradients(zip(clipped, variables))
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(5):
+          session.run(train_op)
+        return training.read_variables(session, graph,
+                                       [v.op.name for v in variables])
+  expected = run(None, 4 * MICRO)
+  training.assert_close(run({"cluster.num_cpu_devices": 4, "zero.level": "v0",
+                             "communication.clip_after_allreduce": True},
+                            MICRO), expected)
+
+
+def test_zero_partitions_each_stage_over_its_replicas():
+  graph = _check("pipe2x2", "adam", {"zero.level": "v1"})
+  # Replica 0's stages are on devices 0 and 1, replica 1's on 2 and 3; each
+  # stage's larger variable goes to replica 0, its smaller one to replica 1.
+  expected = {"layer_0/kernel": 0, "layer_0/bias": 2, "layer_1/kernel": 1,
+              "layer_1/bias": 3}
+  slots = _slots(graph)
+  assert len(slots) == 2 * len(expected)
+  for name, device in slots.items():
+    assert device == "/device:CPU:%d" % expected[name.rsplit("/", 1)[0]], name
