@@ -12,6 +12,7 @@ The passes, in order (each a function with its own docstring):
   6b. zero.partition_updates  - ZeRO: each variable's owner replica; its
                                  update is not cloned
   7. clone_replicas            - the other local replicas
+  7a. vary_random_seeds        - each copy draws its own random numbers
   7b. zero.place_updates       - ZeRO: updates run on their owners, new
                                  values copied to the other replicas
   7c. offload_variables        - offload: state and updates on the host,
@@ -46,6 +47,7 @@ from epl.parallel.micro_batches import clone_micro_batches
 from epl.parallel.offload import offload_variables
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
+from epl.parallel.random_seeds import vary_random_seeds
 from epl.parallel.schedule import schedule_pipeline
 from epl.parallel.shared_writes import order_shared_writes
 from epl.parallel.stage_checks import check_stages
@@ -98,6 +100,7 @@ def rewrite(graph, state, subgraph):
     clone_micro_batches(ctx)
     zero_partition = zero.partition_updates(ctx)
     clone_replicas(ctx)
+    vary_random_seeds(ctx)
     zero.place_updates(ctx, zero_partition)
     offload_variables(ctx)
     order_input_reads(ctx)
