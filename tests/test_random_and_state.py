@@ -69,3 +69,95 @@ def test_seeded_random_op_inside_cond_is_a_clear_error():
                    lambda: tf.zeros([ROWS, 8]))
   with pytest.raises(ValueError, match="inside a function"):
     _noise_per_copy(make_noise, CONFIG)
+
+
+def _batch_norm_model(x, training_mode=True):
+  with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
+    hidden = tf.compat.v1.layers.dense(
+        x, 16, name="hidden",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    hidden = tf.compat.v1.layers.batch_normalization(
+        hidden, training=training_mode, momentum=0.8, name="norm")
+    return tf.compat.v1.layers.dense(
+        tf.nn.relu(hidden), 1, name="out",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+
+
+BN_STEPS = 4
+
+
+def _bn_values(session, graph):
+  names = [v.op.name for v in tf.compat.v1.global_variables()
+           if "Momentum" not in v.op.name]
+  return training.read_variables(session, graph, names)
+
+
+def _train_batch_norm(config, micro_batch, fetch_update_ops):
+  epl.init(epl.Config(config))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(micro_batch)
+    loss = tf.reduce_mean(tf.square(_batch_norm_model(x) - y))
+    update_ops = tf.compat.v1.get_collection(
+        tf.compat.v1.GraphKeys.UPDATE_OPS)
+    optimizer = training.OPTIMIZERS["momentum"]()
+    if fetch_update_ops:
+      train_op = [optimizer.minimize(loss), update_ops]
+    else:
+      with tf.control_dependencies(update_ops):
+        train_op = optimizer.minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(BN_STEPS):
+        session.run(train_op)
+      values = _bn_values(session, graph)
+      replica = {n: values[n] for n in values if n.startswith("model/norm/")}
+      copies = training.read_variables(
+          session, graph, ["EPL_REPLICA_1/" + n for n in replica])
+  epl.shutdown()
+  return values, replica, copies
+
+
+def _towers_with_mean_update(towers, micro_batch):
+  """Plain TF: `towers` towers on consecutive chunks of the global batch,
+  sharing variables; the moving statistics move by the mean of the
+  towers' own updates (the deltas their AssignMovingAvg ops compute)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(towers * micro_batch)
+    losses, deltas = [], {}
+    for cx, cy in zip(tf.split(x, towers), tf.split(y, towers)):
+      before = set(tf.compat.v1.get_collection(
+          tf.compat.v1.GraphKeys.UPDATE_OPS))
+      losses.append(tf.reduce_mean(tf.square(_batch_norm_model(cx) - cy)))
+      for op in tf.compat.v1.get_collection(
+          tf.compat.v1.GraphKeys.UPDATE_OPS):
+        if op not in before:
+          op = op if isinstance(op, tf.Operation) else op.op
+          deltas.setdefault(op.inputs[0].op, []).append(op.inputs[1])
+    updates = [tf.raw_ops.AssignSubVariableOp(
+        resource=variable.outputs[0], value=tf.add_n(values) / len(values))
+               for variable, values in deltas.items()]
+    with tf.control_dependencies(updates):
+      train_op = training.OPTIMIZERS["momentum"]().minimize(
+          tf.add_n(losses) / towers)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(BN_STEPS):
+        session.run(train_op)
+      return _bn_values(session, graph)
+
+
+@pytest.mark.parametrize("fetch_update_ops", [False, True],
+                         ids=["control_dependencies", "fetched"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_batch_norm_statistics_move_by_the_mean_update(
+    fetch_update_ops, micro_batches):
+  config = {"cluster.num_cpu_devices": REPLICAS,
+            "pipeline.num_micro_batch": micro_batches}
+  actual, replica, copies = _train_batch_norm(config, ROWS, fetch_update_ops)
+  expected = _towers_with_mean_update(REPLICAS * micro_batches, ROWS)
+  training.assert_close(actual, expected)
+  for name, value in replica.items():
+    np.testing.assert_array_equal(copies["EPL_REPLICA_1/" + name], value)

@@ -178,6 +178,16 @@ def add_control_inputs(op, controls):
     op._add_control_inputs(controls)  # pylint: disable=protected-access
 
 
+def remove_control_input(op, control):
+  """`op` no longer waits for `control` (its other control inputs stay)."""
+  keep = [c for c in op.control_inputs if c is not control]
+  if len(keep) == len(op.control_inputs):
+    return
+  op._remove_all_control_inputs()  # pylint: disable=protected-access
+  if keep:
+    op._add_control_inputs(keep)  # pylint: disable=protected-access
+
+
 def set_device(op, device):
   op._set_device(device)  # pylint: disable=protected-access
 

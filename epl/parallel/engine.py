@@ -22,6 +22,8 @@ The passes, in order (each a function with its own docstring):
   9. join_replicas             - the train op waits for every replica
  10. order_shared_writes       - the global_step increment runs once, after
                                  every replica read it
+ 10b. average_forward_state_updates - batch-norm statistics move once
+                                 per step by the replicas' mean update
  11. aggregate_gradients       - all-reduce between gradients and update
  12. schedule_pipeline         - each stage runs its micro-batches in the
                                  schedule's order
@@ -40,6 +42,7 @@ from epl.parallel import grouped_apply
 from epl.parallel import planner
 from epl.parallel import zero
 from epl.parallel.context import RewriteContext
+from epl.parallel.forward_state import average_forward_state_updates
 from epl.parallel.gradient_aggregation import (aggregate_gradients,
                                                gradient_points)
 from epl.parallel.merge_outputs import merge_global_objects
@@ -106,6 +109,7 @@ def rewrite(graph, state, subgraph):
     order_input_reads(ctx)
     join_replicas(ctx)
     order_shared_writes(ctx)
+    average_forward_state_updates(ctx)
     aggregate_gradients(ctx)
     schedule_pipeline(ctx)
     merge_global_objects(ctx)

@@ -132,7 +132,15 @@ def select_training_subgraph(graph, state):
   joins = [op for op in after_updates if op.type == "NoOp"]
   merged = [t.op for key in MERGED_COLLECTIONS
             for t in graph.get_collection(key) if isinstance(t, tf.Tensor)]
-  training_ops = graph_editor.ancestors(after_updates + merged)
+  # Forward state updates (batch norm) that the user fetches alongside the
+  # train op rather than making it wait for them.
+  forward_updates = [
+      u if isinstance(u, tf.Operation) else u.op
+      for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
+  forward_updates = [op for op in forward_updates
+                     if state.phase_of(op) is Phase.FORWARD]
+  training_ops = graph_editor.ancestors(after_updates + merged +
+                                        forward_updates)
   join_names = {op.name for op in joins}
   # Gradient clipping built outside every scope works per replica.
   mark_gradient_processing(state, training_ops)
