@@ -1,5 +1,8 @@
 """Random ops, forward state and variable writes under replicas and
 micro-batches."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -161,3 +164,93 @@ def test_batch_norm_statistics_move_by_the_mean_update(
   training.assert_close(actual, expected)
   for name, value in replica.items():
     np.testing.assert_array_equal(copies["EPL_REPLICA_1/" + name], value)
+
+
+def _replica_values(session, graph, name):
+  names = [name] + ["EPL_REPLICA_%d/%s" % (r, name) for r in range(1, 4)]
+  values = training.read_variables(session, graph, names)
+  return [values[n] for n in names]
+
+
+@pytest.mark.parametrize("how", ["load", "assign_op", "keras_set_weights",
+                                 "initializer"])
+def test_variable_writes_at_any_time_reach_every_replica(how):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(ROWS)
+    layer = tf.compat.v1.layers.Dense(1, name="dense")
+    loss = tf.reduce_mean(tf.square(layer(x) - y))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    kernel = layer.kernel
+    new_value = np.full([training.FEATURES, 1], 0.25, np.float32)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      if how == "load":
+        kernel.load(new_value, session)
+      elif how == "assign_op":
+        session.run(tf.compat.v1.assign(kernel, new_value))
+      elif how == "keras_set_weights":
+        tf.compat.v1.keras.backend.set_session(session)
+        layer.set_weights([new_value, np.zeros([1], np.float32)])
+      else:
+        session.run(kernel.initializer)
+      values = _replica_values(session, graph, "dense/kernel")
+  if how != "initializer":
+    np.testing.assert_array_equal(values[0], new_value)
+  for value in values[1:]:
+    np.testing.assert_array_equal(value, values[0])
+
+
+def test_lookup_tables_are_shared_by_the_replicas():
+  expected_losses = None
+  for config in [None, {"cluster.num_cpu_devices": 4}]:
+    if config:
+      epl.init(epl.Config(config))
+      epl.set_default_strategy(epl.replicate(1))
+    with tf.Graph().as_default():
+      words = tf.data.Dataset.from_tensor_slices(
+          tf.constant(["a", "b", "c", "d"] * 8)).repeat().batch(
+              ROWS if config else 4 * ROWS)
+      tokens = tf.compat.v1.data.make_one_shot_iterator(words).get_next()
+      table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+          tf.constant(["a", "b", "c", "d"]),
+          tf.constant([0, 1, 2, 3], tf.int64)), default_value=-1)
+      embeddings = tf.compat.v1.get_variable(
+          "embeddings", [4, 2],
+          initializer=tf.compat.v1.constant_initializer(0.5))
+      ids = table.lookup(tokens)
+      loss = tf.reduce_mean(tf.square(
+          tf.nn.embedding_lookup(embeddings, ids) - tf.cast(
+              ids[:, None], tf.float32)))
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(
+          loss)
+      with tf.compat.v1.Session() as session:
+        session.run([tf.compat.v1.global_variables_initializer(),
+                     tf.compat.v1.tables_initializer()])
+        for _ in range(3):
+          session.run(train_op)
+        value = session.run(embeddings)
+    epl.shutdown()
+    if expected_losses is None:
+      expected_losses = value
+  np.testing.assert_allclose(value, expected_losses, atol=1e-6)
+
+
+def test_dropped_graphs_are_freed():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(ROWS)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+  dropped = weakref.ref(graph)
+  del graph, x, y, loss, train_op, session
+  gc.collect()
+  assert dropped() is None

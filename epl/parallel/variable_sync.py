@@ -15,6 +15,7 @@ from tensorflow.python.ops import gen_state_ops
 
 from epl.ir import capture
 from epl.ir import graph_editor
+from epl.ir.phase import Phase
 from epl.parallel import across_workers
 from epl.parallel.training_subgraph import is_variable_writer
 
@@ -69,7 +70,7 @@ class VariableSync:
                                                      variable.name)
     return assign_value(variable, received, name), received
 
-  def _copy_ops(self, writer, variable, group):
+  def _copy_ops(self, writer, variable, group, across_workers_too=True):
     if writer.name in self._copies:
       return self._copies[writer.name]
     ctx = self._ctx
@@ -80,7 +81,7 @@ class VariableSync:
       # Replica 0's value, read after the write (a ref variable's value
       # would otherwise be sent before it).
       value = read_value(variable)
-      if across_workers.spans_workers(ctx):
+      if across_workers_too and across_workers.spans_workers(ctx):
         sync, value = self._from_worker_zero(variable, value, group)
         copies.append(sync)
       for local in range(1, len(ctx.replicas)):
@@ -99,13 +100,32 @@ class VariableSync:
         return variable
     return None
 
+  def _substitute_standalone_write(self, writer, variable):
+    """A write the user may run by itself (`var.load`, an assign op, Keras
+    `set_weights`): fetching it, or its output, runs the copies into this
+    worker's other replicas too (`ctx.substitutes`). Across workers each
+    worker runs its own writes: no broadcast, which every worker would
+    have to join."""
+    ctx = self._ctx
+    copies = self._copy_ops(writer, variable, writer, across_workers_too=False)
+    if not copies:
+      return
+    with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
+        "EPL_VARIABLE_SYNC/%s" % writer.name), \
+        ctx.graph.control_dependencies(copies):
+      ctx.substitutes[writer.name] = tf.group(copies, name="write")
+      for output in writer.outputs:
+        ctx.substitutes[output.name] = tf.identity(output)
+
   def update(self):
-    """Handles the groups of writes built since the last call.
+    """Handles the writes and groups of writes built since the last call.
 
     Each op that has a write to a replicated variable among its control
     inputs gets, as further control inputs, the copies of that write into
     the other replicas (and, across workers, the broadcast from worker 0).
-    Does nothing with a single replica in the job.
+    A write outside the training step that the user may run by itself is
+    substituted at fetch time by the write and its copies. Does nothing
+    with a single replica in the job.
     """
     ctx = self._ctx
     operations = ctx.graph.get_operations()
@@ -113,6 +133,11 @@ class VariableSync:
     self._seen_ops = len(operations)
     if len(ctx.replicas) <= 1 and not across_workers.spans_workers(ctx):
       return
+    for op in new_ops:
+      variable = self._written_variable(op)
+      if variable is not None and not op.name.startswith("EPL_") and (
+          self._ctx.state.phase_of(op) not in (Phase.APPLY, Phase.BACKWARD)):
+        self._substitute_standalone_write(op, variable)
     for group in new_ops:
       copies = []
       # By name: a node's control inputs come back in an order that differs

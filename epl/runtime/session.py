@@ -64,7 +64,7 @@ def _substitute(fetch, substitutes):
   keys may be any object, e.g. MonitoredSession's hooks), so this walks
   them itself rather than with tf.nest, which sorts dict keys.
   """
-  if isinstance(fetch, (tf.Tensor, str)):
+  if isinstance(fetch, (tf.Tensor, tf.Operation, str)):
     name = fetch if isinstance(fetch, str) else fetch.name
     return substitutes.get(name, fetch)
   if isinstance(fetch, dict):
