@@ -19,6 +19,7 @@ The passes, in order (each a function with its own docstring):
                                  variables read just in time
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
+  8b. split_fed_batches        - each copy reads its part of a fed batch
   9. join_replicas             - the train op waits for every replica
  10. order_shared_writes       - the global_step increment runs once, after
                                  every replica read it
@@ -42,6 +43,7 @@ from epl.parallel import grouped_apply
 from epl.parallel import planner
 from epl.parallel import zero
 from epl.parallel.context import RewriteContext
+from epl.parallel.fed_batches import split_fed_batches
 from epl.parallel.forward_state import average_forward_state_updates
 from epl.parallel.gradient_aggregation import (aggregate_gradients,
                                                gradient_points)
@@ -107,6 +109,7 @@ def rewrite(graph, state, subgraph):
     zero.place_updates(ctx, zero_partition)
     offload_variables(ctx)
     order_input_reads(ctx)
+    split_fed_batches(ctx)
     join_replicas(ctx)
     order_shared_writes(ctx)
     average_forward_state_updates(ctx)

@@ -1,0 +1,57 @@
+"""Batches fed through placeholders: the user feeds the step's whole batch,
+as on one device, and each replica and micro-batch trains on its part."""
+import pytest
+import tensorflow as tf
+
+import epl
+from tests import training
+
+STEPS = 4
+GLOBAL_BATCH = 16
+
+
+def _train_fed(config=None, rows=GLOBAL_BATCH):
+  if config is not None:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(1))
+  features, targets = training.dataset_arrays()
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    learning_rate = tf.compat.v1.placeholder(tf.float32, [])
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    # Rows each copy trains on, summed over the copies: the fed batch.
+    rows_seen = tf.shape(x)[0] + 0
+    if config is not None:
+      epl.add_to_collection(rows_seen, epl.GraphKeys.GLOBAL_SUM_OBJECTS)
+    train_op = tf.compat.v1.train.MomentumOptimizer(
+        learning_rate, 0.9).minimize(loss)
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(STEPS):
+        rows_of_step = slice(step * rows, (step + 1) * rows)
+        _, seen = session.run([train_op, rows_seen], {
+            x: features[rows_of_step], y: targets[rows_of_step],
+            learning_rate: 0.05})
+        assert seen == rows
+      values = training.read_variables(session, graph, names)
+  epl.shutdown()
+  return values
+
+
+@pytest.mark.parametrize("config", [
+    {"cluster.num_cpu_devices": 4},
+    {"cluster.num_cpu_devices": 2, "pipeline.num_micro_batch": 2},
+], ids=["4_replicas", "2_replicas_x_2_micro_batches"])
+def test_fed_global_batch_trains_as_on_one_device(config):
+  expected = _train_fed()
+  actual = _train_fed(config)
+  training.assert_close(actual, expected)
+
+
+def test_fed_batch_that_does_not_divide_is_a_clear_error():
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="multiple of 4"):
+    _train_fed({"cluster.num_cpu_devices": 4}, rows=6)
