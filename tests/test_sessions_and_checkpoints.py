@@ -230,3 +230,22 @@ def test_init_in_eager_mode_switches_to_graph_mode():
   assert result.returncode == 0, result.stderr
   assert "graph mode" in result.stdout
   assert "switched to graph mode" in result.stderr
+
+
+def test_summaries_of_merged_tensors_record_the_merged_value():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  with tf.Graph().as_default():
+    x, y = training.input_batch(8)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    summary = tf.compat.v1.summary.scalar("loss", loss)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      _, printed, serialized = session.run([train_op, loss, summary])
+  recorded = tf.compat.v1.Summary.FromString(serialized).value[0].simple_value
+  np.testing.assert_allclose(recorded, printed, rtol=1e-6)
+  replica_zero = training.train(batch_size=8, steps=1,
+                                config={"cluster.num_cpu_devices": 1})[1][0]
+  assert abs(printed - replica_zero) > 1e-6  # a mean over 4 batches

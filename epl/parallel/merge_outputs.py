@@ -2,7 +2,13 @@
 import tensorflow as tf
 
 from epl.ir import capture
+from epl.ir import graph_editor
 from epl.parallel import across_workers
+
+# Summary ops: one that records a merged tensor records its merged value.
+SUMMARY_TYPES = frozenset([
+    "ScalarSummary", "HistogramSummary", "TensorSummary", "TensorSummaryV2",
+    "WriteScalarSummary", "WriteHistogramSummary", "WriteSummary"])
 
 MERGES = {
     "global_mean_objects": lambda values: tf.add_n(values) / len(values),
@@ -21,7 +27,9 @@ def merge_global_objects(ctx):
   workers, the workers' merges are then combined with collectives
   (`across_workers.merge`), so every worker must fetch it in the same
   steps. `ctx.substitutes` maps the user's tensor name to the merged
-  tensor, which a session fetch returns in its place. The user's tensor
+  tensor, which a session fetch returns in its place, and summary ops
+  (`tf.compat.v1.summary.scalar`, ...) of the tensor record the merged
+  value, so TensorBoard shows what the script prints. The user's tensor
   itself is unchanged.
   """
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
@@ -35,5 +43,9 @@ def merge_global_objects(ctx):
                   for l in range(len(ctx.replicas))]
         with tf.device(tensor.op.device):
           merged = merge(values)
-        ctx.substitutes[tensor.name] = across_workers.merge(
-            ctx, key, merged, ctx.taskgraph_index(tensor.op))
+        merged = across_workers.merge(ctx, key, merged,
+                                      ctx.taskgraph_index(tensor.op))
+        ctx.substitutes[tensor.name] = merged
+        for summary in tensor.consumers():
+          if summary.type in SUMMARY_TYPES:
+            graph_editor.replace_input_in([summary], tensor, merged)
