@@ -276,8 +276,9 @@ _KEYS = (
        "updates on the host CPU; \"\" is off.", built=True),
     # communication
     _k("communication", "num_communicators", _Int(minimum=1), 2,
-       "Number of communicators in the pool that run gradient all-reduces.",
-       built=True),
+       "Number of communicators in the pool that run gradient all-reduces "
+       "(not built yet: each tf.gradients call's all-reduces run in one "
+       "chain)."),
     _k("communication", "sparse_as_dense", _Bool(), False,
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),

@@ -5,6 +5,7 @@ import tensorflow as tf
 import epl
 from epl.cluster import Cluster
 from epl.ir.graph_state import state_of
+from epl.ir.taskgraph import TaskGraph
 from epl.parallel import planner
 from tests import training
 
@@ -163,3 +164,26 @@ def test_init_warns_about_settings_not_built_yet(caplog):
   finally:
     logger.removeHandler(caplog.handler)
   assert "auto.auto_parallel" in caplog.text and "not built yet" in caplog.text
+
+
+def test_run_visible_devices_reach_a_single_worker_session():
+  from epl.env import Env  # pylint: disable=import-outside-toplevel
+  from epl.runtime import session as epl_session  # pylint: disable=import-outside-toplevel
+  config = epl.Config({"cluster.run_visible_devices": "1,3"})
+  env = Env(config, Cluster([], 0, "GPU", 2))
+  _, proto = epl_session.session_settings(env, "", None)
+  assert proto.gpu_options.visible_device_list == "1,3"
+  assert proto.allow_soft_placement
+
+
+def test_replicate_device_count_replicates_over_every_device():
+  # As documented (and as the original EPL): one replicate scope is data
+  # parallel over every device; device_count must divide the device count.
+  plan = planner.make_plan(Cluster([], 0, "CPU", 4),
+                           [TaskGraph(0, epl.replicate(device_count=2))],
+                           epl.Config())
+  assert plan.num_replicas == 4
+  with pytest.raises(ValueError, match="do not divide"):
+    planner.make_plan(Cluster([], 0, "CPU", 4),
+                      [TaskGraph(0, epl.replicate(device_count=3))],
+                      epl.Config())

@@ -74,9 +74,14 @@ def test_defaults():
   assert Config(None) == Config({}) == config
 
 
+# Keys of built sections whose own feature is not built yet.
+UNBUILT_KEYS = {"communication.num_communicators"}
+
+
 def test_built_flags():
   for info in config_keys():
-    expected = (info.section in BUILT_SECTIONS or info.key in BUILT_CLUSTER_KEYS)
+    expected = (info.section in BUILT_SECTIONS or info.key in
+                BUILT_CLUSTER_KEYS) and info.key not in UNBUILT_KEYS
     assert info.built == expected, info.key
     assert info.doc and "\n" not in info.doc
 

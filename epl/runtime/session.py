@@ -51,6 +51,10 @@ def session_settings(env, target, config, graph=None):
   if cluster.device_type == "CPU":
     current = merged.device_count.get("CPU", 0)
     merged.device_count["CPU"] = max(current, cluster.devices_per_worker)
+  elif (env.config.cluster.run_visible_devices and
+        not merged.gpu_options.visible_device_list):
+    merged.gpu_options.visible_device_list = (
+        env.config.cluster.run_visible_devices)
   # EPL pins ops to devices; kernels without an implementation on that
   # device (tf.data, strings) must still fall back to the host.
   merged.allow_soft_placement = True
