@@ -32,9 +32,17 @@ code and calls the original:
   before `epl.init()` raises a clear error (`epl.graph_mode`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
+- `EventFileWriter` as `FileWriter` makes it, and
+  `training_util.write_graph`: in a multi-worker job only worker 0 writes
+  event and graph files (`epl.runtime.summaries`).
+- `RunConfig.__init__` and `Estimator._call_model_fn` (when
+  tensorflow-estimator is installed): RunConfig ignores TF_CONFIG and
+  distribution arguments; evaluation and prediction graphs are not
+  captured (`epl.runtime.estimator`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
+import contextlib
 import functools
 import threading
 
@@ -45,8 +53,10 @@ from tensorflow.python.data.ops import readers
 from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gradients_util
+from tensorflow.python.summary.writer import writer as summary_writer
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import saver as saver_lib
+from tensorflow.python.training import training_util
 from tensorflow.python.util import nest
 
 from epl.ir import capture
@@ -65,9 +75,30 @@ class _ApplyDepth(threading.local):
 _apply_depth = _ApplyDepth()
 
 
+class _Detached(threading.local):
+  # Depth of `detached()` scopes.
+  value = 0
+
+
+_detached = _Detached()
+
+
+@contextlib.contextmanager
+def detached():
+  """TensorFlow calls made inside run as without EPL: nothing is captured
+  or recorded (an Estimator's evaluation and prediction graphs)."""
+  _detached.value += 1
+  try:
+    yield
+  finally:
+    _detached.value -= 1
+
+
 def _env():
   from epl.env import Env  # pylint: disable=import-outside-toplevel
-  return Env.get() if Env.initialised() else None
+  if _detached.value or not Env.initialised():
+    return None
+  return Env.get()
 
 
 def _create_op_helper(original, graph, op, compute_device=True):
@@ -191,6 +222,46 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
                          **kwargs)
 
 
+def _event_file_writer(original, logdir, *args, **kwargs):
+  env = _env()
+  if env is None:
+    return original(logdir, *args, **kwargs)
+  from epl.runtime import summaries  # pylint: disable=import-outside-toplevel
+  return summaries.event_file_writer(env, original, logdir, *args, **kwargs)
+
+
+def _write_graph(original, *args, **kwargs):
+  env = _env()
+  if env is None:
+    return original(*args, **kwargs)
+  from epl.runtime import summaries  # pylint: disable=import-outside-toplevel
+  return summaries.write_graph(env, original, *args, **kwargs)
+
+
+def _run_config_init(original, run_config, *args, **kwargs):
+  if _env() is None:
+    return original(run_config, *args, **kwargs)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.run_config_init(original, run_config, *args, **kwargs)
+
+
+def _call_model_fn(original, estimator_object, *args, **kwargs):
+  if _env() is None:
+    return original(estimator_object, *args, **kwargs)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.call_model_fn(original, estimator_object, *args, **kwargs)
+
+
+def _estimator_patches():
+  try:
+    from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
+    from tensorflow_estimator.python.estimator import run_config  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return ()
+  return ((run_config.RunConfig, "__init__", _run_config_init),
+          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn))
+
+
 _PATCHES = (
     (ops.Graph, "_create_op_helper", _create_op_helper),
     (gradients_util, "_GradientsHelper", _gradients_helper),
@@ -206,6 +277,8 @@ _PATCHES = (
     (dataset_ops.DatasetV1, "_make_one_shot_iterator", _dataset_iterator),
     (dataset_ops.DatasetV1, "_make_initializable_iterator", _dataset_iterator),
     (saver_lib.Saver, "save", _saver_save),
+    (summary_writer, "EventFileWriter", _event_file_writer),
+    (training_util, "write_graph", _write_graph),
 )
 # Static methods among the entry points: wrapped without a `self`.
 _STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])
@@ -213,7 +286,7 @@ _STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])
 
 def install():
   """Wraps the entry points above (once)."""
-  for owner, attribute, wrapper in _PATCHES:
+  for owner, attribute, wrapper in _PATCHES + _estimator_patches():
     key = (owner, attribute)
     if key in _originals:
       continue

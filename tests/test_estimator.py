@@ -1,0 +1,196 @@
+"""tf.estimator.Estimator under EPL: the three EPL lines, nothing else.
+
+Training is data parallel (4 logical CPU devices, 8 rows per replica) or
+a 2-stage pipeline of 4 micro-batches (stage scopes inside model_fn), and
+must give the weights that a single-device Estimator gets on the global
+batch of 32 (read back from the checkpoint directories). Evaluation and
+prediction are not rewritten and give the single-device answers.
+"""
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import epl
+from tests import training
+
+GLOBAL_BATCH = 32
+STEPS = 5
+
+
+def _input_fn(batch_size):
+  def input_fn():
+    x, y = training.dataset_arrays()
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        batch_size)
+  return input_fn
+
+
+def _predict_input_fn():
+  x, _ = training.dataset_arrays()
+  return tf.data.Dataset.from_tensor_slices(x[:GLOBAL_BATCH]).batch(8)
+
+
+def _model_fn(model):
+  def model_fn(features, labels, mode):
+    predictions = model(features)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+      return tf.estimator.EstimatorSpec(mode, predictions=predictions)
+    loss = tf.reduce_mean(tf.square(predictions - labels))
+    # Built in every mode, as many model_fns do: evaluation must still not
+    # be rewritten (it would read a batch per replica).
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = training.OPTIMIZERS["momentum"]().minimize(
+        loss, global_step=step)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op,
+        eval_metric_ops={"mae": tf.compat.v1.metrics.mean_absolute_error(
+            labels, predictions)})
+  return model_fn
+
+
+class _OpNames(tf.compat.v1.train.SessionRunHook):
+  """Names of the ops of the graph a session ran."""
+
+  def __init__(self):
+    self.names = []
+
+  def end(self, session):
+    self.names = [op.name for op in session.graph.get_operations()]
+
+
+def _run_single_device_graphs(estimator):
+  """Evaluation results and predictions, checking that EPL rewrote
+  neither graph."""
+  hooks = [_OpNames(), _OpNames()]
+  evaluation = estimator.evaluate(_input_fn(GLOBAL_BATCH), steps=2,
+                                  hooks=hooks[:1])
+  predictions = np.stack(list(estimator.predict(_predict_input_fn,
+                                                hooks=hooks[1:])))
+  for hook in hooks:
+    assert hook.names
+    assert not [n for n in hook.names if n.startswith("EPL_")]
+  return evaluation, predictions
+
+
+def _estimator(model_dir, model=training.layers_model):
+  return tf.estimator.Estimator(_model_fn(model), model_dir=str(model_dir))
+
+
+def _checkpoint_values(model_dir):
+  """Trained variables and global_step of the latest checkpoint."""
+  names = [name for name, _ in tf.train.list_variables(str(model_dir))
+           if "Momentum" not in name]
+  return {name: tf.train.load_variable(str(model_dir), name)
+          for name in names}
+
+
+def _single_device(model_dir, model=training.layers_model, calls=(STEPS,)):
+  """A plain Estimator on the global batch: trained (`calls` train calls
+  of so many steps), then evaluated and asked for predictions."""
+  estimator = _estimator(model_dir, model)
+  for steps in calls:
+    estimator.train(_input_fn(GLOBAL_BATCH), steps=steps)
+  evaluation = estimator.evaluate(_input_fn(GLOBAL_BATCH), steps=2)
+  predictions = np.stack(list(estimator.predict(_predict_input_fn)))
+  return _checkpoint_values(model_dir), evaluation, predictions
+
+
+def _assert_evaluations_close(actual, expected):
+  assert sorted(actual) == sorted(expected)
+  for key in expected:
+    np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)
+
+
+def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  estimator = _estimator(tmp_path / "epl")
+  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=STEPS)
+  trained = _checkpoint_values(tmp_path / "epl")
+  evaluation, predictions = _run_single_device_graphs(estimator)
+  epl.shutdown()
+
+  plain, plain_evaluation, plain_predictions = _single_device(
+      tmp_path / "plain")
+  assert trained["global_step"] == STEPS
+  training.assert_close(trained, plain)
+  _assert_evaluations_close(evaluation, plain_evaluation)
+  np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_pipeline_in_model_fn_matches_single_device(tmp_path):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                       "pipeline.num_micro_batch": 4}))
+  estimator = _estimator(tmp_path / "epl", training.staged_model())
+  # Two calls: the second graph is built and staged as the first was, and
+  # resumes from the checkpoint (its input starts again, as the plain
+  # Estimator's does).
+  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=2)
+  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=STEPS - 2)
+  trained = _checkpoint_values(tmp_path / "epl")
+  evaluation, predictions = _run_single_device_graphs(estimator)
+  epl.shutdown()
+
+  plain, plain_evaluation, plain_predictions = _single_device(
+      tmp_path / "plain", training.staged_model(), calls=(2, STEPS - 2))
+  assert trained["global_step"] == STEPS
+  training.assert_close(trained, plain)
+  _assert_evaluations_close(evaluation, plain_evaluation)
+  np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5,
+                             atol=1e-6)
+
+
+def _train_and_evaluate(model_dir, batch_size):
+  estimator = _estimator(model_dir)
+  evaluation, _ = tf.estimator.train_and_evaluate(
+      estimator,
+      tf.estimator.TrainSpec(_input_fn(batch_size), max_steps=STEPS),
+      tf.estimator.EvalSpec(_input_fn(GLOBAL_BATCH), steps=2,
+                            throttle_secs=0))
+  return _checkpoint_values(model_dir), evaluation
+
+
+def test_train_and_evaluate_matches_single_device(tmp_path):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  trained, evaluation = _train_and_evaluate(tmp_path / "epl",
+                                            GLOBAL_BATCH // 4)
+  epl.shutdown()
+  plain, plain_evaluation = _train_and_evaluate(tmp_path / "plain",
+                                                GLOBAL_BATCH)
+  training.assert_close(trained, plain)
+  _assert_evaluations_close(evaluation, plain_evaluation)
+
+
+_TWO_WORKERS = json.dumps({
+    "cluster": {"worker": ["localhost:1", "localhost:2"]},
+    "task": {"type": "worker", "index": 1}})
+
+
+def test_run_config_ignores_tf_config_and_distribution(monkeypatch, caplog):
+  # Without EPL, a TF_CONFIG of workers without a chief is an error for
+  # RunConfig, which would set up its own job from it.
+  monkeypatch.setenv("TF_CONFIG", _TWO_WORKERS)
+  with pytest.raises(ValueError, match="chief"):
+    tf.estimator.RunConfig()
+  monkeypatch.delenv("TF_CONFIG")
+  epl.init()
+  monkeypatch.setenv("TF_CONFIG", _TWO_WORKERS)
+  monkeypatch.setattr(logging.getLogger("epl"), "propagate", True)
+  with caplog.at_level(logging.WARNING, logger="epl"):
+    config = tf.estimator.RunConfig(
+        train_distribute=tf.distribute.OneDeviceStrategy("/cpu:0"),
+        device_fn=lambda op: "/cpu:0")
+  assert config.cluster_spec.as_dict() == {}
+  assert config.is_chief and config.num_worker_replicas == 1
+  assert config.train_distribute is None and config.device_fn is None
+  assert "TF_CONFIG" in caplog.text
+  assert "train_distribute" in caplog.text and "device_fn" in caplog.text
+  # EPL still reads it.
+  assert os.environ["TF_CONFIG"] == _TWO_WORKERS
