@@ -15,10 +15,13 @@ import pytest
 import tensorflow as tf
 
 import epl
+from tests import multiworker
 from tests import training
 
 GLOBAL_BATCH = 32
 STEPS = 5
+ESTIMATOR_WORKER = os.path.join(multiworker.ROOT, "tests", "workers",
+                                "estimator_worker.py")
 
 
 def _input_fn(batch_size):
@@ -194,3 +197,30 @@ def test_run_config_ignores_tf_config_and_distribution(monkeypatch, caplog):
   assert "train_distribute" in caplog.text and "device_fn" in caplog.text
   # EPL still reads it.
   assert os.environ["TF_CONFIG"] == _TWO_WORKERS
+
+
+def _estimator_job(tmp_path, monkeypatch, name, model_dir, **options):
+  """Runs tests/workers/estimator_worker.py on 2 workers x 2 devices."""
+  multiworker.require_namespaces()
+  monkeypatch.setattr(multiworker, "WORKER_SCRIPT", ESTIMATOR_WORKER)
+  return multiworker.train_job(tmp_path, name, model_dir=model_dir,
+                               **options)
+
+
+def test_two_workers_train_like_single_device_and_only_worker_0_writes(
+    tmp_path, monkeypatch):
+  # 2 workers x 2 devices x 8 rows: the global batch of 32. Each worker
+  # has its own model directory, to show what each writes.
+  job, results = _estimator_job(tmp_path, monkeypatch, "train",
+                                str(tmp_path / "model_{worker}"))
+  assert job.returncode == 0, job.output[-8000:]
+  worker0, worker1 = results
+  plain, _, _ = _single_device(tmp_path / "plain")
+  training.assert_close(_checkpoint_values(tmp_path / "model_0"), plain)
+  kinds = {name.split(".")[0] for name in worker0["files"]}
+  assert {"checkpoint", "graph", "events", "model"} <= kinds, worker0
+  # Worker 1 trained in step but wrote no checkpoint, event or graph file.
+  assert worker1["files"] == []
+  worker1_log = "\n".join(job.lines(1))
+  assert "only worker 0 writes event and graph files" in worker1_log
+  assert "RunConfig ignores TF_CONFIG" in worker1_log
