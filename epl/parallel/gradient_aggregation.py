@@ -125,11 +125,41 @@ def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
                tf.reshape(piece, tf.shape(replica_grad)))
 
 
-def _reduce_sparse(ctx, communicator, grad, reduce_op, local_devices):
+def _checked_equal_rows(communicator, values, local_devices, variable):
+  """`values` (one per local replica), each made to wait for a check that
+  every replica has the same number of rows: a collective gather needs
+  equal shapes, and TensorFlow keeps the shape of each collective instance
+  from its first step, so gradients whose row count differs between
+  replicas or steps cannot be gathered this way."""
+  counts = []
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      counts.append(tf.shape(values[local])[:1])
+  all_counts = communicator.all_gather(counts)
+  checked = []
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      check = tf.debugging.assert_equal(
+          tf.reduce_min(all_counts[local]), tf.reduce_max(all_counts[local]),
+          message=(
+              "EPL: the replicas' sparse (IndexedSlices) gradients of %r have "
+              "different row counts, which a collective gather cannot "
+              "combine; set communication.sparse_as_dense=True for this "
+              "model" % variable.name))
+      with tf.control_dependencies([check]):
+        checked.append(tf.identity(values[local]))
+  return checked
+
+
+def _reduce_sparse(ctx, communicator, grad, variable, reduce_op,
+                   local_devices):
   """IndexedSlices: gather every replica's rows (and indices)."""
   values = [ctx.tensor(l, grad.values) for l in range(len(local_devices))]
   indices = [ctx.tensor(l, grad.indices) for l in range(len(local_devices))]
-  gathered_values = communicator.all_gather(values)
+  sent = values
+  if grad.values.shape.rank is None or grad.values.shape[0] is None:
+    sent = _checked_equal_rows(communicator, values, local_devices, variable)
+  gathered_values = communicator.all_gather(sent)
   gathered_indices = communicator.all_gather(indices)
   for local, device in enumerate(local_devices):
     with tf.device(device):
@@ -166,7 +196,7 @@ def aggregate_gradients(ctx):
       for grad, var in points:
         taskgraph = ctx.taskgraph_index(tensors_of(grad)[0].op)
         if isinstance(grad, tf.IndexedSlices):
-          sparse.append((taskgraph, grad))
+          sparse.append((taskgraph, grad, var))
         else:
           groups.setdefault((taskgraph, grad.dtype), []).append(grad)
       for (taskgraph, _), grads in groups.items():
@@ -174,7 +204,8 @@ def aggregate_gradients(ctx):
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
         for bucket in _buckets(grads, ctx.config.communication.max_splits):
           _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, devices)
-      for taskgraph, grad in sparse:
+      for taskgraph, grad, var in sparse:
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
-        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad, reduce_op,
+        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad, var,
+                       reduce_op,
                        devices)
