@@ -106,7 +106,9 @@ def _labels(apply_ops, gradient_owner, trained):
   An op touches variable v if it reads v (its handle, a read of it) or v's
   gradient, or if an op it feeds or is fed by (within the apply ops) does:
   first through its inputs; an op whose inputs touch nothing (a slot, a
-  constant) takes the variables of the ops it feeds.
+  constant) takes the variables of the ops it feeds or runs before
+  (control edges: Adam's sparse update decays a slot in a write that only
+  the slot's scatter waits for).
   """
   names = {op.name for op in apply_ops}
 
@@ -130,7 +132,7 @@ def _labels(apply_ops, gradient_owner, trained):
   downstream = {}
   for op in reversed(apply_ops):
     downstream[op.name] = direct(op).union(
-        *[downstream[c.name] for t in op.outputs for c in t.consumers()
+        *[downstream[c.name] for c in graph_editor.output_ops(op)
           if c.name in names])
   return {op.name: upstream[op.name] or downstream[op.name]
           for op in apply_ops}
@@ -224,10 +226,25 @@ def _move_to_owner(ctx, ops, local):
     ctx.clones[local][op.name] = op
 
 
-def _join(ctx, ops):
-  """Every train op (each join of the step) waits for `ops`."""
-  for join in ctx.subgraph.joins:
-    graph_editor.add_control_inputs(join, ops)
+def _join_after(ctx, partition, name, ops):
+  """What fetching the step runs after variable `name`'s update (the joins
+  and shared writes downstream of it) waits for `ops` too.
+
+  Only those: a join before the update (grouped apply's NoOp of an earlier
+  group, which the later groups' updates wait for) waiting for ops made
+  after the update would close a cycle.
+  """
+  after = {op.name for op in graph_editor.descendants(partition.updates[name])}
+  ends = [op for op in ctx.subgraph.joins + ctx.subgraph.shared_writes
+          if op.name in after]
+  if not ends:
+    raise ValueError(
+        "zero.level %s: no op of the training step waits for the update of "
+        "%s, so nothing would run its copies into the other replicas. Fetch "
+        "the op apply_gradients returned (or a tf.group of it)." % (
+            partition.level, name))
+  for end in ends:
+    graph_editor.add_control_inputs(end, ops)
 
 
 def _keep_all_reduces(ctx, partition):
@@ -236,11 +253,12 @@ def _keep_all_reduces(ctx, partition):
   A replica reads the reduced gradients of the variables it owns only; an
   Identity per replica and gradient (registered with that replica's ops,
   so gradient aggregation makes it read the reduced value) joined to the
-  train ops makes the others run too: a collective needs every member.
+  joins after the variable's update makes the others run too: a collective
+  needs every member.
   """
-  sinks = []
-  for local in range(len(ctx.replicas)):
-    for grad, var in partition.points:
+  for grad, var in partition.points:
+    sinks = []
+    for local in range(len(ctx.replicas)):
       for tensor in _tensors(grad):
         replica_tensor = ctx.tensor(local, tensor)
         with tf.device(replica_tensor.device):
@@ -248,7 +266,7 @@ def _keep_all_reduces(ctx, partition):
               ZERO_SCOPE, ctx.replicas[local], var.name))
         ctx.clones[local][sink.op.name] = sink.op
         sinks.append(sink.op)
-  _join(ctx, sinks)
+    _join_after(ctx, partition, var.name, sinks)
 
 
 def _reduce_to_owners(ctx, partition):
@@ -291,9 +309,10 @@ def _reduce_to_owners(ctx, partition):
 
 def _broadcast_updates(ctx, partition):
   """After its update, the owner's new value is written into every other
-  replica's copy of the variable; the train ops wait for the writes."""
-  writes = []
+  replica's copy of the variable; the joins after the update wait for the
+  writes."""
   for name, ops in partition.updates.items():
+    writes = []
     owner = partition.owner[name]
     variable = partition.variables[name]
     with tf.control_dependencies(ops), tf.name_scope(
@@ -304,7 +323,7 @@ def _broadcast_updates(ctx, partition):
         writes.append(assign_value(
             ctx.op(local, variable), value, "%s/replica_%d/%s/from_owner" % (
                 ZERO_SCOPE, ctx.replicas[local], name)))
-  _join(ctx, writes)
+    _join_after(ctx, partition, name, writes)
 
 
 def place_updates(ctx, partition):
@@ -315,8 +334,8 @@ def place_updates(ctx, partition):
   colocation), wires the gradients to the owners (v0: every replica's
   all-reduce kept in the step; v1: reduced on the owner instead of
   all-reduced) and adds the copies of the new values into the other
-  replicas, which the train ops wait for. Without a partition, does
-  nothing.
+  replicas, which the joins after each update wait for. Without a
+  partition, does nothing.
   """
   if partition is None:
     return
