@@ -174,3 +174,28 @@ def test_two_train_ops_run_alone_or_together():
   training.assert_close(actual, expected)
   assert set(expected) == {n for n in actual}
   assert not np.allclose(expected["generator/dense/kernel"], 0)
+
+
+def _control_flow_model(x):
+  """A model with tf.cond and tf.while_loop (control flow v2) in it."""
+  hidden = training.layers_model(x)
+  hidden = tf.cond(tf.reduce_mean(x) > -10.0, lambda: hidden * 1.5,
+                   lambda: hidden)
+  _, hidden = tf.while_loop(lambda i, h: i < 3,
+                            lambda i, h: (i + 1, tf.tanh(h) + h * 0.5),
+                            [tf.constant(0), hidden])
+  return hidden
+
+
+@pytest.mark.parametrize("config", [
+    {"cluster.num_cpu_devices": REPLICAS},
+    {"cluster.num_cpu_devices": 2, "pipeline.num_micro_batch": 2}],
+                         ids=["data_parallel", "micro_batches"])
+def test_control_flow_v2_in_the_model(config):
+  copies = config["cluster.num_cpu_devices"] * config.get(
+      "pipeline.num_micro_batch", 1)
+  expected, _, _ = training.train(_control_flow_model, "adam",
+                                  batch_size=copies * MICRO, with_epl=False)
+  actual, _, _ = training.train(_control_flow_model, "adam", batch_size=MICRO,
+                                config=config)
+  training.assert_close(actual, expected)
