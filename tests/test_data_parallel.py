@@ -62,6 +62,18 @@ def test_fused_buckets_and_fp16_communication():
   training.assert_close(half, expected, atol=2e-3)
 
 
+def test_fp16_communication_overflow_falls_back_to_float32():
+  # A scale that overflows float16 (max 65504): every replica sees the
+  # overflow in the reduced values and sends the bucket again as float32,
+  # so training is exact instead of corrupted by inf.
+  expected, _, _ = training.train(batch_size=REPLICAS * MICRO, with_epl=False)
+  actual, _, _ = training.train(
+      batch_size=MICRO,
+      config={"cluster.num_cpu_devices": REPLICAS,
+              "communication.fp16": True, "communication.fp16_scale": 1e9})
+  training.assert_close(actual, expected)
+
+
 def test_single_device_runs_unchanged():
   expected, _, _ = training.train(batch_size=MICRO, with_epl=False)
   actual, _, _ = training.train(batch_size=MICRO,

@@ -67,6 +67,24 @@ class CollectiveCommunicator(Communicator):
             final_op=final_op, communication_hint=self._hint,
             timeout=self._timeout))
 
+  def all_reduce_where(self, tensors, conditions, reduce_op):
+    """`all_reduce`, run by each member only where its condition holds
+    (zeros elsewhere). Every member must decide the same way."""
+    if reduce_op not in ("sum", "mean"):
+      raise ValueError("reduce_op must be 'sum' or 'mean', got %r" % reduce_op)
+    final_op = "Div" if reduce_op == "mean" else "Id"
+    conditions = dict(zip(self.local_members, conditions))
+
+    def build(member, tensor, key):
+      return tf.cond(
+          conditions[member],
+          lambda: collective_ops.all_reduce_v2(
+              tensor, self.group_size, self._group_key, key, merge_op="Add",
+              final_op=final_op, communication_hint=self._hint,
+              timeout=self._timeout),
+          lambda: tf.zeros_like(tensor))
+    return self._collective(tensors, build)
+
   def all_gather(self, tensors):
     return self._collective(
         tensors, lambda _, t, key: collective_ops.all_gather_v2(

@@ -102,22 +102,47 @@ def _remap(ctx, local, old, new):
       graph_editor.consumers_of(old, ctx.replica_op_names(local)), old, new)
 
 
+def _float16_all_reduce(communicator, flats, reduce_op, scale,
+                        local_devices):
+  """All-reduce of float32 `flats` sent as float16 (times `scale`).
+
+  Where the float16 result overflows (inf or NaN), the bucket is sent
+  again as float32. The reduced float16 values are the same on every
+  replica, so every replica takes the same decision."""
+  halves = []
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      halves.append(tf.cast(flats[local] * scale, tf.float16))
+  reduced = communicator.all_reduce(halves, reduce_op)
+  results, overflowed = [], []
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      results.append(tf.cast(reduced[local], tf.float32) / scale)
+      overflowed.append(tf.logical_not(
+          tf.reduce_all(tf.math.is_finite(results[-1]))))
+  fallbacks = communicator.all_reduce_where(flats, overflowed, reduce_op)
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      results[local] = tf.where(overflowed[local], fallbacks[local],
+                                results[local])
+  return results
+
+
 def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
   comm = ctx.config.communication
   flats = []
   for local, device in enumerate(local_devices):
     with tf.device(device):
       parts = [tf.reshape(ctx.tensor(local, g), [-1]) for g in bucket]
-      flat = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-      if comm.fp16 and flat.dtype == tf.float32:
-        flat = tf.cast(flat * comm.fp16_scale, tf.float16)
-      flats.append(flat)
-  reduced = communicator.all_reduce(flats, reduce_op)
+      flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+  if comm.fp16 and bucket[0].dtype == tf.float32:
+    reduced = _float16_all_reduce(communicator, flats, reduce_op,
+                                  comm.fp16_scale, local_devices)
+  else:
+    reduced = communicator.all_reduce(flats, reduce_op)
   sizes = [g.shape.num_elements() for g in bucket]
   for local, (device, flat) in enumerate(zip(local_devices, reduced)):
     with tf.device(device):
-      if comm.fp16 and bucket[0].dtype == tf.float32:
-        flat = tf.cast(flat, tf.float32) / comm.fp16_scale
       pieces = [flat] if len(bucket) == 1 else tf.split(flat, sizes)
       for grad, piece in zip(bucket, pieces):
         replica_grad = ctx.tensor(local, grad)
