@@ -23,16 +23,24 @@ code and calls the original:
   cut to this worker's share (`epl.io_slicing`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
+- `tf.compat.v1.layers.dense`, the sparse softmax cross-entropies,
+  `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
+  `epl.split`, or on its sharded outputs, they build sharded ops
+  (`epl.ops.split_lowering`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
 import functools
+
+import tensorflow as tf
 
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers
 from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_math_ops
+from tensorflow.python.ops import gen_nn_ops
 from tensorflow.python.ops import gradients_util
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import saver as saver_lib
@@ -154,6 +162,16 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
                          **kwargs)
 
 
+def _split_lowering(name):
+  """A wrapper that forwards to `epl.ops.split_lowering.<name>`."""
+  def wrapper(original, *args, **kwargs):
+    if _env() is None:
+      return original(*args, **kwargs)
+    from epl.ops import split_lowering  # pylint: disable=import-outside-toplevel
+    return getattr(split_lowering, name)(original, *args, **kwargs)
+  return wrapper
+
+
 _PATCHES = (
     (ops.Graph, "_create_op_helper", _create_op_helper),
     (gradients_util, "_GradientsHelper", _gradients_helper),
@@ -167,6 +185,16 @@ _PATCHES = (
     (readers.FixedLengthRecordDatasetV2, "__init__", _dataset_init),
     (dataset_ops.DatasetV2, "list_files", _list_files),
     (saver_lib.Saver, "save", _saver_save),
+    (tf.compat.v1.layers, "dense", _split_lowering("dense")),
+    (tf.compat.v1.losses, "sparse_softmax_cross_entropy",
+     _split_lowering("losses_sparse_softmax_cross_entropy")),
+    (tf.nn, "sparse_softmax_cross_entropy_with_logits",
+     _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
+    (tf.compat.v1.nn, "sparse_softmax_cross_entropy_with_logits",
+     _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
+    (gen_math_ops, "arg_max", _split_lowering("arg_max")),
+    (gen_math_ops, "equal", _split_lowering("equal")),
+    (gen_nn_ops, "top_kv2", _split_lowering("top_kv2")),
 )
 # Static methods among the entry points: wrapped without a `self`.
 _STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])

@@ -105,5 +105,6 @@ def test_max_all_reduce_is_not_differentiated():
   with graph.as_default():
     x = tf.constant([1.0])
     out = collective_ops.all_reduce_v2(x, 1, GROUP_KEY, 1, merge_op="Max")
-    with pytest.raises(ValueError, match="stop_gradient"):
+    with pytest.raises(ValueError, match="merge_op 'Max'.*stop_gradient"):
       tf.gradients(out, x)
+    assert tf.gradients(tf.stop_gradient(out) * x, x)[0] is not None

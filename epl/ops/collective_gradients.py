@@ -30,8 +30,8 @@ from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import collective_ops
 
 # Capture-time instance keys: far above those the rewrite allocates from 1.
-_FIRST_INSTANCE_KEY = 1 << 24
-_instance_keys = itertools.count(_FIRST_INSTANCE_KEY)
+FIRST_KEY = 1 << 24
+_instance_keys = itertools.count(FIRST_KEY)
 
 
 def next_instance_key():
@@ -88,7 +88,7 @@ def _reduce_grad(op, grad):
   if merge_op != "Add":
     raise ValueError(
         "%s: EPL differentiates only sum/mean all-reduces, not merge_op %r; "
-        "wrap its input in tf.stop_gradient." % (op.name, merge_op))
+        "wrap its output in tf.stop_gradient." % (op.name, merge_op))
   return [collective_ops.all_reduce_v2(
       grad, op.inputs[1], op.inputs[2], _backward_instance_key(op),
       merge_op="Add", final_op=op.get_attr("final_op").decode(),

@@ -12,12 +12,14 @@ The passes, in order (each a function with its own docstring):
   7. clone_replicas            - the other local replicas
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
-  9. join_replicas             - the train op waits for every replica
- 10. aggregate_gradients       - all-reduce between gradients and update
- 11. schedule_pipeline         - each stage runs its micro-batches in the
+  9. lower_split               - each replica's copy of a split part
+                                 becomes its shard
+ 10. join_replicas             - the train op waits for every replica
+ 11. aggregate_gradients       - all-reduce between gradients and update
+ 12. schedule_pipeline         - each stage runs its micro-batches in the
                                  schedule's order
- 12. merge_global_objects      - merged fetches
- 13. VariableSync.update       - init / restore reach every replica
+ 13. merge_global_objects      - merged fetches
+ 14. VariableSync.update       - init / restore reach every replica
 Later, before each run, VariableSync handles ops built since.
 """
 import collections
@@ -35,6 +37,7 @@ from epl.parallel.micro_batches import clone_micro_batches
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.schedule import schedule_pipeline
+from epl.parallel.split import lower_split
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
@@ -82,6 +85,7 @@ def rewrite(graph, state):
     clone_micro_batches(ctx)
     clone_replicas(ctx)
     order_input_reads(ctx)
+    lower_split(ctx)
     join_replicas(ctx)
     aggregate_gradients(ctx)
     schedule_pipeline(ctx)

@@ -1,0 +1,218 @@
+"""Turning each replica's copy of a split part into one shard.
+
+`epl.ops.split_lowering` built the split parts once, as shard 0 of group
+0, with placeholder collective keys. Replica r of the job is shard
+r % k of shard group r // k (k = the split's device count; the groups'
+replicas are consecutive). See `lower_split`.
+"""
+import logging
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.framework import tensor_util
+
+from epl.communicators.collective import CollectiveCommunicator
+from epl.ir import capture
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from epl.ops import collective_gradients
+from epl.ops import split_lowering
+
+logger = logging.getLogger("epl")
+
+SPLIT_SCOPE = "EPL_SPLIT"
+_COLLECTIVE_TYPES = frozenset(
+    ["CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"])
+# Seeds of a shard's random initial value: seed2 + shard * this.
+_SEED_STRIDE = 7919
+
+
+def _is_split(ctx, op):
+  taskgraph = ctx.state.taskgraph_of(op)
+  return taskgraph is not None and taskgraph.strategy.kind == "split"
+
+
+def _is_lowered_collective(op):
+  if op.type not in _COLLECTIVE_TYPES:
+    return False
+  key = tensor_util.constant_value(op.inputs[3])
+  return key is not None and int(key) >= collective_gradients.FIRST_KEY
+
+
+def _is_shard_index(op):
+  return op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith(
+      split_lowering.SHARD_INDEX_NAME)
+
+
+def _group_size(op):
+  return int(tensor_util.constant_value(op.inputs[1]))
+
+
+def _shard_of(ctx, local, group_size):
+  return ctx.replicas[local] % group_size
+
+
+def _group_devices(ctx, replica, group_size):
+  first = replica - replica % group_size
+  return [ctx.plan.device(r, 0) for r in range(first, first + group_size)]
+
+
+def _set_int_const(op, value):
+  op._set_attr("value", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+      tensor=tensor_util.make_tensor_proto(value, tf.int32)))
+
+
+def _set_shard_indices(ops, shard):
+  """Shard index consts and per-shard seeds of random initial values."""
+  for op in ops:
+    if _is_shard_index(op):
+      _set_int_const(op, shard)
+    elif split_lowering.RANDOM_SHARD_NAME in op.name and (
+        "seed2" in op.node_def.attr) and (
+            op.get_attr("seed") or op.get_attr("seed2")):
+      op._set_attr("seed2", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+          i=op.get_attr("seed2") + shard * _SEED_STRIDE))
+
+
+def _rekey_collectives(ctx):
+  """Every copy of a lowered collective: its shard group's key and an
+  instance key per op and micro-batch, shared by the group's members."""
+  lowered = [op for op in ctx.subgraph.cloned if _is_lowered_collective(op)]
+  for op in lowered:
+    instance_key = ctx.keys.instance_key()
+    group_size = _group_size(op)
+    for local in range(len(ctx.replicas)):
+      copy = ctx.op(local, op)
+      group_key = ctx.keys.group_key(
+          _group_devices(ctx, ctx.replicas[local], group_size))
+      with tf.device(copy.device):
+        copy._update_input(2, tf.constant(group_key, tf.int32,  # pylint: disable=protected-access
+                                          name="group_key"))
+        copy._update_input(3, tf.constant(instance_key, tf.int32,  # pylint: disable=protected-access
+                                          name="instance_key"))
+  names = {op.name for op in lowered}
+  outside = [op.name for op in ctx.graph.get_operations()
+             if _is_lowered_collective(op) and op.name not in names and
+             tensor_util.constant_value(op.inputs[2]) ==
+             split_lowering.PLACEHOLDER_GROUP_KEY]
+  if outside:
+    logger.warning(
+        "EPL split: %d collective(s) of split parts are not part of the "
+        "training step (%s); only replica 0 would run them and they would "
+        "time out. Fetch split outputs through epl.add_to_collection(..., "
+        "epl.GraphKeys.GLOBAL_MEAN_OBJECTS).", len(outside),
+        ", ".join(outside[:3]))
+  return len(lowered)
+
+
+def _initializer(variable):
+  for consumer in variable.outputs[0].consumers():
+    if consumer.name == variable.name + "/Assign":
+      return consumer
+  raise ValueError("Split variable %r has no initializer %r." % (
+      variable.name, variable.name + "/Assign"))
+
+
+def _initialize_shards(ctx, variables):
+  """Each replica's copy of a split variable gets its own shard's initial
+  value: the initializer is cloned per replica with its shard index, and
+  runs wherever the user's initializer runs (the init op's group)."""
+  for variable in variables:
+    assign = _initializer(variable)
+    value_ops = graph_editor.topological_order(
+        graph_editor.ancestors([assign.inputs[1].op]))
+    groups = [op for op in ctx.graph.get_operations()
+              if assign in op.control_inputs]
+    group_size = ctx.plan.taskgraphs[ctx.taskgraph_index(variable)].\
+        device_count
+    _set_shard_indices(value_ops, _shard_of(ctx, 0, group_size))
+    for local in range(1, len(ctx.replicas)):
+      replica_variable = ctx.op(local, variable)
+      clones = graph_editor.clone_ops(
+          ctx.graph, value_ops + [assign],
+          "%s_INIT_%d/" % (SPLIT_SCOPE, ctx.replicas[local]),
+          lambda _, device=replica_variable.device: device,
+          tensor_map={variable.outputs[0].name: replica_variable.outputs[0]})
+      _set_shard_indices(clones.values(),
+                         _shard_of(ctx, local, group_size))
+      for group in groups:
+        graph_editor.add_control_inputs(group, [clones[assign.name]])
+
+
+def _reduce_split_gradients(ctx, points):
+  """Split weights: each shard's gradient counts the loss of every member
+  of its group (the collectives' gradients sum over the group), so it is
+  divided by the group size k (with a mean reduction) and reduced over
+  the same shard of the other groups; never over its own group."""
+  reduce_op = ctx.config.communication.gradients_reduce_method
+  for grad, variable in points:
+    if isinstance(grad, tf.IndexedSlices):
+      raise ValueError(
+          "Split variable %r got a sparse gradient; EPL reduces only dense "
+          "gradients of split weights." % variable.op.name)
+    group_size = ctx.plan.taskgraphs[ctx.taskgraph_index(variable.op)].\
+        device_count
+    groups = ctx.plan.num_replicas // group_size
+    by_shard = {}
+    for local in range(len(ctx.replicas)):
+      by_shard.setdefault(_shard_of(ctx, local, group_size), []).append(local)
+    for shard, locals_ in sorted(by_shard.items()):
+      grads = [ctx.tensor(local, grad) for local in locals_]
+      if groups > 1:
+        replicas = [shard + g * group_size for g in range(groups)]
+        communicator = CollectiveCommunicator(
+            [ctx.plan.device(r, 0) for r in replicas],
+            [replicas.index(ctx.replicas[l]) for l in locals_], ctx.keys,
+            ctx.config.cluster.collective_timeout_seconds,
+            ctx.cluster.device_type)
+        reduced = communicator.all_reduce(grads, reduce_op)
+      else:
+        reduced = grads
+      for local, old, new in zip(locals_, grads, reduced):
+        with tf.device(old.device):
+          if reduce_op == "mean":
+            new = new / tf.cast(group_size, new.dtype)
+        graph_editor.replace_input_in(
+            graph_editor.consumers_of(old, ctx.replica_op_names(local)),
+            old, new)
+
+
+def lower_split(ctx):
+  """Makes each replica's copy of every split part its shard.
+
+  In every local replica (and micro-batch): the shard index consts take
+  the replica's shard index; the collectives built for split parts read
+  their shard group's group key and an instance key of their own; the
+  split variables (those built under `epl.split`) are initialised per
+  shard and leave the variables that replica 0 copies into the others
+  (`ctx.subgraph.variables`); their gradients leave
+  `ctx.gradient_points` (so data-parallel aggregation skips them) and are
+  reduced here as `_reduce_split_gradients` says. Nothing changes without
+  a split TaskGraph.
+  """
+  if not any(t.kind == "split" for t in ctx.plan.taskgraphs):
+    return
+  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
+      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+    for local in range(len(ctx.replicas)):
+      for op in ctx.clones[local].values():
+        if _is_shard_index(op):
+          taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(op)]
+          _set_int_const(op, _shard_of(ctx, local, taskgraph.device_count))
+    count = _rekey_collectives(ctx)
+    variables = [v for v in ctx.subgraph.variables if _is_split(ctx, v) and
+                 ctx.state.phase_of(v) is Phase.FORWARD]
+    names = {v.name for v in variables}
+    ctx.subgraph.variables = [v for v in ctx.subgraph.variables
+                              if v.name not in names]
+    _initialize_shards(ctx, variables)
+    split_points = []
+    for points in ctx.gradient_points:
+      split_points.extend((g, v) for g, v in points if v.op.name in names)
+      points[:] = [(g, v) for g, v in points if v.op.name not in names]
+    _reduce_split_gradients(ctx, split_points)
+  logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
+              "replica and micro-batch re-keyed, shard groups %s",
+              len(variables), count,
+              [ctx.plan.split_groups(t) for t, plan in
+               enumerate(ctx.plan.taskgraphs) if plan.kind == "split"])

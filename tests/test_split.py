@@ -1,0 +1,150 @@
+"""epl.split: a sharded dense + softmax cross-entropy head next to a
+data-parallel backbone trains to the weights of single-device TF."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import epl
+from tests import training
+
+DEVICES = 4
+LOCAL_BATCH = 8
+STEPS = 5
+
+
+def _classification_batch(batch_size, classes):
+  rng = np.random.RandomState(0)
+  x = rng.normal(size=(256, training.FEATURES)).astype(np.float32)
+  labels = np.argmax(x @ rng.normal(size=(training.FEATURES, classes)),
+                     axis=1).astype(np.int64)
+  dataset = tf.data.Dataset.from_tensor_slices((x, labels)).repeat().batch(
+      batch_size)
+  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
+def _head(hidden, labels, classes, loss_kind):
+  logits = tf.compat.v1.layers.dense(
+      hidden, classes, name="head",
+      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2),
+      bias_initializer=tf.compat.v1.random_normal_initializer(seed=3))
+  if loss_kind == "losses":
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+  else:
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+  predictions = tf.argmax(logits, axis=1)
+  accuracy = tf.reduce_mean(tf.cast(tf.equal(predictions, labels),
+                                    tf.float32))
+  return loss, accuracy
+
+
+def run(classes=10, split_count=None, optimizer="momentum", config=None,
+        loss_kind="losses", steps=STEPS):
+  """Trains the model; returns (variables by name, losses, accuracies).
+
+  With `split_count`, under EPL on DEVICES devices: the backbone is data
+  parallel and the head is split; split variables come back as the full
+  tensor (the shards of group 0 side by side); their copies in the other
+  groups are checked to be equal. Without, plain TF on the global batch.
+  """
+  with_epl = split_count is not None
+  if with_epl:
+    settings = {"cluster.num_cpu_devices": DEVICES,
+                "cluster.colocate_split_and_replicate": True}
+    settings.update(config or {})
+    epl.init(epl.Config(settings))
+  micro = (config or {}).get("pipeline.num_micro_batch", 1)
+  graph = tf.Graph()
+  with graph.as_default():
+    x, labels = _classification_batch(
+        LOCAL_BATCH // micro if with_epl else LOCAL_BATCH * DEVICES, classes)
+    if with_epl:
+      with epl.replicate(DEVICES):
+        hidden = tf.compat.v1.layers.dense(
+            x, 16, activation=tf.nn.tanh, name="backbone",
+            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+                seed=1))
+      with epl.split(split_count):
+        loss, accuracy = _head(hidden, labels, classes, loss_kind)
+      epl.add_to_collection(accuracy, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+      epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    else:
+      hidden = tf.compat.v1.layers.dense(
+          x, 16, activation=tf.nn.tanh, name="backbone",
+          kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+      loss, accuracy = _head(hidden, labels, classes, loss_kind)
+    train_op = training.OPTIMIZERS[optimizer]().minimize(loss)
+    init = tf.compat.v1.global_variables_initializer()
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(init)
+      losses, accuracies = [], []
+      for _ in range(steps):
+        _, value, correct = session.run([train_op, loss, accuracy])
+        losses.append(value)
+        accuracies.append(correct)
+      values = training.read_variables(session, graph, names)
+      if with_epl:
+        values = _full_split_variables(session, graph, values, split_count)
+  return values, losses, accuracies
+
+
+def _replica_name(replica, name):
+  return name if replica == 0 else "EPL_REPLICA_%d/%s" % (replica, name)
+
+
+def _full_split_variables(session, graph, values, split_count):
+  full = dict(values)
+  for name in values:
+    if not name.startswith("head/"):
+      continue
+    copies = training.read_variables(
+        session, graph, [_replica_name(r, name) for r in range(DEVICES)])
+    shards = [copies[_replica_name(r, name)] for r in range(DEVICES)]
+    for replica in range(split_count, DEVICES):
+      np.testing.assert_allclose(shards[replica],
+                                 shards[replica % split_count], atol=1e-6)
+    full[name] = np.concatenate(shards[:split_count], axis=-1)
+  return full
+
+
+def _trim(values, classes):
+  return {name: value[..., :classes] if name.startswith("head/") else value
+          for name, value in values.items()}
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+@pytest.mark.parametrize("classes", [12, 10], ids=["even", "uneven"])
+def test_split_head_matches_single_device(optimizer, classes):
+  expected, expected_losses, expected_accuracy = run(classes,
+                                                     optimizer=optimizer)
+  actual, losses, accuracy = run(classes, DEVICES, optimizer=optimizer)
+  training.assert_close(_trim(actual, classes), expected)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+  np.testing.assert_allclose(accuracy, expected_accuracy)
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_split_in_two_data_parallel_groups(optimizer):
+  # split(2) on 4 devices: replicas 0-1 and 2-3 are two shard groups; the
+  # shards' gradients are averaged over the groups, never within one.
+  expected, expected_losses, _ = run(10, optimizer=optimizer)
+  actual, losses, _ = run(10, 2, optimizer=optimizer)
+  training.assert_close(_trim(actual, 10), expected)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+
+
+def test_nn_cross_entropy_returns_the_group_rows():
+  expected, expected_losses, _ = run(10, loss_kind="nn")
+  actual, losses, _ = run(10, 2, loss_kind="nn")
+  training.assert_close(_trim(actual, 10), expected)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("split_count", [4, 2])
+def test_split_with_micro_batches(split_count):
+  expected, expected_losses, _ = run(10, optimizer="adam")
+  actual, losses, _ = run(10, split_count, optimizer="adam",
+                          config={"pipeline.num_micro_batch": 2})
+  training.assert_close(_trim(actual, 10), expected)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
