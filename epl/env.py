@@ -65,11 +65,11 @@ class Env:
 
 def set_default_strategy(strategy):
   """Every op built outside a strategy scope belongs to `strategy`."""
-  from epl.strategies.strategy import Strategy  # pylint: disable=import-outside-toplevel
-  if strategy is not None and not isinstance(strategy, Strategy):
+  from epl.strategies.strategy import Replicate  # pylint: disable=import-outside-toplevel
+  if strategy is not None and not isinstance(strategy, Replicate):
     raise ValueError(
-        "epl.set_default_strategy expects epl.replicate(...) or "
-        "epl.split(...), got %r." % (strategy,))
+        "epl.set_default_strategy expects epl.replicate(...), got %r; a "
+        "split part is built inside `with epl.split(...):`." % (strategy,))
   Env.get().default_strategy = strategy
 
 

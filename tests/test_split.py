@@ -148,3 +148,101 @@ def test_split_with_micro_batches(split_count):
                           config={"pipeline.num_micro_batch": 2})
   training.assert_close(_trim(actual, 10), expected)
   np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+
+
+def _predictions(split_count, classes):
+  """argmax and top-3 of the head's logits for the first global batch."""
+  if split_count:
+    epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                         "cluster.colocate_split_and_replicate": True}))
+  with tf.Graph().as_default():
+    x, labels = _classification_batch(
+        LOCAL_BATCH if split_count else LOCAL_BATCH * DEVICES, classes)
+    scope = epl.split(split_count) if split_count else None
+    if scope:
+      epl.set_default_strategy(epl.replicate(DEVICES))
+      scope.__enter__()
+    logits = tf.compat.v1.layers.dense(
+        x, classes, name="head",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    top = tf.math.top_k(logits, 3)
+    argmax = tf.math.argmax(logits, 1, output_type=tf.int32)
+    if scope:
+      scope.__exit__(None, None, None)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.0).minimize(loss)
+    if scope:
+      for tensor in (top.values, top.indices, argmax):
+        epl.add_to_collection(tensor, epl.GraphKeys.GLOBAL_CONCAT_OBJECTS)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      return session.run([train_op, top.values, top.indices, argmax])[1:]
+
+
+@pytest.mark.parametrize("classes", [12, 10])
+def test_top_k_and_argmax_match_single_device(classes):
+  expected = _predictions(None, classes)
+  # One shard group holds the global batch: replica 0's copy has every row
+  # (the merged fetch concatenates the DEVICES identical copies).
+  actual = _predictions(DEVICES, classes)
+  rows = LOCAL_BATCH * DEVICES
+  for got, want in zip(actual, expected):
+    assert got.shape[0] == rows * DEVICES
+    np.testing.assert_allclose(got[:rows], want, rtol=1e-6)
+
+
+def _build_and_run(build_head, split_count=DEVICES, colocate=True):
+  """Builds backbone + `build_head(hidden, labels)` (returns the loss) under
+  split(split_count) and runs one step."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": colocate}))
+  with tf.Graph().as_default():
+    x, labels = _classification_batch(LOCAL_BATCH, 10)
+    with epl.replicate(DEVICES):
+      hidden = tf.compat.v1.layers.dense(x, 16, name="backbone")
+    with epl.split(split_count):
+      loss = build_head(hidden, labels)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+
+
+def _dense_and_loss(hidden, labels, **kwargs):
+  logits = tf.compat.v1.layers.dense(hidden, 10, name="head", **kwargs)
+  return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+
+def _softmax_of_split_logits(hidden, labels):
+  logits = tf.compat.v1.layers.dense(hidden, 10, name="head")
+  probabilities = tf.nn.softmax(logits)
+  return tf.compat.v1.losses.sparse_softmax_cross_entropy(
+      labels, logits) + tf.reduce_sum(probabilities)
+
+
+@pytest.mark.parametrize("build_head, kwargs, message", [
+    (_dense_and_loss, dict(split_count=3), "4 devices do not divide into "
+     "shard groups of 3"),
+    (_dense_and_loss, dict(colocate=False), "colocate_split_and_replicate"),
+    (_softmax_of_split_logits, {}, "'Softmax' .*sharded logits 'head/"),
+    (lambda h, l: _dense_and_loss(h, l, reuse=True), {},
+     "cannot be reused"),
+    (lambda h, l: _dense_and_loss(
+        h, l, kernel_regularizer=tf.nn.l2_loss), {},
+     "kernel_regularizer not supported"),
+], ids=["not_dividing", "not_colocated", "unlowered_consumer", "reuse",
+        "regularizer"])
+def test_split_errors(build_head, kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    _build_and_run(build_head, **kwargs)
+
+
+def test_split_is_not_a_default_strategy_and_does_not_nest():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES}))
+  with pytest.raises(ValueError, match="expects epl.replicate"):
+    epl.set_default_strategy(epl.split(DEVICES))
+  with tf.Graph().as_default():
+    with epl.replicate(DEVICES):
+      with pytest.raises(Exception, match="nest|inside|consecutive"):
+        with epl.split(DEVICES):
+          pass

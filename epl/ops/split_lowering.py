@@ -21,6 +21,7 @@ keys that it replaces.
 - `equal`: predictions of `argmax` against labels gathered like features.
 """
 import collections
+import contextlib
 import dataclasses
 import logging
 import weakref
@@ -48,7 +49,18 @@ class ShardedLogits:
   group_size: int
   start: object      # int32 scalar tensor: the shard's first class
   valid: object      # bool [columns]: the columns that are real classes
+  # Ops that read the logits and know they are sharded (built here).
+  lowered_consumers: set = dataclasses.field(default_factory=set)
 
+
+@contextlib.contextmanager
+def _lowering(logits, info):
+  """Ops built inside that read `logits` are lowerings: they know it is
+  sharded."""
+  before = {op.name for op in logits.consumers()}
+  yield
+  info.lowered_consumers.update(
+      op.name for op in logits.consumers() if op.name not in before)
 
 # Per graph: tensor name -> ShardedLogits, and split predictions' names ->
 # their group size.
@@ -58,6 +70,11 @@ _predictions = weakref.WeakKeyDictionary()
 
 def _graph_key():
   return tf.compat.v1.get_default_graph()
+
+
+def sharded_logits_in(graph):
+  """{tensor name: ShardedLogits} of the split dense outputs of `graph`."""
+  return _sharded.get(graph, {})
 
 
 def sharded_logits_of(tensor):
@@ -236,8 +253,8 @@ def dense(original, inputs, units, activation=None, use_bias=True,
       valid = tf.range(columns) + start < units
   logger.debug("split dense %s: %d classes over %d shards of %d columns",
                scope.name, units, group_size, columns)
-  _sharded.setdefault(_graph_key(), {})[logits.name] = ShardedLogits(
-      units, columns, group_size, start, valid)
+  info = ShardedLogits(units, columns, group_size, start, valid)
+  _sharded.setdefault(_graph_key(), {})[logits.name] = info
   return logits
 
 
@@ -286,14 +303,15 @@ def losses_sparse_softmax_cross_entropy(
                     loss_collection=loss_collection, reduction=reduction)
   if labels is None:
     raise ValueError("Labels must not be None.")
-  with tf.compat.v1.name_scope(scope, "sparse_softmax_cross_entropy_loss",
-                               (logits, labels, weights)):
+  with _lowering(logits, info), tf.compat.v1.name_scope(
+      scope, "sparse_softmax_cross_entropy_loss", (logits, labels, weights)):
     losses = _row_losses(labels, logits, info)
     if isinstance(weights, tf.Tensor) and weights.shape.rank:
       weights = all_gather(weights, info.group_size)
-    return tf.compat.v1.losses.compute_weighted_loss(
+    loss = tf.compat.v1.losses.compute_weighted_loss(
         losses, weights, loss_collection=loss_collection,
         reduction=reduction)
+  return loss
 
 
 def nn_sparse_softmax_cross_entropy_with_logits(original, labels=None,
@@ -304,7 +322,8 @@ def nn_sparse_softmax_cross_entropy_with_logits(original, labels=None,
   info = sharded_logits_of(logits)
   if info is None:
     return original(labels=labels, logits=logits, name=name)
-  with tf.name_scope(name or "SparseSoftmaxCrossEntropyWithLogits"):
+  with _lowering(logits, info), tf.name_scope(
+      name or "SparseSoftmaxCrossEntropyWithLogits"):
     return _row_losses(labels, logits, info)
 
 
@@ -324,7 +343,7 @@ def arg_max(original, input, dimension, output_type=tf.int64, name=None):  # pyl
   if axis is None or int(axis) not in (1, -1):
     raise ValueError("tf.argmax over split logits %r works on the class "
                      "axis (1), got %r." % (input.name, dimension))
-  with tf.name_scope(name or "ArgMax"):
+  with _lowering(input, info), tf.name_scope(name or "ArgMax"):
     lowest = tf.constant(input.dtype.min, input.dtype)
     masked = tf.where(info.valid, input, lowest)
     local_best = tf.reduce_max(masked, axis=1)
@@ -348,7 +367,7 @@ def top_kv2(original, input, k, sorted=True, index_type=tf.int32, name=None):  #
   if info is None:
     return original(input, k, sorted=sorted, index_type=index_type,
                     name=name)
-  with tf.name_scope(name or "TopKV2"):
+  with _lowering(input, info), tf.name_scope(name or "TopKV2"):
     lowest = tf.constant(input.dtype.min, input.dtype)
     masked = tf.where(info.valid, input, lowest)
     local = original(masked, k, sorted=True)

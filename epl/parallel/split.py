@@ -177,6 +177,23 @@ def _reduce_split_gradients(ctx, points):
             old, new)
 
 
+def _check_sharded_logits_use(ctx):
+  """Raises for a forward op that reads a split dense's sharded logits but
+  was not built by a lowering: it would compute on one shard's classes."""
+  for name, info in split_lowering.sharded_logits_in(ctx.graph).items():
+    logits = ctx.graph.get_tensor_by_name(name)
+    for consumer in logits.consumers():
+      if consumer.name in info.lowered_consumers or (
+          ctx.state.phase_of(consumer) is not Phase.FORWARD):
+        continue
+      raise ValueError(
+          "Op %r (%s) reads the sharded logits %r of a split dense layer; "
+          "EPL has no sharded version of it. Inside epl.split, logits may "
+          "only go to tf.compat.v1.losses.sparse_softmax_cross_entropy, "
+          "tf.nn.sparse_softmax_cross_entropy_with_logits, tf.argmax and "
+          "tf.math.top_k." % (consumer.name, consumer.type, name))
+
+
 def lower_split(ctx):
   """Makes each replica's copy of every split part its shard.
 
@@ -187,11 +204,13 @@ def lower_split(ctx):
   shard and leave the variables that replica 0 copies into the others
   (`ctx.subgraph.variables`); their gradients leave
   `ctx.gradient_points` (so data-parallel aggregation skips them) and are
-  reduced here as `_reduce_split_gradients` says. Nothing changes without
-  a split TaskGraph.
+  reduced here as `_reduce_split_gradients` says. Raises for an op that
+  reads sharded logits without a lowering. Nothing changes without a split
+  TaskGraph.
   """
   if not any(t.kind == "split" for t in ctx.plan.taskgraphs):
     return
+  _check_sharded_logits_use(ctx)
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       SPLIT_SCOPE), ctx.graph.control_dependencies(None):
     for local in range(len(ctx.replicas)):
