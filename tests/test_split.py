@@ -246,3 +246,65 @@ def test_split_is_not_a_default_strategy_and_does_not_nest():
       with pytest.raises(Exception, match="nest|inside|consecutive"):
         with epl.split(DEVICES):
           pass
+
+
+def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
+                    steps=2):
+  """Builds the model (split head when `split_count`), restores or
+  initialises, trains `steps` steps, saves; returns the full variables,
+  Momentum slots included."""
+  with_epl = split_count is not None
+  if with_epl:
+    epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                         "cluster.colocate_split_and_replicate": True}))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, labels = _classification_batch(
+        LOCAL_BATCH if with_epl else LOCAL_BATCH * DEVICES, classes)
+    scope = epl.split(split_count) if with_epl else None
+    if scope:
+      epl.set_default_strategy(epl.replicate(DEVICES))
+    hidden = tf.compat.v1.layers.dense(x, 16, activation=tf.nn.tanh,
+                                       name="backbone")
+    if scope:
+      scope.__enter__()
+    loss, _ = _head(hidden, labels, classes, "losses")
+    if scope:
+      scope.__exit__(None, None, None)
+    train_op = training.OPTIMIZERS["momentum"]().minimize(loss)
+    saver = tf.compat.v1.train.Saver()
+    names = [v.op.name for v in tf.compat.v1.global_variables()]
+    with tf.compat.v1.Session() as session:
+      if restore_from:
+        saver.restore(session, restore_from)
+      else:
+        session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(steps):
+        session.run(train_op)
+      if save_to:
+        saver.save(session, save_to)
+      values = training.read_variables(session, graph, names)
+      if with_epl:
+        values = _full_split_variables(session, graph, values, split_count)
+  return _trim(values, classes)
+
+
+@pytest.mark.parametrize("classes", [12, 10], ids=["even", "uneven"])
+def test_checkpoints_hold_full_tensors_both_ways(tmp_path, classes):
+  # Split run -> checkpoint -> plain TF: the same full variables.
+  split_path = str(tmp_path / "split.ckpt")
+  trained = _checkpoint_run(2, classes, save_to=split_path)
+  epl.shutdown()
+  reader = tf.train.load_checkpoint(split_path)
+  assert reader.get_variable_to_shape_map()["head/kernel"] == [16, classes]
+  assert reader.get_variable_to_shape_map()["head/kernel/Momentum"] == [
+      16, classes]
+  restored = _checkpoint_run(None, classes, restore_from=split_path,
+                             steps=0)
+  training.assert_close(restored, trained, atol=0)
+  # Plain TF -> checkpoint -> split run, and both train on alike.
+  plain_path = str(tmp_path / "plain.ckpt")
+  _checkpoint_run(None, classes, save_to=plain_path)
+  expected = _checkpoint_run(None, classes, restore_from=plain_path)
+  actual = _checkpoint_run(DEVICES, classes, restore_from=plain_path)
+  training.assert_close(actual, expected)

@@ -72,6 +72,29 @@ def _graph_key():
   return tf.compat.v1.get_default_graph()
 
 
+@dataclasses.dataclass
+class ShardedVariable:
+  """A variable whose replicas hold shards: `columns` entries of axis
+  `axis` each, of `full_size` in the unsharded variable."""
+  axis: int
+  full_size: int
+  columns: int
+  group_size: int
+
+
+_variables = weakref.WeakKeyDictionary()
+
+
+def sharded_variables_in(graph):
+  """{variable op name: ShardedVariable} of the split variables of `graph`."""
+  return _variables.get(graph, {})
+
+
+def _record_variable(variable, axis, full_size, columns, group_size):
+  _variables.setdefault(_graph_key(), {})[variable.op.name] = ShardedVariable(
+      axis, full_size, columns, group_size)
+
+
 def sharded_logits_in(graph):
   """{tensor name: ShardedLogits} of the split dense outputs of `graph`."""
   return _sharded.get(graph, {})
@@ -244,6 +267,9 @@ def dense(original, inputs, units, activation=None, use_bias=True,
           "bias", initializer=sharded_initial_value(
               bias_initializer, [units], 0, columns, start, dtype),
           trainable=trainable) if use_bias else None
+      _record_variable(kernel, 1, units, columns, group_size)
+      if bias is not None:
+        _record_variable(bias, 0, units, columns, group_size)
       gathered = all_gather(inputs, group_size)
       logits = tf.matmul(gathered, kernel)
       if bias is not None:

@@ -17,6 +17,7 @@ from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.ops import collective_gradients
 from epl.ops import split_lowering
+from epl.parallel.split_checkpoint import full_tensor_checkpoints
 
 logger = logging.getLogger("epl")
 
@@ -25,11 +26,6 @@ _COLLECTIVE_TYPES = frozenset(
     ["CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"])
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
-
-
-def _is_split(ctx, op):
-  taskgraph = ctx.state.taskgraph_of(op)
-  return taskgraph is not None and taskgraph.strategy.kind == "split"
 
 
 def _is_lowered_collective(op):
@@ -105,6 +101,24 @@ def _rekey_collectives(ctx):
   return len(lowered)
 
 
+def _sharded_variables(ctx):
+  """{variable op name: ShardedVariable} of the split variables and of
+  their optimizer slots (variables named `<split variable>/...` of the
+  same shape)."""
+  recorded = split_lowering.sharded_variables_in(ctx.graph)
+  sharded = {}
+  for variable in ctx.subgraph.variables:
+    if variable.name in recorded:
+      sharded[variable.name] = recorded[variable.name]
+      continue
+    for name, info in recorded.items():
+      owner = ctx.graph.get_operation_by_name(name)
+      if variable.name.startswith(name + "/") and (
+          variable.get_attr("shape") == owner.get_attr("shape")):
+        sharded[variable.name] = info
+  return sharded
+
+
 def _initializer(variable):
   for consumer in variable.outputs[0].consumers():
     if consumer.name == variable.name + "/Assign":
@@ -113,7 +127,7 @@ def _initializer(variable):
       variable.name, variable.name + "/Assign"))
 
 
-def _initialize_shards(ctx, variables):
+def _initialize_shards(ctx, variables, sharded):
   """Each replica's copy of a split variable gets its own shard's initial
   value: the initializer is cloned per replica with its shard index, and
   runs wherever the user's initializer runs (the init op's group)."""
@@ -123,8 +137,7 @@ def _initialize_shards(ctx, variables):
         graph_editor.ancestors([assign.inputs[1].op]))
     groups = [op for op in ctx.graph.get_operations()
               if assign in op.control_inputs]
-    group_size = ctx.plan.taskgraphs[ctx.taskgraph_index(variable)].\
-        device_count
+    group_size = sharded[variable.name].group_size
     _set_shard_indices(value_ops, _shard_of(ctx, 0, group_size))
     for local in range(1, len(ctx.replicas)):
       replica_variable = ctx.op(local, variable)
@@ -139,7 +152,7 @@ def _initialize_shards(ctx, variables):
         graph_editor.add_control_inputs(group, [clones[assign.name]])
 
 
-def _reduce_split_gradients(ctx, points):
+def _reduce_split_gradients(ctx, points, sharded):
   """Split weights: each shard's gradient counts the loss of every member
   of its group (the collectives' gradients sum over the group), so it is
   divided by the group size k (with a mean reduction) and reduced over
@@ -150,8 +163,7 @@ def _reduce_split_gradients(ctx, points):
       raise ValueError(
           "Split variable %r got a sparse gradient; EPL reduces only dense "
           "gradients of split weights." % variable.op.name)
-    group_size = ctx.plan.taskgraphs[ctx.taskgraph_index(variable.op)].\
-        device_count
+    group_size = sharded[variable.op.name].group_size
     groups = ctx.plan.num_replicas // group_size
     by_shard = {}
     for local in range(len(ctx.replicas)):
@@ -200,9 +212,10 @@ def lower_split(ctx):
   In every local replica (and micro-batch): the shard index consts take
   the replica's shard index; the collectives built for split parts read
   their shard group's group key and an instance key of their own; the
-  split variables (those built under `epl.split`) are initialised per
-  shard and leave the variables that replica 0 copies into the others
-  (`ctx.subgraph.variables`); their gradients leave
+  split variables (those built under `epl.split`, and their optimizer
+  slots) are initialised per shard, saved and restored as full tensors
+  (`full_tensor_checkpoints`), and leave the variables that replica 0
+  copies into the others (`ctx.subgraph.variables`); their gradients leave
   `ctx.gradient_points` (so data-parallel aggregation skips them) and are
   reduced here as `_reduce_split_gradients` says. Raises for an op that
   reads sharded logits without a lowering. Nothing changes without a split
@@ -219,17 +232,19 @@ def lower_split(ctx):
           taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(op)]
           _set_int_const(op, _shard_of(ctx, local, taskgraph.device_count))
     count = _rekey_collectives(ctx)
-    variables = [v for v in ctx.subgraph.variables if _is_split(ctx, v) and
-                 ctx.state.phase_of(v) is Phase.FORWARD]
-    names = {v.name for v in variables}
+    sharded = _sharded_variables(ctx)
+    variables = [v for v in ctx.subgraph.variables if v.name in sharded]
+    names = set(sharded)
     ctx.subgraph.variables = [v for v in ctx.subgraph.variables
                               if v.name not in names]
-    _initialize_shards(ctx, variables)
+    _initialize_shards(ctx, variables, sharded)
     split_points = []
     for points in ctx.gradient_points:
       split_points.extend((g, v) for g, v in points if v.op.name in names)
       points[:] = [(g, v) for g, v in points if v.op.name not in names]
-    _reduce_split_gradients(ctx, split_points)
+    _reduce_split_gradients(ctx, split_points, sharded)
+    full_tensor_checkpoints(ctx, sharded, lambda local, group_size: (
+        _shard_of(ctx, local, group_size)))
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
               len(variables), count,
