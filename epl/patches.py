@@ -26,14 +26,18 @@ code and calls the original:
 - `tf.compat.v1.layers.dense`, the sparse softmax cross-entropies,
   `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
   `epl.split`, or on its sharded outputs, they build sharded ops
-  (`epl.ops.split_lowering`).
+  (`epl.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
+  inside `epl.split` build expert-parallel ops (`epl.ops.expert_lowering`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
 import functools
+import importlib
 
 import tensorflow as tf
 
+from keras.src.engine import base_layer
+from keras.src.engine import base_layer_v1
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers
@@ -162,13 +166,13 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
                          **kwargs)
 
 
-def _split_lowering(name):
-  """A wrapper that forwards to `epl.ops.split_lowering.<name>`."""
+def _split_lowering(name, module="split_lowering"):
+  """A wrapper that forwards to `epl.ops.<module>.<name>`."""
   def wrapper(original, *args, **kwargs):
     if _env() is None:
       return original(*args, **kwargs)
-    from epl.ops import split_lowering  # pylint: disable=import-outside-toplevel
-    return getattr(split_lowering, name)(original, *args, **kwargs)
+    lowering = importlib.import_module("epl.ops." + module)
+    return getattr(lowering, name)(original, *args, **kwargs)
   return wrapper
 
 
@@ -195,6 +199,14 @@ _PATCHES = (
     (gen_math_ops, "arg_max", _split_lowering("arg_max")),
     (gen_math_ops, "equal", _split_lowering("equal")),
     (gen_nn_ops, "top_kv2", _split_lowering("top_kv2")),
+    (base_layer.Layer, "add_weight",
+     _split_lowering("add_weight", "expert_lowering")),
+    # Keras builds its layers on this class in TF1 graph mode.
+    (base_layer_v1.Layer, "add_weight",
+     _split_lowering("add_weight", "expert_lowering")),
+    (tf, "einsum", _split_lowering("einsum", "expert_lowering")),
+    (tf.linalg, "einsum", _split_lowering("einsum", "expert_lowering")),
+    (tf.compat.v1, "einsum", _split_lowering("einsum", "expert_lowering")),
 )
 # Static methods among the entry points: wrapped without a `self`.
 _STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])

@@ -1,0 +1,84 @@
+"""Expert parallelism: the MoE layer of examples/moe with its experts split
+over 2 or 4 devices trains to the weights of the same layer unsplit."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import epl
+from examples.moe import model as moe
+from tests import training
+
+DEVICES = 4
+LOCAL_BATCH = 4
+TOKENS, MODEL, HIDDEN, EXPERTS, CAPACITY = 4, 8, 16, 4, 3
+
+
+def _batch(batch_size):
+  rng = np.random.RandomState(0)
+  x = rng.normal(size=(64, TOKENS, MODEL)).astype(np.float32)
+  y = rng.normal(size=(64, TOKENS, MODEL)).astype(np.float32)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+      batch_size, drop_remainder=True)
+  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
+def _replica_name(replica, name):
+  return name if replica == 0 else "EPL_REPLICA_%d/%s" % (replica, name)
+
+
+def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS):
+  with_epl = split_count is not None
+  if with_epl:
+    epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                         "cluster.colocate_split_and_replicate": True}))
+    epl.set_default_strategy(epl.replicate(DEVICES))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = _batch(LOCAL_BATCH if with_epl else LOCAL_BATCH * DEVICES)
+    outputs, aux_loss = moe.moe_layer(
+        x, experts, HIDDEN, CAPACITY, seed=5,
+        split_scope=epl.split(split_count) if with_epl else None)
+    loss = tf.reduce_mean(tf.square(outputs - y)) + 0.01 * aux_loss
+    train_op = training.OPTIMIZERS[optimizer]().minimize(loss)
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(steps):
+        session.run(train_op)
+      values = training.read_variables(session, graph, names)
+      if with_epl:
+        for name in names:
+          if not name.startswith("experts/"):
+            continue
+          copies = training.read_variables(
+              session, graph, [_replica_name(r, name) for r in range(DEVICES)])
+          shards = [copies[_replica_name(r, name)] for r in range(DEVICES)]
+          for r in range(split_count, DEVICES):
+            np.testing.assert_allclose(shards[r], shards[r % split_count],
+                                       atol=1e-6)
+          values[name] = np.concatenate(shards[:split_count], axis=0)
+  return values
+
+
+@pytest.mark.parametrize("split_count", [4, 2])
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_split_experts_match_unsplit_layer(split_count, optimizer):
+  expected = run(optimizer=optimizer)
+  actual = run(split_count, optimizer=optimizer)
+  assert actual["experts/inner"].shape == (EXPERTS, MODEL, HIDDEN)
+  training.assert_close(actual, expected)
+
+
+def test_experts_not_dividing_by_shards_is_an_error():
+  with pytest.raises(ValueError, match="6 experts.*do.*not divide by the 4"):
+    run(4, experts=6, steps=1)
+
+
+def test_unknown_einsum_under_split_is_an_error():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  with tf.Graph().as_default():
+    with epl.split(DEVICES):
+      x = tf.zeros([2, 3])
+      with pytest.raises(ValueError, match="'ij,jk->ik'.*fits no sharded"):
+        tf.einsum("ij,jk->ik", x, tf.zeros([3, 2]))
