@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from tests import sharding
 from tests import training
 
 DEVICES = 4
@@ -89,22 +90,12 @@ def run(classes=10, split_count=None, optimizer="momentum", config=None,
   return values, losses, accuracies
 
 
-def _replica_name(replica, name):
-  return name if replica == 0 else "EPL_REPLICA_%d/%s" % (replica, name)
-
-
 def _full_split_variables(session, graph, values, split_count):
   full = dict(values)
   for name in values:
-    if not name.startswith("head/"):
-      continue
-    copies = training.read_variables(
-        session, graph, [_replica_name(r, name) for r in range(DEVICES)])
-    shards = [copies[_replica_name(r, name)] for r in range(DEVICES)]
-    for replica in range(split_count, DEVICES):
-      np.testing.assert_allclose(shards[replica],
-                                 shards[replica % split_count], atol=1e-6)
-    full[name] = np.concatenate(shards[:split_count], axis=-1)
+    if name.startswith("head/"):
+      full[name] = sharding.full_variable(session, graph, name, DEVICES,
+                                          split_count, axis=-1)
   return full
 
 
