@@ -167,7 +167,9 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
 
 
 def _split_lowering(name, module="split_lowering"):
-  """A wrapper that forwards to `epl.ops.<module>.<name>`."""
+  """A wrapper that forwards to `epl.ops.<module>.<name>` (autograph, which
+  converts Keras `call`s, leaves it alone)."""
+  @tf.autograph.experimental.do_not_convert
   def wrapper(original, *args, **kwargs):
     if _env() is None:
       return original(*args, **kwargs)

@@ -132,10 +132,17 @@ def shard_index():
 
 
 def all_gather(tensor, group_size):
-  """Concatenation (dim 0) of the tensor of every member of the group."""
-  return collective_ops.all_gather_v2(
+  """Concatenation (dim 0) of the tensor of every member of the group
+  (every member's dim 0 must be the same)."""
+  gathered = collective_ops.all_gather_v2(
       tensor, group_size, PLACEHOLDER_GROUP_KEY,
       collective_gradients.next_instance_key(), **_settings())
+  if not tensor.shape.rank:
+    return gathered
+  rows = tensor.shape[0]
+  gathered.set_shape([rows * group_size if rows is not None else None] +
+                     tensor.shape[1:].as_list())
+  return gathered
 
 
 def all_reduce(tensor, group_size, merge_op="Add"):
