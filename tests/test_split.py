@@ -299,3 +299,32 @@ def test_checkpoints_hold_full_tensors_both_ways(tmp_path, classes):
   expected = _checkpoint_run(None, classes, restore_from=plain_path)
   actual = _checkpoint_run(DEVICES, classes, restore_from=plain_path)
   training.assert_close(actual, expected)
+
+
+def test_unseeded_initial_values_follow_the_unsharded_distribution():
+  # Default (unseeded) Glorot: each shard draws its own values with the
+  # full layer's fans, and the copies of a shard in the other shard group
+  # start equal.
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  classes, features = 1000, 16
+  graph = tf.Graph()
+  with graph.as_default():
+    x, labels = _classification_batch(LOCAL_BATCH, classes)
+    with epl.replicate(DEVICES):
+      hidden = tf.compat.v1.layers.dense(x, features, name="backbone")
+    with epl.split(2):
+      logits = tf.compat.v1.layers.dense(hidden, classes, name="head")
+      loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.0).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      kernel = sharding.full_variable(session, graph, "head/kernel", DEVICES,
+                                      2, axis=-1)
+  limit = np.sqrt(6.0 / (features + classes))
+  assert kernel.shape == (features, classes)
+  assert np.abs(kernel).max() <= limit
+  # Uniform on [-limit, limit]: variance limit^2 / 3.
+  np.testing.assert_allclose(kernel.var(), limit ** 2 / 3, rtol=0.1)
+  assert not np.allclose(kernel[:, :classes // 2], kernel[:, classes // 2:])

@@ -10,6 +10,7 @@ import logging
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import tensor_util
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import capture
@@ -129,8 +130,11 @@ def _initializer(variable):
 
 def _initialize_shards(ctx, variables, sharded):
   """Each replica's copy of a split variable gets its own shard's initial
-  value: the initializer is cloned per replica with its shard index, and
-  runs wherever the user's initializer runs (the init op's group)."""
+  value, and runs wherever the user's initializer runs (the init op's
+  group). The first replica of each shard on this worker runs a clone of
+  the initializer with its shard index; the other copies of that shard
+  (in other shard groups) copy its value, so that data-parallel copies of
+  a shard start equal even from unseeded random initializers."""
   for variable in variables:
     assign = _initializer(variable)
     value_ops = graph_editor.topological_order(
@@ -139,17 +143,30 @@ def _initialize_shards(ctx, variables, sharded):
               if assign in op.control_inputs]
     group_size = sharded[variable.name].group_size
     _set_shard_indices(value_ops, _shard_of(ctx, 0, group_size))
+    first_write = {_shard_of(ctx, 0, group_size): (variable, assign)}
     for local in range(1, len(ctx.replicas)):
       replica_variable = ctx.op(local, variable)
-      clones = graph_editor.clone_ops(
-          ctx.graph, value_ops + [assign],
-          "%s_INIT_%d/" % (SPLIT_SCOPE, ctx.replicas[local]),
-          lambda _, device=replica_variable.device: device,
-          tensor_map={variable.outputs[0].name: replica_variable.outputs[0]})
-      _set_shard_indices(clones.values(),
-                         _shard_of(ctx, local, group_size))
+      shard = _shard_of(ctx, local, group_size)
+      if shard in first_write:
+        source, source_write = first_write[shard]
+        with tf.device(replica_variable.device), tf.control_dependencies(
+            [source_write]):
+          write = gen_resource_variable_ops.assign_variable_op(
+              replica_variable.outputs[0],
+              gen_resource_variable_ops.read_variable_op(
+                  source.outputs[0], source.get_attr("dtype")))
+      else:
+        clones = graph_editor.clone_ops(
+            ctx.graph, value_ops + [assign],
+            "%s_INIT_%d/" % (SPLIT_SCOPE, ctx.replicas[local]),
+            lambda _, device=replica_variable.device: device,
+            tensor_map={variable.outputs[0].name:
+                        replica_variable.outputs[0]})
+        _set_shard_indices(clones.values(), shard)
+        write = clones[assign.name]
+        first_write[shard] = (replica_variable, write)
       for group in groups:
-        graph_editor.add_control_inputs(group, [clones[assign.name]])
+        graph_editor.add_control_inputs(group, [write])
 
 
 def _reduce_split_gradients(ctx, points, sharded):
