@@ -328,3 +328,49 @@ def test_unseeded_initial_values_follow_the_unsharded_distribution():
   # Uniform on [-limit, limit]: variance limit^2 / 3.
   np.testing.assert_allclose(kernel.var(), limit ** 2 / 3, rtol=0.1)
   assert not np.allclose(kernel[:, :classes // 2], kernel[:, classes // 2:])
+
+
+def test_fp16_communication_applies_to_the_bridges():
+  expected, _, _ = run(10)
+  full, _, _ = run(10, DEVICES)
+  epl.shutdown()
+  half, _, _ = run(10, DEVICES, config={"communication.fp16": True})
+  training.assert_close(_trim(half, 10), expected, atol=2e-3)
+  # The features went over in float16: not bit-equal to float32 bridges.
+  assert any(not np.array_equal(half[name], full[name]) for name in full)
+
+
+def test_split_with_pipeline_stages_is_not_built():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  with tf.Graph().as_default():
+    x, labels = _classification_batch(LOCAL_BATCH, 10)
+    with epl.replicate(1, name="stage_0"):
+      hidden = tf.compat.v1.layers.dense(x, 16, name="backbone")
+    with epl.replicate(1, name="stage_1"):
+      hidden = tf.compat.v1.layers.dense(hidden, 16, name="middle")
+    with epl.split():
+      loss = _dense_and_loss(hidden, labels)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      with pytest.raises(NotImplementedError, match="pipeline stages"):
+        session.run(train_op)
+
+
+def test_split_without_a_count_shards_over_every_device():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, labels = _classification_batch(LOCAL_BATCH, 10)
+    with epl.replicate(DEVICES):
+      hidden = tf.compat.v1.layers.dense(x, 16, name="backbone")
+    with epl.split():
+      loss = _dense_and_loss(hidden, labels)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+  # 10 classes over 4 shards: 3 columns each.
+  assert graph.get_operation_by_name("EPL_REPLICA_3/head/kernel").get_attr(
+      "shape").dim[1].size == 3

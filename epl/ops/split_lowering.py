@@ -131,12 +131,26 @@ def shard_index():
   return tf.constant(0, tf.int32, name=SHARD_INDEX_NAME)
 
 
+def _in_half_precision(exchange):
+  """`exchange(tensor)` in float16 when communication.fp16 is set (float32
+  tensors only): the bridges between replicas and shards send half the
+  bytes; gradients flow back through the casts."""
+  from epl.env import Env  # pylint: disable=import-outside-toplevel
+
+  def run(tensor):
+    if not (Env.get().config.communication.fp16 and
+            tensor.dtype == tf.float32):
+      return exchange(tensor)
+    return tf.cast(exchange(tf.cast(tensor, tf.float16)), tf.float32)
+  return run
+
+
 def all_gather(tensor, group_size):
   """Concatenation (dim 0) of the tensor of every member of the group
   (every member's dim 0 must be the same)."""
-  gathered = collective_ops.all_gather_v2(
-      tensor, group_size, PLACEHOLDER_GROUP_KEY,
-      collective_gradients.next_instance_key(), **_settings())
+  gathered = _in_half_precision(lambda t: collective_ops.all_gather_v2(
+      t, group_size, PLACEHOLDER_GROUP_KEY,
+      collective_gradients.next_instance_key(), **_settings()))(tensor)
   if not tensor.shape.rank:
     return gathered
   rows = tensor.shape[0]
@@ -153,9 +167,9 @@ def all_reduce(tensor, group_size, merge_op="Add"):
 
 
 def all_to_all(tensor, group_size):
-  return collective_gradients.all_to_all(
-      tensor, group_size, PLACEHOLDER_GROUP_KEY,
-      collective_gradients.next_instance_key(), **_settings())
+  return _in_half_precision(lambda t: collective_gradients.all_to_all(
+      t, group_size, PLACEHOLDER_GROUP_KEY,
+      collective_gradients.next_instance_key(), **_settings()))(tensor)
 
 
 def _fans(shape):
