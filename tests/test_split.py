@@ -9,6 +9,8 @@ from tests import sharding
 from tests import training
 
 DEVICES = 4
+# The head of tests/workers/split_worker.py.
+CLASSES_FOR_WORKERS = 10
 LOCAL_BATCH = 8
 STEPS = 5
 

@@ -71,9 +71,20 @@ def _set_shard_indices(ops, shard):
           i=op.get_attr("seed2") + shard * _SEED_STRIDE))
 
 
+def _allocate_group_keys(ctx):
+  """Group keys of every shard group of every split size, in one order on
+  every worker (a worker asks only for its own groups later)."""
+  for taskgraph in ctx.plan.taskgraphs:
+    if taskgraph.kind == "split":
+      for first in range(0, ctx.plan.num_replicas, taskgraph.device_count):
+        ctx.keys.group_key(_group_devices(ctx, first,
+                                          taskgraph.device_count))
+
+
 def _rekey_collectives(ctx):
   """Every copy of a lowered collective: its shard group's key and an
   instance key per op and micro-batch, shared by the group's members."""
+  _allocate_group_keys(ctx)
   lowered = [op for op in ctx.subgraph.cloned if _is_lowered_collective(op)]
   for op in lowered:
     instance_key = ctx.keys.instance_key()
@@ -182,13 +193,13 @@ def _reduce_split_gradients(ctx, points, sharded):
           "gradients of split weights." % variable.op.name)
     group_size = sharded[variable.op.name].group_size
     groups = ctx.plan.num_replicas // group_size
-    by_shard = {}
-    for local in range(len(ctx.replicas)):
-      by_shard.setdefault(_shard_of(ctx, local, group_size), []).append(local)
-    for shard, locals_ in sorted(by_shard.items()):
+    # Every shard, local or not, in order: the collective keys then follow
+    # the same sequence on every worker.
+    for shard in range(group_size):
+      replicas = [shard + g * group_size for g in range(groups)]
+      locals_ = [l for l, r in enumerate(ctx.replicas) if r in replicas]
       grads = [ctx.tensor(local, grad) for local in locals_]
       if groups > 1:
-        replicas = [shard + g * group_size for g in range(groups)]
         communicator = CollectiveCommunicator(
             [ctx.plan.device(r, 0) for r in replicas],
             [replicas.index(ctx.replicas[l]) for l in locals_], ctx.keys,

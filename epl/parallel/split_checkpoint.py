@@ -48,14 +48,6 @@ def _shard_slice(full, info, shard, rank):
   return tf.slice(tf.pad(full, padding), begin, size)
 
 
-def _local_of_replica(ctx, replica, variable):
-  if replica not in ctx.replicas:
-    raise NotImplementedError(
-        "Checkpoints of split variable %r need every shard of shard group 0 "
-        "on this worker; replica %d is on another one." % (variable, replica))
-  return ctx.replicas.index(replica)
-
-
 def _save_full_tensor(ctx, save, sharded):
   for index, tensor in enumerate(save.inputs):
     variable = tensor.op.inputs[0].op if tensor.op.type == (
@@ -63,8 +55,17 @@ def _save_full_tensor(ctx, save, sharded):
     info = sharded.get(variable.name) if variable is not None else None
     if info is None:
       continue
-    shards = [_read(ctx.op(_local_of_replica(ctx, r, variable.name),
-                           variable)) for r in range(info.group_size)]
+    group_zero = list(range(info.group_size))
+    if not set(group_zero) <= set(ctx.replicas):
+      if ctx.cluster.worker_index != 0:
+        # Only worker 0 writes checkpoints (epl.runtime.checkpoint).
+        continue
+      raise NotImplementedError(
+          "Checkpoints of split variable %r need every shard of shard group "
+          "0 (replicas %s) on worker 0, which writes them; this worker has "
+          "replicas %s." % (variable.name, group_zero, ctx.replicas))
+    shards = [_read(ctx.op(ctx.replicas.index(r), variable))
+              for r in group_zero]
     with tf.device(save.device):
       full = tf.concat(shards, info.axis)
       size = [-1] * full.shape.rank
