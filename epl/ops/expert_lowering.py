@@ -32,10 +32,6 @@ class _Operand:
   sharded_weight: bool
 
 
-def _split_strategy_or_none():
-  return split_lowering._split_strategy()  # pylint: disable=protected-access
-
-
 def _resolve_initializer(initializer, dtype):
   if initializer is None:
     initializer = "glorot_uniform" if dtype.is_floating else "zeros"
@@ -47,10 +43,10 @@ def _resolve_initializer(initializer, dtype):
 def add_weight(original, layer, name=None, shape=None, dtype=None,
                initializer=None, *args, **kwargs):
   """Layer.add_weight: the shard `[E / k, ...]` inside a split scope."""
-  strategy = _split_strategy_or_none()
+  strategy = split_lowering.split_strategy()
   if strategy is None or not shape:
     return original(layer, name, shape, dtype, initializer, *args, **kwargs)
-  group_size = split_lowering._group_size(strategy)  # pylint: disable=protected-access
+  group_size = split_lowering.group_size_of(strategy)
   full_shape = [int(d) for d in shape]
   if full_shape[0] % group_size:
     raise ValueError(
@@ -69,7 +65,7 @@ def add_weight(original, layer, name=None, shape=None, dtype=None,
 
   variable = original(layer, name, [columns] + full_shape[1:], dtype,
                       shard_initializer, *args, **kwargs)
-  split_lowering._record_variable(  # pylint: disable=protected-access
+  split_lowering.record_variable(
       variable, 0, full_shape[0], columns, group_size)
   return variable
 
@@ -144,10 +140,10 @@ def _unknown(equation, strategy, why):
 
 def einsum(original, equation, *inputs, **kwargs):
   """tf.einsum inside a split scope: dispatch, expert or combine."""
-  strategy = _split_strategy_or_none()
+  strategy = split_lowering.split_strategy()
   if strategy is None:
     return original(equation, *inputs, **kwargs)
-  group_size = split_lowering._group_size(strategy)  # pylint: disable=protected-access
+  group_size = split_lowering.group_size_of(strategy)
   inputs = [tf.convert_to_tensor(t) for t in inputs]
   operands, _ = _operands(equation, inputs, tf.compat.v1.get_default_graph())
   if operands is None or len(operands) != 2:

@@ -90,7 +90,8 @@ def sharded_variables_in(graph):
   return _variables.get(graph, {})
 
 
-def _record_variable(variable, axis, full_size, columns, group_size):
+def record_variable(variable, axis, full_size, columns, group_size):
+  """Marks `variable` as sharded (see ShardedVariable)."""
   _variables.setdefault(_graph_key(), {})[variable.op.name] = ShardedVariable(
       axis, full_size, columns, group_size)
 
@@ -106,14 +107,16 @@ def sharded_logits_of(tensor):
   return _sharded.get(_graph_key(), {}).get(tensor.name)
 
 
-def _split_strategy():
+def split_strategy():
+  """The open split scope's strategy, or None."""
   from epl.env import Env  # pylint: disable=import-outside-toplevel
   from epl.strategies.strategy import Split  # pylint: disable=import-outside-toplevel
   strategy = Env.get().current_strategy() if Env.initialised() else None
   return strategy if isinstance(strategy, Split) else None
 
 
-def _group_size(strategy):
+def group_size_of(strategy):
+  """Devices a split strategy shards over (None: all)."""
   from epl.env import Env  # pylint: disable=import-outside-toplevel
   return strategy.device_count or Env.get().cluster.total_devices
 
@@ -240,7 +243,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
           kernel_initializer=None, bias_initializer=None, trainable=True,
           name=None, reuse=None, **unsupported):
   """tf.compat.v1.layers.dense: sharded on `units` inside a split scope."""
-  strategy = _split_strategy()
+  strategy = split_strategy()
   if strategy is None:
     given = dict(activation=activation, use_bias=use_bias,
                  kernel_initializer=kernel_initializer,
@@ -263,7 +266,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
         "tf.compat.v1.layers.dense(name=%r, reuse=%r) inside %r: a split "
         "dense layer cannot be reused; build it once." % (name, reuse,
                                                          strategy))
-  group_size = _group_size(strategy)
+  group_size = group_size_of(strategy)
   inputs = tf.convert_to_tensor(inputs)
   in_dim = inputs.shape[-1]
   if inputs.shape.rank != 2 or in_dim is None:
@@ -288,9 +291,9 @@ def dense(original, inputs, units, activation=None, use_bias=True,
           "bias", initializer=sharded_initial_value(
               bias_initializer, [units], 0, columns, start, dtype),
           trainable=trainable) if use_bias else None
-      _record_variable(kernel, 1, units, columns, group_size)
+      record_variable(kernel, 1, units, columns, group_size)
       if bias is not None:
-        _record_variable(bias, 0, units, columns, group_size)
+        record_variable(bias, 0, units, columns, group_size)
       gathered = all_gather(inputs, group_size)
       logits = tf.matmul(gathered, kernel)
       if bias is not None:
@@ -311,7 +314,7 @@ def _sharded_or_raise(logits, what):
     raise ValueError(
         "%s inside %r: the logits %r do not come from a dense layer built in "
         "this split scope, and nothing else can be sharded here." % (
-            what, _split_strategy(), getattr(logits, "name", logits)))
+            what, split_strategy(), getattr(logits, "name", logits)))
   return info
 
 

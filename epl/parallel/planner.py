@@ -149,9 +149,11 @@ def _split_plan(cluster, taskgraphs, config):
   replicated = [t for t in taskgraphs if isinstance(t.strategy, Replicate)]
   if len(replicated) > 1 or config.pipeline.num_stages not in (-1, 1):
     raise NotImplementedError(
-        "epl.split with pipeline stages (%s) is not built yet: use one "
-        "epl.replicate scope (or the default strategy) for the rest of the "
-        "model." % ", ".join(t.name for t in replicated))
+        "epl.split with pipeline stages (%s) is not built yet: a split part "
+        "shares the devices of the one data-parallel part, and a last "
+        "stage holding it would need shard groups of its own stage's "
+        "devices. Use one epl.replicate scope (or the default strategy) for "
+        "the rest of the model." % ", ".join(t.name for t in replicated))
   counts = []
   for taskgraph in taskgraphs:
     count = taskgraph.device_count or total
