@@ -23,7 +23,8 @@ def _batch(batch_size):
   return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
-def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS):
+def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS,
+        save_to=None):
   with_epl = split_count is not None
   if with_epl:
     epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
@@ -38,10 +39,13 @@ def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS):
     loss = tf.reduce_mean(tf.square(outputs - y)) + 0.01 * aux_loss
     train_op = training.OPTIMIZERS[optimizer]().minimize(loss)
     names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       for _ in range(steps):
         session.run(train_op)
+      if save_to:
+        saver.save(session, save_to)
       values = training.read_variables(session, graph, names)
       if with_epl:
         for name in names:
@@ -73,3 +77,13 @@ def test_unknown_einsum_under_split_is_an_error():
       x = tf.zeros([2, 3])
       with pytest.raises(ValueError, match="'ij,jk->ik'.*fits no sharded"):
         tf.einsum("ij,jk->ik", x, tf.zeros([3, 2]))
+
+
+def test_checkpoint_holds_every_expert(tmp_path):
+  path = str(tmp_path / "moe.ckpt")
+  trained = run(2, steps=2, save_to=path)
+  reader = tf.train.load_checkpoint(path)
+  for name in ("experts/inner", "experts/outer", "experts/inner/Adam"):
+    assert reader.get_variable_to_shape_map()[name][0] == EXPERTS
+  np.testing.assert_array_equal(reader.get_tensor("experts/inner"),
+                                trained["experts/inner"])
