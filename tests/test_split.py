@@ -242,7 +242,7 @@ def test_split_is_not_a_default_strategy_and_does_not_nest():
 
 
 def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
-                    steps=2):
+                    steps=2, late_saver=False):
   """Builds the model (split head when `split_count`), restores or
   initialises, trains `steps` steps, saves; returns the full variables,
   Momentum slots included."""
@@ -265,7 +265,7 @@ def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
     if scope:
       scope.__exit__(None, None, None)
     train_op = training.OPTIMIZERS["momentum"]().minimize(loss)
-    saver = tf.compat.v1.train.Saver()
+    saver = None if late_saver else tf.compat.v1.train.Saver()
     names = [v.op.name for v in tf.compat.v1.global_variables()]
     with tf.compat.v1.Session() as session:
       if restore_from:
@@ -275,6 +275,8 @@ def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
       for _ in range(steps):
         session.run(train_op)
       if save_to:
+        # A Saver built after the first run (the rewrite) works as well.
+        saver = saver or tf.compat.v1.train.Saver()
         saver.save(session, save_to)
       values = training.read_variables(session, graph, names)
       if with_epl:
@@ -282,11 +284,15 @@ def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
   return _trim(values, classes)
 
 
-@pytest.mark.parametrize("classes", [12, 10], ids=["even", "uneven"])
-def test_checkpoints_hold_full_tensors_both_ways(tmp_path, classes):
+@pytest.mark.parametrize("classes, late_saver", [(12, False), (10, False),
+                                                (10, True)],
+                         ids=["even", "uneven", "saver_after_first_run"])
+def test_checkpoints_hold_full_tensors_both_ways(tmp_path, classes,
+                                                 late_saver):
   # Split run -> checkpoint -> plain TF: the same full variables.
   split_path = str(tmp_path / "split.ckpt")
-  trained = _checkpoint_run(2, classes, save_to=split_path)
+  trained = _checkpoint_run(2, classes, save_to=split_path,
+                            late_saver=late_saver)
   epl.shutdown()
   reader = tf.train.load_checkpoint(split_path)
   assert reader.get_variable_to_shape_map()["head/kernel"] == [16, classes]

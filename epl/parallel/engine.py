@@ -37,7 +37,7 @@ from epl.parallel.micro_batches import clone_micro_batches
 from epl.parallel.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.schedule import schedule_pipeline
-from epl.parallel.split import lower_split
+from epl.parallel.split import lower_split, update_checkpoints
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
@@ -127,5 +127,6 @@ def before_run(graph):
   if graph.version != result.graph_version and not graph.finalized:
     with capture.suspended():
       result.variable_sync.update()
+      update_checkpoints(result.context)
     result.graph_version = graph.version
   return result.substitutes

@@ -6,6 +6,7 @@ r % k of shard group r // k (k = the split's device count; the groups'
 replicas are consecutive). See `lower_split`.
 """
 import logging
+import weakref
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -27,6 +28,8 @@ _COLLECTIVE_TYPES = frozenset(
     ["CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"])
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
+# The sharded variables of each rewritten graph, for update_checkpoints.
+_sharded_by_graph = weakref.WeakKeyDictionary()
 
 
 def _is_lowered_collective(op):
@@ -234,6 +237,20 @@ def _check_sharded_logits_use(ctx):
           "tf.math.top_k." % (consumer.name, consumer.type, name))
 
 
+def update_checkpoints(ctx):
+  """Makes the Savers built so far save and restore split variables as
+  full tensors (`full_tensor_checkpoints`; ops already rewritten are
+  left as they are). The engine calls it again for ops built after the
+  rewrite."""
+  sharded = _sharded_by_graph.get(ctx.graph)
+  if not sharded:
+    return
+  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
+      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+    full_tensor_checkpoints(ctx, sharded, lambda local, group_size: (
+        _shard_of(ctx, local, group_size)))
+
+
 def lower_split(ctx):
   """Makes each replica's copy of every split part its shard.
 
@@ -271,8 +288,8 @@ def lower_split(ctx):
       split_points.extend((g, v) for g, v in points if v.op.name in names)
       points[:] = [(g, v) for g, v in points if v.op.name not in names]
     _reduce_split_gradients(ctx, split_points, sharded)
-    full_tensor_checkpoints(ctx, sharded, lambda local, group_size: (
-        _shard_of(ctx, local, group_size)))
+    _sharded_by_graph[ctx.graph] = sharded
+    update_checkpoints(ctx)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
               len(variables), count,

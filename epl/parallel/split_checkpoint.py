@@ -103,7 +103,9 @@ def full_tensor_checkpoints(ctx, sharded, shard_of):
   tensor of each sharded variable it saves; every restore of one writes
   each local replica's slice, and the op grouping the restore (a Saver's
   restore_all) also waits for the other replicas' writes. Other variables
-  are untouched (`epl.parallel.variable_sync` copies them).
+  are untouched (`epl.parallel.variable_sync` copies them), and so are
+  saves and restores already rewritten (they no longer read a variable or
+  a restored tensor directly), so it can run again after new ops.
   """
   for op in ctx.graph.get_operations():
     if op.type == "SaveV2":
