@@ -382,3 +382,21 @@ def test_split_without_a_count_shards_over_every_device():
   # 10 classes over 4 shards: 3 columns each.
   assert graph.get_operation_by_name("EPL_REPLICA_3/head/kernel").get_attr(
       "shape").dim[1].size == 3
+
+
+def test_plan_of_a_split_model():
+  from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
+  from epl.parallel import planner  # pylint: disable=import-outside-toplevel
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  env = epl.Env.get()
+  plan = planner.make_plan(
+      env.cluster, [TaskGraph(0, epl.replicate(DEVICES)),
+                    TaskGraph(1, epl.split(2)), TaskGraph(2, epl.split())],
+      env.config)
+  assert plan.num_replicas == DEVICES
+  assert [plan.device(r, 1) for r in range(DEVICES)] == [
+      "/device:CPU:%d" % r for r in range(DEVICES)]
+  assert plan.split_groups(1) == [[0, 1], [2, 3]]
+  assert plan.split_groups(2) == [[0, 1, 2, 3]]
+  assert "TaskGraph 1" in plan.describe()

@@ -62,6 +62,7 @@ def _lowering(logits, info):
   info.lowered_consumers.update(
       op.name for op in logits.consumers() if op.name not in before)
 
+
 # Per graph: tensor name -> ShardedLogits, and split predictions' names ->
 # their group size.
 _sharded = weakref.WeakKeyDictionary()
