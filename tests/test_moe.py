@@ -24,15 +24,17 @@ def _batch(batch_size):
 
 
 def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS,
-        save_to=None):
+        save_to=None, micro_batches=1):
   with_epl = split_count is not None
   if with_epl:
     epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
-                         "cluster.colocate_split_and_replicate": True}))
+                         "cluster.colocate_split_and_replicate": True,
+                         "pipeline.num_micro_batch": micro_batches}))
     epl.set_default_strategy(epl.replicate(DEVICES))
   graph = tf.Graph()
   with graph.as_default():
-    x, y = _batch(LOCAL_BATCH if with_epl else LOCAL_BATCH * DEVICES)
+    x, y = _batch(LOCAL_BATCH // micro_batches if with_epl else
+                  LOCAL_BATCH * DEVICES)
     outputs, aux_loss = moe.moe_layer(
         x, experts, HIDDEN, CAPACITY, seed=5,
         split_scope=epl.split(split_count) if with_epl else None)
@@ -61,6 +63,14 @@ def test_split_experts_match_unsplit_layer(split_count, optimizer):
   expected = run(optimizer=optimizer)
   actual = run(split_count, optimizer=optimizer)
   assert actual["experts/inner"].shape == (EXPERTS, MODEL, HIDDEN)
+  training.assert_close(actual, expected)
+
+
+def test_split_experts_with_micro_batches():
+  # Groups are examples, so 2 micro-batches of 2 examples see the same
+  # groups as one batch of 4.
+  expected = run()
+  actual = run(2, micro_batches=2)
   training.assert_close(actual, expected)
 
 

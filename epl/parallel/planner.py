@@ -35,6 +35,12 @@ class Plan:
   def num_stages(self):
     return len(self.taskgraphs)
 
+  @property
+  def has_split(self):
+    """Split TaskGraphs share the devices of the data-parallel one: the
+    TaskGraphs are then not pipeline stages."""
+    return any(t.kind == "split" for t in self.taskgraphs)
+
   def device(self, replica, taskgraph_index):
     """The device of TaskGraph `taskgraph_index` in `replica`.
 

@@ -266,7 +266,7 @@ def lower_split(ctx):
   reads sharded logits without a lowering. Nothing changes without a split
   TaskGraph.
   """
-  if not any(t.kind == "split" for t in ctx.plan.taskgraphs):
+  if not ctx.plan.has_split:
     return
   _check_sharded_logits_use(ctx)
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
