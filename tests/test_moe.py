@@ -97,3 +97,18 @@ def test_checkpoint_holds_every_expert(tmp_path):
     assert reader.get_variable_to_shape_map()[name][0] == EXPERTS
   np.testing.assert_array_equal(reader.get_tensor("experts/inner"),
                                 trained["experts/inner"])
+
+
+def test_unseeded_keras_glorot_experts_draw_their_shard_alone():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  graph = tf.Graph()
+  with graph.as_default():
+    with epl.split(DEVICES):
+      experts = moe.Experts(8, 64, name="experts")
+      experts.build([None, None, None, 32])
+    names = [v.op.name for v in experts.weights]
+  # No op builds the full [8, 32, 64] value: each shard draws [2, 32, 64].
+  shapes = [op.outputs[0].shape.as_list() for op in graph.get_operations()
+            if op.type == "RandomUniform"]
+  assert shapes == [[2, 32, 64], [2, 64, 32]], (shapes, names)

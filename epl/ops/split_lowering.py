@@ -184,9 +184,9 @@ def _fans(shape):
 
 
 def _is_unseeded_variance_scaling(initializer):
-  from tensorflow.python.ops import init_ops  # pylint: disable=import-outside-toplevel
-  return isinstance(initializer, init_ops.VarianceScaling) and (
-      initializer.seed is None)
+  """TF1's and Keras' VarianceScaling (Glorot, He, LeCun) without a seed."""
+  return all(hasattr(initializer, a) for a in (
+      "scale", "mode", "distribution", "seed")) and initializer.seed is None
 
 
 def _variance_scaling_shard(initializer, full_shape, shard_shape, dtype):
