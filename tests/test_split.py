@@ -236,8 +236,12 @@ def test_split_is_not_a_default_strategy_and_does_not_nest():
     epl.set_default_strategy(epl.split(DEVICES))
   with tf.Graph().as_default():
     with epl.replicate(DEVICES):
-      with pytest.raises(Exception, match="nest|inside|consecutive"):
+      with pytest.raises(ValueError, match="nest"):
         with epl.split(DEVICES):
+          pass
+    with epl.split(DEVICES):
+      with pytest.raises(ValueError, match="nest"):
+        with epl.replicate(DEVICES):
           pass
 
 
