@@ -8,17 +8,17 @@ from epl.cluster import Cluster
 from epl.config import Config
 from epl.env import Env
 from epl.runtime import server
-from epl.strategies.strategy import Strategy
+from epl.strategies.strategy import Replicate
 
 logger = logging.getLogger("epl")
 
 
 def set_default_strategy(strategy):
   """Every op built outside a strategy scope belongs to `strategy`."""
-  if strategy is not None and not isinstance(strategy, Strategy):
+  if strategy is not None and not isinstance(strategy, Replicate):
     raise ValueError(
-        "epl.set_default_strategy expects epl.replicate(...) or "
-        "epl.split(...), got %r." % (strategy,))
+        "epl.set_default_strategy expects epl.replicate(...), got %r; a "
+        "split part is built inside `with epl.split(...):`." % (strategy,))
   Env.get().default_strategy = strategy
 
 

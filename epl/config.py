@@ -306,7 +306,8 @@ _KEYS = (
        "Devices this worker may use, usually set by the scheduler; \"\" "
        "means all.", built=True),
     _k("cluster", "colocate_split_and_replicate", _Bool(), False,
-       "Place split and replicate TaskGraphs on the same devices."),
+       "Place split and replicate TaskGraphs on the same devices; epl.split "
+       "needs it (an error otherwise).", built=True),
     _k("cluster", "num_cpu_devices", _Int(minimum=1, optional=True), None,
        "Logical CPU devices per worker when no GPU is present; None means 1.",
        built=True),

@@ -39,19 +39,31 @@ code and calls the original:
   tensorflow-estimator is installed): RunConfig ignores TF_CONFIG and
   distribution arguments; evaluation and prediction graphs are not
   captured (`epl.runtime.estimator`).
+- `tf.compat.v1.layers.dense`, the sparse softmax cross-entropies,
+  `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
+  `epl.split`, or on its sharded outputs, they build sharded ops
+  (`epl.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
+  inside `epl.split` build expert-parallel ops (`epl.ops.expert_lowering`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
 import contextlib
 import functools
+import importlib
 import threading
 
+import tensorflow as tf
+
+from keras.src.engine import base_layer
+from keras.src.engine import base_layer_v1
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.eager import backprop
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers
 from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_math_ops
+from tensorflow.python.ops import gen_nn_ops
 from tensorflow.python.ops import gradients_util
 from tensorflow.python.summary.writer import writer as summary_writer
 from tensorflow.python.training import optimizer as optimizer_lib
@@ -260,6 +272,16 @@ def _estimator_patches():
     return ()
   return ((run_config.RunConfig, "__init__", _run_config_init),
           (estimator_lib.Estimator, "_call_model_fn", _call_model_fn))
+def _split_lowering(name, module="split_lowering"):
+  """A wrapper that forwards to `epl.ops.<module>.<name>` (autograph, which
+  converts Keras `call`s, leaves it alone)."""
+  @tf.autograph.experimental.do_not_convert
+  def wrapper(original, *args, **kwargs):
+    if _env() is None:
+      return original(*args, **kwargs)
+    lowering = importlib.import_module("epl.ops." + module)
+    return getattr(lowering, name)(original, *args, **kwargs)
+  return wrapper
 
 
 _PATCHES = (
@@ -279,6 +301,24 @@ _PATCHES = (
     (saver_lib.Saver, "save", _saver_save),
     (summary_writer, "EventFileWriter", _event_file_writer),
     (training_util, "write_graph", _write_graph),
+    (tf.compat.v1.layers, "dense", _split_lowering("dense")),
+    (tf.compat.v1.losses, "sparse_softmax_cross_entropy",
+     _split_lowering("losses_sparse_softmax_cross_entropy")),
+    (tf.nn, "sparse_softmax_cross_entropy_with_logits",
+     _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
+    (tf.compat.v1.nn, "sparse_softmax_cross_entropy_with_logits",
+     _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
+    (gen_math_ops, "arg_max", _split_lowering("arg_max")),
+    (gen_math_ops, "equal", _split_lowering("equal")),
+    (gen_nn_ops, "top_kv2", _split_lowering("top_kv2")),
+    (base_layer.Layer, "add_weight",
+     _split_lowering("add_weight", "expert_lowering")),
+    # Keras builds its layers on this class in TF1 graph mode.
+    (base_layer_v1.Layer, "add_weight",
+     _split_lowering("add_weight", "expert_lowering")),
+    (tf, "einsum", _split_lowering("einsum", "expert_lowering")),
+    (tf.linalg, "einsum", _split_lowering("einsum", "expert_lowering")),
+    (tf.compat.v1, "einsum", _split_lowering("einsum", "expert_lowering")),
 )
 # Static methods among the entry points: wrapped without a `self`.
 _STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])

@@ -87,8 +87,9 @@ def test_ops_are_captured_per_taskgraph_and_phase():
 @pytest.mark.parametrize("strategy, error, message", [
     (lambda: epl.replicate(device_count=8), ValueError,
      "needs 8 device.*only 4"),
-    (lambda: epl.split(device_count=2), NotImplementedError, "split"),
-], ids=["more_devices_than_exist", "split_not_lowered_yet"])
+    (lambda: epl.split(device_count=2), ValueError,
+     "colocate_split_and_replicate"),
+], ids=["more_devices_than_exist", "split_without_colocate"])
 def test_rewrite_errors_raise_at_first_run(strategy, error, message):
   _init(devices=4)
   with tf.Graph().as_default():

@@ -55,7 +55,8 @@ BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
                   "optimizer"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
-    "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices"
+    "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices",
+    "cluster.colocate_split_and_replicate"
 }
 
 

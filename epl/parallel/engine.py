@@ -19,6 +19,8 @@ The passes, in order (each a function with its own docstring):
                                  variables read just in time
   8. order_input_reads         - each micro-batch of each replica reads
                                  its own batch, in order
+  8a. lower_split              - each replica's copy of a split part
+                                 becomes its shard
   8b. split_fed_batches        - each copy reads its part of a fed batch
   9. join_replicas             - the train op waits for every replica
  10. order_shared_writes       - the global_step increment runs once, after
@@ -55,6 +57,7 @@ from epl.parallel.replicas import (clone_replicas, join_replicas,
 from epl.parallel.random_seeds import vary_random_seeds
 from epl.parallel.schedule import schedule_pipeline
 from epl.parallel.shared_writes import order_shared_writes
+from epl.parallel.split import lower_split, update_checkpoints
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
@@ -109,6 +112,7 @@ def rewrite(graph, state, subgraph):
     zero.place_updates(ctx, zero_partition)
     offload_variables(ctx)
     order_input_reads(ctx)
+    lower_split(ctx)
     split_fed_batches(ctx)
     join_replicas(ctx)
     order_shared_writes(ctx)
@@ -151,5 +155,6 @@ def before_run(graph):
   if graph.version != result.graph_version and not graph.finalized:
     with capture.suspended():
       result.variable_sync.update()
+      update_checkpoints(result.context)
     result.graph_version = graph.version
   return result.substitutes

@@ -35,6 +35,12 @@ class Plan:
   def num_stages(self):
     return len(self.taskgraphs)
 
+  @property
+  def has_split(self):
+    """Split TaskGraphs share the devices of the data-parallel one: the
+    TaskGraphs are then not pipeline stages."""
+    return any(t.kind == "split" for t in self.taskgraphs)
+
   def device(self, replica, taskgraph_index):
     """The device of TaskGraph `taskgraph_index` in `replica`.
 
@@ -57,8 +63,15 @@ class Plan:
     for t, taskgraph in enumerate(self.taskgraphs):
       lines.append("  TaskGraph %d %r (%s): %s" % (
           t, taskgraph.name, taskgraph.kind,
-          ", ".join(self.devices[r][t] for r in range(self.num_replicas))))
+          ", ".join(self.device(r, t) for r in range(self.num_replicas))))
     return "\n".join(lines)
+
+  def split_groups(self, taskgraph_index):
+    """The replicas of each shard group of split TaskGraph
+    `taskgraph_index`: consecutive replicas, k = its device count each."""
+    count = self.taskgraphs[taskgraph_index].device_count
+    return [list(range(start, start + count))
+            for start in range(0, self.num_replicas, count)]
 
 
 def make_plan(cluster, taskgraphs, config):
@@ -73,11 +86,9 @@ def make_plan(cluster, taskgraphs, config):
     raise ValueError("No strategy scope was used: annotate the model with "
                      "epl.replicate(...) or call epl.set_default_strategy.")
   for taskgraph in taskgraphs:
-    if isinstance(taskgraph.strategy, Split):
-      raise NotImplementedError(
-          "%r: lowering epl.split to sharded ops is not built yet; use "
-          "epl.replicate for this part of the model." % taskgraph.strategy)
-    assert isinstance(taskgraph.strategy, Replicate), taskgraph.strategy
+    assert isinstance(taskgraph.strategy, (Replicate, Split)), taskgraph
+  if any(isinstance(t.strategy, Split) for t in taskgraphs):
+    return _split_plan(cluster, taskgraphs, config)
   wanted_stages = config.pipeline.num_stages
   if wanted_stages != -1 and wanted_stages != len(taskgraphs):
     raise ValueError(
@@ -122,6 +133,48 @@ def make_plan(cluster, taskgraphs, config):
       num_replicas=num_replicas,
       devices=devices,
       device_workers=workers,
+      worker_index=cluster.worker_index,
+      num_micro_batch=config.pipeline.num_micro_batch,
+      schedule=config.pipeline.strategy)
+
+
+def _split_plan(cluster, taskgraphs, config):
+  """Split TaskGraphs share each device with the data-parallel backbone.
+
+  Every device holds one replica of the backbone (data parallel over all
+  devices); `split(k)` shards its part over k consecutive replicas, so the
+  job has devices / k shard groups, each data parallel with the others.
+  """
+  total = cluster.total_devices
+  if not config.cluster.colocate_split_and_replicate:
+    raise ValueError(
+        "epl.split (%s) shares the devices of the data-parallel part: set "
+        "the config key cluster.colocate_split_and_replicate to True, as "
+        "the original EPL requires." % ", ".join(
+            t.name for t in taskgraphs if isinstance(t.strategy, Split)))
+  replicated = [t for t in taskgraphs if isinstance(t.strategy, Replicate)]
+  if len(replicated) > 1 or config.pipeline.num_stages not in (-1, 1):
+    raise NotImplementedError(
+        "epl.split with pipeline stages (%s) is not built yet: a split part "
+        "shares the devices of the one data-parallel part, and a last "
+        "stage holding it would need shard groups of its own stage's "
+        "devices. Use one epl.replicate scope (or the default strategy) for "
+        "the rest of the model." % ", ".join(t.name for t in replicated))
+  counts = []
+  for taskgraph in taskgraphs:
+    count = taskgraph.device_count or total
+    if total % count:
+      raise ValueError(
+          "%r: the cluster's %d devices do not divide into shard groups of "
+          "%d. Use a device count that divides %d." % (
+              taskgraph.strategy, total, count, total))
+    counts.append(count if isinstance(taskgraph.strategy, Split) else 1)
+  return Plan(
+      taskgraphs=[TaskGraphPlan(t.name, t.strategy.kind, count)
+                  for t, count in zip(taskgraphs, counts)],
+      num_replicas=total,
+      devices=[[cluster.device_name(r)] for r in range(total)],
+      device_workers=[[cluster.worker_of(r)] for r in range(total)],
       worker_index=cluster.worker_index,
       num_micro_batch=config.pipeline.num_micro_batch,
       schedule=config.pipeline.strategy)

@@ -100,10 +100,11 @@ def schedule_pipeline(ctx):
   a block, and the first ops of the next block wait for the NoOp, so that
   no op of a block starts before the previous block has finished. Only
   control edges are added; with one micro-batch nothing changes (a stage's
-  backward already follows its forward).
+  backward already follows its forward), nor with split TaskGraphs (they
+  share the data-parallel part's devices: no stages).
   """
   plan = ctx.plan
-  if plan.num_micro_batch == 1:
+  if plan.num_micro_batch == 1 or plan.has_split:
     return
   by_block = blocks(ctx)
   stages = sorted({block.stage for block in by_block})

@@ -61,6 +61,8 @@ def _stage_order(state, subgraph):
           state.phase_of(producer) is not Phase.FORWARD):
         continue
       producer_stage = state.taskgraph_of(producer)
+      if "split" in (stage.strategy.kind, producer_stage.strategy.kind):
+        continue  # a split part shares its devices: no stage order
       if producer_stage.index > stage.index:
         raise ValueError(
             "Stage %r (TaskGraph %d) consumes %r, computed by the later stage "

@@ -57,11 +57,12 @@ class Replicate(Strategy):
 class Split(Strategy):
   """Tensor/expert parallelism: the ops are sharded over the device slice.
 
-  Only the scope and its TaskGraph exist so far; the rewrite raises a clear
-  error when a split TaskGraph reaches it.
+  The layers built inside are lowered to sharded ops
+  (`epl.ops.split_lowering`, `epl.ops.expert_lowering`); the rewrite makes
+  each data-parallel replica's copy one shard (`epl.parallel.split`).
   """
   kind = "split"
-  # None: every device of one worker, resolved by the planner.
+  # None: every device of the job, resolved by the planner.
   default_device_count = None
 
 

@@ -1,0 +1,1 @@
+"""Sharded operations that `epl.split` lowers user calls to."""
