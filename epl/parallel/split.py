@@ -193,8 +193,8 @@ def _reduce_split_gradients(ctx, points, sharded):
     if isinstance(grad, tf.IndexedSlices):
       raise ValueError(
           "Split variable %r got a sparse gradient; EPL reduces only dense "
-          "gradients of split weights." % variable.op.name)
-    group_size = sharded[variable.op.name].group_size
+          "gradients of split weights." % variable.name)
+    group_size = sharded[variable.name].group_size
     groups = ctx.plan.num_replicas // group_size
     # Every shard, local or not, in order: the collective keys then follow
     # the same sequence on every worker.
