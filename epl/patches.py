@@ -35,10 +35,12 @@ code and calls the original:
 - `EventFileWriter` as `FileWriter` makes it, and
   `training_util.write_graph`: in a multi-worker job only worker 0 writes
   event and graph files (`epl.runtime.summaries`).
-- `RunConfig.__init__` and `Estimator._call_model_fn` (when
-  tensorflow-estimator is installed): RunConfig ignores TF_CONFIG and
-  distribution arguments; evaluation and prediction graphs are not
-  captured (`epl.runtime.estimator`).
+- `RunConfig.__init__`, `Estimator._call_model_fn`, `latest_checkpoint`
+  and `evaluate` (when tensorflow-estimator is installed): RunConfig
+  ignores TF_CONFIG and distribution arguments; evaluation and prediction
+  graphs are not captured; in a multi-worker job the other workers
+  evaluate worker 0's checkpoint once it is written
+  (`epl.runtime.estimator`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
@@ -252,6 +254,21 @@ def _call_model_fn(original, estimator_object, *args, **kwargs):
   return estimator.call_model_fn(original, estimator_object, *args, **kwargs)
 
 
+def _latest_checkpoint(original, estimator_object):
+  env = _env()
+  if env is None:
+    return original(estimator_object)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.latest_checkpoint(env, original, estimator_object)
+
+
+def _evaluate(original, estimator_object, *args, **kwargs):
+  if _env() is None:
+    return original(estimator_object, *args, **kwargs)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.evaluate(original, estimator_object, *args, **kwargs)
+
+
 def _estimator_patches():
   try:
     from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
@@ -259,7 +276,9 @@ def _estimator_patches():
   except ImportError:
     return ()
   return ((run_config.RunConfig, "__init__", _run_config_init),
-          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn))
+          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn),
+          (estimator_lib.Estimator, "latest_checkpoint", _latest_checkpoint),
+          (estimator_lib.Estimator, "evaluate", _evaluate))
 
 
 _PATCHES = (
