@@ -218,8 +218,10 @@ def test_two_workers_train_like_single_device_and_only_worker_0_writes(
   plain, _, _ = _single_device(tmp_path / "plain")
   training.assert_close(_checkpoint_values(tmp_path / "model_0"), plain)
   kinds = {name.split(".")[0] for name in worker0["files"]}
-  assert {"checkpoint", "graph", "events", "model"} <= kinds, worker0
-  # Worker 1 trained in step but wrote no checkpoint, event or graph file.
+  assert {"checkpoint", "graph", "events", "model", "custom/events"} <= (
+      kinds), worker0
+  # Worker 1 trained in step but wrote no checkpoint, event or graph file,
+  # neither through the Estimator's hooks nor through its own FileWriter.
   assert worker1["files"] == []
   worker1_log = "\n".join(job.lines(1))
   assert "only worker 0 writes event and graph files" in worker1_log
