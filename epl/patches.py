@@ -35,10 +35,12 @@ code and calls the original:
 - `EventFileWriter` as `FileWriter` makes it, and
   `training_util.write_graph`: in a multi-worker job only worker 0 writes
   event and graph files (`epl.runtime.summaries`).
-- `RunConfig.__init__` and `Estimator._call_model_fn` (when
-  tensorflow-estimator is installed): RunConfig ignores TF_CONFIG and
-  distribution arguments; evaluation and prediction graphs are not
-  captured (`epl.runtime.estimator`).
+- `RunConfig.__init__`, `Estimator._call_model_fn`, `latest_checkpoint`
+  and `evaluate` (when tensorflow-estimator is installed): RunConfig
+  ignores TF_CONFIG and distribution arguments; evaluation and prediction
+  graphs are not captured; in a multi-worker job the other workers
+  evaluate worker 0's checkpoint once it is written
+  (`epl.runtime.estimator`).
 - `tf.compat.v1.layers.dense`, the sparse softmax cross-entropies,
   `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
   `epl.split`, or on its sharded outputs, they build sharded ops
@@ -264,6 +266,21 @@ def _call_model_fn(original, estimator_object, *args, **kwargs):
   return estimator.call_model_fn(original, estimator_object, *args, **kwargs)
 
 
+def _latest_checkpoint(original, estimator_object):
+  env = _env()
+  if env is None:
+    return original(estimator_object)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.latest_checkpoint(env, original, estimator_object)
+
+
+def _evaluate(original, estimator_object, *args, **kwargs):
+  if _env() is None:
+    return original(estimator_object, *args, **kwargs)
+  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
+  return estimator.evaluate(original, estimator_object, *args, **kwargs)
+
+
 def _estimator_patches():
   try:
     from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
@@ -271,7 +288,11 @@ def _estimator_patches():
   except ImportError:
     return ()
   return ((run_config.RunConfig, "__init__", _run_config_init),
-          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn))
+          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn),
+          (estimator_lib.Estimator, "latest_checkpoint", _latest_checkpoint),
+          (estimator_lib.Estimator, "evaluate", _evaluate))
+
+
 def _split_lowering(name, module="split_lowering"):
   """A wrapper that forwards to `epl.ops.<module>.<name>` (autograph, which
   converts Keras `call`s, leaves it alone)."""

@@ -218,9 +218,25 @@ def test_two_workers_train_like_single_device_and_only_worker_0_writes(
   plain, _, _ = _single_device(tmp_path / "plain")
   training.assert_close(_checkpoint_values(tmp_path / "model_0"), plain)
   kinds = {name.split(".")[0] for name in worker0["files"]}
-  assert {"checkpoint", "graph", "events", "model"} <= kinds, worker0
-  # Worker 1 trained in step but wrote no checkpoint, event or graph file.
+  assert {"checkpoint", "graph", "events", "model", "custom/events"} <= (
+      kinds), worker0
+  # Worker 1 trained in step but wrote no checkpoint, event or graph file,
+  # neither through the Estimator's hooks nor through its own FileWriter.
   assert worker1["files"] == []
   worker1_log = "\n".join(job.lines(1))
   assert "only worker 0 writes event and graph files" in worker1_log
   assert "RunConfig ignores TF_CONFIG" in worker1_log
+
+
+def test_two_workers_train_and_evaluate_in_one_directory(tmp_path,
+                                                         monkeypatch):
+  # One model directory for both workers, as on a shared file system:
+  # every worker evaluates worker 0's final checkpoint.
+  job, results = _estimator_job(tmp_path, monkeypatch, "evaluate",
+                                str(tmp_path / "model"), evaluate=True)
+  assert job.returncode == 0, job.output[-8000:]
+  plain, plain_evaluation = _train_and_evaluate(tmp_path / "plain",
+                                                GLOBAL_BATCH)
+  training.assert_close(_checkpoint_values(tmp_path / "model"), plain)
+  for result in results:
+    _assert_evaluations_close(result["evaluation"], plain_evaluation)

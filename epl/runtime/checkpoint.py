@@ -13,15 +13,26 @@ thing: either restores into the other.
   directory must be visible to every worker (a shared file system); the
   restore group then broadcasts worker 0's values to the others
   (`epl.parallel.variable_sync`).
+- Reading what was just saved: a worker other than 0 that asks for the
+  latest checkpoint of a directory it saved to (the Estimator does before
+  it evaluates) first waits until worker 0's copy of its last save is
+  there (`wait_for_worker_zero`), so that it never reads an older one.
 """
 import logging
+import os
+import time
 
+from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.training import training_util
 from tensorflow.python.util import compat
 
 logger = logging.getLogger("epl")
 
 _told = [False]
+# Directory -> the path this worker's last Saver.save returned there
+# (written by worker 0).
+_reported = {}
+_POLL_SECONDS = 0.2
 
 
 def save(env, original, saver, sess, save_path, global_step=None, *args,
@@ -35,7 +46,44 @@ def save(env, original, saver, sess, save_path, global_step=None, *args,
                 "in a multi-worker job.", cluster.worker_index)
     _told[0] = True
   if global_step is None:
-    return save_path
-  if not isinstance(global_step, compat.integral_types):
-    global_step = training_util.global_step(sess, global_step)
-  return "%s-%d" % (save_path, global_step)
+    path = save_path
+  else:
+    if not isinstance(global_step, compat.integral_types):
+      global_step = training_util.global_step(sess, global_step)
+    path = "%s-%d" % (save_path, global_step)
+  _reported[_directory(path)] = path
+  return path
+
+
+def _directory(path):
+  return os.path.normpath(os.path.dirname(path))
+
+
+def _written(directory, path):
+  state = checkpoint_management.get_checkpoint_state(directory)
+  if state is None:
+    return False
+  name = os.path.basename(path)
+  return any(os.path.basename(p) == name
+             for p in state.all_model_checkpoint_paths)
+
+
+def wait_for_worker_zero(env, directory):
+  """Returns once worker 0 has written the checkpoint whose path this
+  worker's last `Saver.save` into `directory` returned (at once when it
+  saved nothing there); raises after cluster.collective_timeout_seconds."""
+  path = _reported.get(os.path.normpath(directory))
+  if path is None:
+    return
+  timeout = env.config.cluster.collective_timeout_seconds
+  deadline = time.monotonic() + timeout
+  while not _written(directory, path):
+    if time.monotonic() > deadline:
+      raise RuntimeError(
+          "EPL worker %d: worker 0's checkpoint %s is not in %s after %gs "
+          "(cluster.collective_timeout_seconds). In a multi-worker job "
+          "worker 0 alone writes checkpoints: put the checkpoint directory "
+          "on a file system that every worker sees, and see worker 0's log "
+          "if it failed." % (env.cluster.worker_index, path, directory,
+                             timeout))
+    time.sleep(_POLL_SECONDS)

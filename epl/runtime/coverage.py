@@ -6,8 +6,8 @@ that EPL did not rewrite is an error: training would run on one replica
 with its batch, not the job's. This happens when EPL never saw the
 gradients (computed inside a `tf.function`, a Keras 3 optimizer,
 `Model.fit`), or when the train op was built after EPL rewrote the graph
-at its first run. Initialisers, restores and `var.load` write variables
-from values that come from no other variable, and pass.
+at its first run. Initialisers (and `var.load`, which runs them) and restores,
+which write values that come from no other variable, pass.
 """
 import tensorflow as tf
 
@@ -107,8 +107,12 @@ def check_run(graph, fetches):
     op = variable_op(variable)
     if op is not None:
       trainable.add(op.name)
+  # Initialisers (also what var.load runs) write what the user chose.
+  initializers = {getattr(v, "initializer", None) for v in graph.get_collection(
+      tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
   for op in _uncovered_ancestors(ops, covered):
-    if op.name in covered or op.name.startswith(_EPL_PREFIX):
+    if (op.name in covered or op.name.startswith(_EPL_PREFIX) or
+        op in initializers):
       continue
     written = [v for v in written_variables(op) if v.name in trainable]
     if written and _trains(op, written, trainable, covered):

@@ -18,6 +18,11 @@ Two things change, because EPL drives the job:
 - `model_fn` called for evaluation or prediction builds plain
   single-device TensorFlow: EPL captures nothing there, so those graphs
   are never rewritten, even when `model_fn` also builds a train op.
+- In a multi-worker job a worker other than 0 that looks for the latest
+  checkpoint (to evaluate it, also in `train_and_evaluate`) waits until
+  worker 0 has written the one its own training just saved
+  (`epl.runtime.checkpoint.wait_for_worker_zero`): every worker evaluates
+  the same, final weights.
 - A default strategy set inside `model_fn` is undone when it returns, so
   that the next graph's input pipeline is built as the first one was.
 """
@@ -26,6 +31,7 @@ import logging
 import os
 
 from epl import patches
+from epl.runtime import checkpoint
 from epl.env import Env
 
 logger = logging.getLogger("epl")
@@ -74,3 +80,20 @@ def call_model_fn(original, estimator, features, labels, mode, config):
   logger.debug("EPL leaves the Estimator's %s graph single-device.", mode)
   with patches.detached():
     return original(estimator, features, labels, mode, config)
+
+
+def latest_checkpoint(env, original, estimator):
+  """Estimator.latest_checkpoint, once worker 0 wrote this worker's last
+  save."""
+  if env.cluster.is_distributed and env.cluster.worker_index:
+    checkpoint.wait_for_worker_zero(env, estimator.model_dir)
+  return original(estimator)
+
+
+def evaluate(original, estimator, *args, **kwargs):
+  """Estimator.evaluate, of the checkpoint `latest_checkpoint` gives when
+  none is named (the original reads the directory directly)."""
+  arguments = inspect.signature(original).bind(estimator, *args, **kwargs)
+  if not arguments.arguments.get("checkpoint_path"):
+    arguments.arguments["checkpoint_path"] = estimator.latest_checkpoint()
+  return original(*arguments.args, **arguments.kwargs)

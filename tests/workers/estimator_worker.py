@@ -3,8 +3,9 @@
 Trains tests/test_estimator.py's model with a tf.estimator.Estimator, data
 parallel over this worker's devices, each worker reading its share of
 every global batch (its replicas' rows, in replica order). Writes
-OUT/worker_<i>.json: the files under this worker's model directory, and
-with --evaluate the results of train_and_evaluate.
+OUT/worker_<i>.json: the files under this worker's model directory (after
+train, the script also writes an event with a FileWriter of its own under
+it), and with --evaluate the results of train_and_evaluate.
 
 --model_dir may hold `{worker}` (a directory per worker: shows what each
 worker writes) or not (one directory shared by the workers, as a job on
@@ -71,6 +72,13 @@ def main():
     result["evaluation"] = {k: float(v) for k, v in evaluation.items()}
   else:
     estimator.train(train_input, steps=args.steps)
+    # A FileWriter of the script's own, as a TF1 script opens one.
+    with tf.Graph().as_default():
+      writer = tf.compat.v1.summary.FileWriter(
+          os.path.join(model_dir, "custom"))
+      writer.add_summary(tf.compat.v1.Summary(value=[
+          tf.compat.v1.Summary.Value(tag="done", simple_value=1.0)]))
+      writer.close()
   result["files"] = _files(model_dir) if os.path.isdir(model_dir) else []
   with open(os.path.join(args.out, "worker_%d.json" % cluster.worker_index),
             "w") as f:
