@@ -24,7 +24,7 @@ ESTIMATOR_WORKER = os.path.join(multiworker.ROOT, "tests", "workers",
                                 "estimator_worker.py")
 
 
-def _input_fn(batch_size):
+def input_fn_for(batch_size):
   def input_fn():
     x, y = training.dataset_arrays()
     return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
@@ -37,7 +37,7 @@ def _predict_input_fn():
   return tf.data.Dataset.from_tensor_slices(x[:GLOBAL_BATCH]).batch(8)
 
 
-def _model_fn(model):
+def model_fn_for(model):
   def model_fn(features, labels, mode):
     predictions = model(features)
     if mode == tf.estimator.ModeKeys.PREDICT:
@@ -69,7 +69,7 @@ def _run_single_device_graphs(estimator):
   """Evaluation results and predictions, checking that EPL rewrote
   neither graph."""
   hooks = [_OpNames(), _OpNames()]
-  evaluation = estimator.evaluate(_input_fn(GLOBAL_BATCH), steps=2,
+  evaluation = estimator.evaluate(input_fn_for(GLOBAL_BATCH), steps=2,
                                   hooks=hooks[:1])
   predictions = np.stack(list(estimator.predict(_predict_input_fn,
                                                 hooks=hooks[1:])))
@@ -80,7 +80,7 @@ def _run_single_device_graphs(estimator):
 
 
 def _estimator(model_dir, model=training.layers_model):
-  return tf.estimator.Estimator(_model_fn(model), model_dir=str(model_dir))
+  return tf.estimator.Estimator(model_fn_for(model), model_dir=str(model_dir))
 
 
 def _checkpoint_values(model_dir):
@@ -96,8 +96,8 @@ def _single_device(model_dir, model=training.layers_model, calls=(STEPS,)):
   of so many steps), then evaluated and asked for predictions."""
   estimator = _estimator(model_dir, model)
   for steps in calls:
-    estimator.train(_input_fn(GLOBAL_BATCH), steps=steps)
-  evaluation = estimator.evaluate(_input_fn(GLOBAL_BATCH), steps=2)
+    estimator.train(input_fn_for(GLOBAL_BATCH), steps=steps)
+  evaluation = estimator.evaluate(input_fn_for(GLOBAL_BATCH), steps=2)
   predictions = np.stack(list(estimator.predict(_predict_input_fn)))
   return _checkpoint_values(model_dir), evaluation, predictions
 
@@ -113,7 +113,7 @@ def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
   epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
   epl.set_default_strategy(epl.replicate(device_count=1))
   estimator = _estimator(tmp_path / "epl")
-  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=STEPS)
+  estimator.train(input_fn_for(GLOBAL_BATCH // 4), steps=STEPS)
   trained = _checkpoint_values(tmp_path / "epl")
   evaluation, predictions = _run_single_device_graphs(estimator)
   epl.shutdown()
@@ -134,8 +134,8 @@ def test_pipeline_in_model_fn_matches_single_device(tmp_path):
   # Two calls: the second graph is built and staged as the first was, and
   # resumes from the checkpoint (its input starts again, as the plain
   # Estimator's does).
-  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=2)
-  estimator.train(_input_fn(GLOBAL_BATCH // 4), steps=STEPS - 2)
+  estimator.train(input_fn_for(GLOBAL_BATCH // 4), steps=2)
+  estimator.train(input_fn_for(GLOBAL_BATCH // 4), steps=STEPS - 2)
   trained = _checkpoint_values(tmp_path / "epl")
   evaluation, predictions = _run_single_device_graphs(estimator)
   epl.shutdown()
@@ -153,8 +153,8 @@ def _train_and_evaluate(model_dir, batch_size):
   estimator = _estimator(model_dir)
   evaluation, _ = tf.estimator.train_and_evaluate(
       estimator,
-      tf.estimator.TrainSpec(_input_fn(batch_size), max_steps=STEPS),
-      tf.estimator.EvalSpec(_input_fn(GLOBAL_BATCH), steps=2,
+      tf.estimator.TrainSpec(input_fn_for(batch_size), max_steps=STEPS),
+      tf.estimator.EvalSpec(input_fn_for(GLOBAL_BATCH), steps=2,
                             throttle_secs=0))
   return _checkpoint_values(model_dir), evaluation
 
@@ -240,3 +240,23 @@ def test_two_workers_train_and_evaluate_in_one_directory(tmp_path,
   training.assert_close(_checkpoint_values(tmp_path / "model"), plain)
   for result in results:
     _assert_evaluations_close(result["evaluation"], plain_evaluation)
+
+
+def test_other_workers_wait_for_worker_0s_checkpoint(tmp_path):
+  """Worker 1's Saver.save only reports worker 0's path; reading the
+  latest checkpoint then waits until worker 0 wrote it, or says why not."""
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from epl.runtime import checkpoint  # pylint: disable=import-outside-toplevel
+  env = SimpleNamespace(
+      cluster=SimpleNamespace(is_distributed=True, worker_index=1),
+      config=SimpleNamespace(cluster=SimpleNamespace(
+          collective_timeout_seconds=0.5)))
+  path = checkpoint.save(env, None, None, None, str(tmp_path / "model"),
+                         global_step=7)
+  assert path == str(tmp_path / "model-7")
+  assert not os.listdir(tmp_path)
+  with pytest.raises(RuntimeError, match="every worker sees"):
+    checkpoint.wait_for_worker_zero(env, str(tmp_path))
+  # Worker 0 writes it (the state file names it last).
+  tf.compat.v1.train.update_checkpoint_state(str(tmp_path), path)
+  checkpoint.wait_for_worker_zero(env, str(tmp_path))

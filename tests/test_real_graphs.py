@@ -199,3 +199,41 @@ def test_control_flow_v2_in_the_model(config):
   actual, _, _ = training.train(_control_flow_model, "adam", batch_size=MICRO,
                                 config=config)
   training.assert_close(actual, expected)
+
+
+def _train_interleaved(batch_size, config=None):
+  """Two losses on shared variables: compute_gradients for both, then
+  apply_gradients for both (each its own optimizer, one post-processes)."""
+  if config is not None:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    prediction = training.layers_model(x)
+    loss_a = tf.reduce_mean(tf.square(prediction - y))
+    loss_b = tf.reduce_mean(tf.abs(prediction - y))
+    opt_a = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9)
+    opt_b = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    grads_a = opt_a.compute_gradients(loss_a)
+    grads_b = opt_b.compute_gradients(loss_b)
+    train_a = opt_a.apply_gradients([(g * 0.5, v) for g, v in grads_a])
+    train_b = opt_b.apply_gradients(grads_b)
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for fetch in [train_a, train_b, train_a, [train_a, train_b]]:
+        session.run(fetch)
+      values = training.read_variables(session, graph, names)
+  epl.shutdown()
+  return values
+
+
+@pytest.mark.parametrize("clip_after_allreduce", [False, True])
+def test_interleaved_compute_and_apply_pairs_match_their_own_gradients(
+    clip_after_allreduce):
+  expected = _train_interleaved(REPLICAS * MICRO)
+  actual = _train_interleaved(MICRO, {
+      "cluster.num_cpu_devices": REPLICAS,
+      "communication.clip_after_allreduce": clip_after_allreduce})
+  training.assert_close(actual, expected)

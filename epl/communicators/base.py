@@ -28,8 +28,10 @@ class Communicator:
     """Element-wise reduction; `reduce_op` is "sum" or "mean"."""
     raise NotImplementedError
 
-  def all_gather(self, tensors):
-    """Concatenation of every member's tensor along the first dimension."""
+  def all_gather(self, tensors, step=None):
+    """Concatenation of every member's tensor along the first dimension;
+    `step` (a tensor counting steps) when the shapes change between
+    steps."""
     raise NotImplementedError
 
   def broadcast(self, tensors, root_member):

@@ -10,12 +10,19 @@ from tensorflow.python.ops import collective_ops
 from epl.communicators.base import Communicator
 
 
+# Instance keys that change every step live above the static ones.
+_PER_STEP_KEY_BASE = 2 ** 30
+_PER_STEP_KEY_RANGE = 2 ** 30 - 1
+_SLOTS_PER_STEP = 4096
+
+
 class CollectiveKeys:
   """Allocates group keys (per device group) and instance keys (per op)."""
 
   def __init__(self):
     self._group_keys = {}
     self._next_instance = 1
+    self._next_slot = 0
 
   def group_key(self, devices):
     key = tuple(devices)
@@ -27,6 +34,24 @@ class CollectiveKeys:
     key = self._next_instance
     self._next_instance += 1
     return key
+
+  def per_step_instance_key(self, step):
+    """An instance key (int32 tensor) of its own in every step `step`.
+
+    TensorFlow keeps the shape of each collective instance from the first
+    step that ran it, so a collective whose shapes change from step to
+    step (the rows of a sparse gradient) needs a fresh key every step, as
+    TensorFlow's own cross-device code uses. Keys come from a range of
+    their own, a slot per such collective; every worker derives the same
+    keys from the same step.
+    """
+    slot = self._next_slot
+    self._next_slot += 1
+    if slot >= _SLOTS_PER_STEP:
+      raise ValueError("EPL supports at most %d collectives with changing "
+                       "shapes per step" % _SLOTS_PER_STEP)
+    key = (step * _SLOTS_PER_STEP + slot) % _PER_STEP_KEY_RANGE
+    return tf.cast(key + _PER_STEP_KEY_BASE, tf.int32)
 
 
 class CollectiveCommunicator(Communicator):
@@ -43,10 +68,11 @@ class CollectiveCommunicator(Communicator):
     # run in the order they were built (NCCL deadlocks otherwise).
     self._last_op = {}
 
-  def _collective(self, tensors, build):
+  def _collective(self, tensors, build, instance_key=None):
     assert len(tensors) == len(self.local_members), (tensors,
                                                      self.local_members)
-    instance_key = self._keys.instance_key()
+    if instance_key is None:
+      instance_key = self._keys.instance_key()
     results = []
     for member, tensor in zip(self.local_members, tensors):
       previous = self._last_op.get(member)
@@ -85,11 +111,16 @@ class CollectiveCommunicator(Communicator):
           lambda: tf.zeros_like(tensor))
     return self._collective(tensors, build)
 
-  def all_gather(self, tensors):
+  def all_gather(self, tensors, step=None):
+    """All-gather; with `step` (an int64 tensor counting steps), under an
+    instance key of its own every step, for tensors whose shapes change
+    from step to step."""
+    key = None if step is None else self._keys.per_step_instance_key(step)
     return self._collective(
         tensors, lambda _, t, key: collective_ops.all_gather_v2(
             t, self.group_size, self._group_key, key,
-            communication_hint=self._hint, timeout=self._timeout))
+            communication_hint=self._hint, timeout=self._timeout),
+        instance_key=key)
 
   def broadcast(self, tensors, root_member):
     def build(member, tensor, key):

@@ -2,6 +2,8 @@
 import dataclasses
 from typing import Dict, List
 
+import tensorflow as tf
+
 from epl.communicators.collective import CollectiveCommunicator, CollectiveKeys
 
 
@@ -33,6 +35,7 @@ class RewriteContext:
   micro_batches: List[Dict[str, object]] = dataclasses.field(
       default_factory=list)
   gradient_points: List[list] = dataclasses.field(default_factory=list)
+  _step_counter: object = dataclasses.field(default=None, repr=False)
   # replica_op_names cache: local -> (size of clones[local], names).
   _op_names: Dict[int, tuple] = dataclasses.field(default_factory=dict,
                                                   repr=False)
@@ -65,6 +68,18 @@ class RewriteContext:
       cached = (len(clones), frozenset(op.name for op in clones.values()))
       self._op_names[local] = cached
     return cached[1]
+
+  def step_counter(self):
+    """An int64 tensor that counts the steps that read it, run once per
+    step on this worker's CPU (a one-shot iterator over 0, 1, 2, ...)."""
+    if self._step_counter is None:
+      with self.graph.as_default(), self.graph.name_scope(
+          "EPL_STEP_COUNTER/"), self.graph.control_dependencies(None), \
+          tf.device(self.host_device(0)):
+        steps = tf.data.Dataset.range(2 ** 62)
+        self._step_counter = tf.compat.v1.data.make_one_shot_iterator(
+            steps).get_next()
+    return self._step_counter
 
   def taskgraph_index(self, op):
     taskgraph = self.state.taskgraph_of(op)

@@ -150,42 +150,57 @@ def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
                tf.reshape(piece, tf.shape(replica_grad)))
 
 
-def _checked_equal_rows(communicator, values, local_devices, variable):
-  """`values` (one per local replica), each made to wait for a check that
-  every replica has the same number of rows: a collective gather needs
-  equal shapes, and TensorFlow keeps the shape of each collective instance
-  from its first step, so gradients whose row count differs between
-  replicas or steps cannot be gathered this way."""
+def _padded(tensor, rows):
+  """`tensor` with zero rows appended up to `rows` rows."""
+  padding = tf.stack([0, rows - tf.shape(tensor)[0]])[None]
+  rest = tf.zeros(tf.stack([tf.rank(tensor) - 1, 2]), tf.int32)
+  return tf.pad(tensor, tf.concat([padding, rest], 0))
+
+
+def _gather_rows(ctx, communicator, parts, local_devices):
+  """All-gather of tensors whose row counts differ between replicas and
+  steps (the rows of an IndexedSlices gradient), as TensorFlow's own
+  cross-device code does: every replica's row count is gathered, each
+  tensor is padded to the longest, gathered under an instance key of its
+  own this step, and the padding is dropped. `parts[local]` are the
+  tensors of one local replica (values, indices), with equal row counts;
+  returns the gathered lists in the same layout."""
   counts = []
   for local, device in enumerate(local_devices):
     with tf.device(device):
-      counts.append(tf.shape(values[local])[:1])
+      counts.append(tf.shape(parts[local][0])[:1])
   all_counts = communicator.all_gather(counts)
-  checked = []
+  padded, masks = [], []
   for local, device in enumerate(local_devices):
     with tf.device(device):
-      check = tf.debugging.assert_equal(
-          tf.reduce_min(all_counts[local]), tf.reduce_max(all_counts[local]),
-          message=(
-              "EPL: the replicas' sparse (IndexedSlices) gradients of %r have "
-              "different row counts, which a collective gather cannot "
-              "combine; set communication.sparse_as_dense=True for this "
-              "model" % variable.name))
-      with tf.control_dependencies([check]):
-        checked.append(tf.identity(values[local]))
-  return checked
+      longest = tf.reduce_max(all_counts[local])
+      padded.append([_padded(t, longest) for t in parts[local]])
+      masks.append(tf.reshape(tf.sequence_mask(all_counts[local], longest),
+                              [-1]))
+  step = ctx.step_counter()
+  gathered = [communicator.all_gather([p[k] for p in padded], step=step)
+              for k in range(len(parts[0]))]
+  result = []
+  for local, device in enumerate(local_devices):
+    with tf.device(device):
+      result.append([tf.boolean_mask(g[local], masks[local])
+                     for g in gathered])
+  return result
 
 
-def _reduce_sparse(ctx, communicator, grad, variable, reduce_op,
-                   local_devices):
+def _reduce_sparse(ctx, communicator, grad, reduce_op, local_devices):
   """IndexedSlices: gather every replica's rows (and indices)."""
   values = [ctx.tensor(l, grad.values) for l in range(len(local_devices))]
   indices = [ctx.tensor(l, grad.indices) for l in range(len(local_devices))]
-  sent = values
-  if grad.values.shape.rank is None or grad.values.shape[0] is None:
-    sent = _checked_equal_rows(communicator, values, local_devices, variable)
-  gathered_values = communicator.all_gather(sent)
-  gathered_indices = communicator.all_gather(indices)
+  if grad.values.shape.rank is not None and grad.values.shape[0] is not None:
+    # A static row count: the same in every replica and step.
+    gathered_values = communicator.all_gather(values)
+    gathered_indices = communicator.all_gather(indices)
+  else:
+    gathered = _gather_rows(ctx, communicator, list(zip(values, indices)),
+                            local_devices)
+    gathered_values = [g[0] for g in gathered]
+    gathered_indices = [g[1] for g in gathered]
   for local, device in enumerate(local_devices):
     with tf.device(device):
       new_values = gathered_values[local]
@@ -221,7 +236,7 @@ def aggregate_gradients(ctx):
       for grad, var in points:
         taskgraph = ctx.taskgraph_index(tensors_of(grad)[0].op)
         if isinstance(grad, tf.IndexedSlices):
-          sparse.append((taskgraph, grad, var))
+          sparse.append((taskgraph, grad))
         else:
           groups.setdefault((taskgraph, grad.dtype), []).append(grad)
       for (taskgraph, _), grads in groups.items():
@@ -229,8 +244,8 @@ def aggregate_gradients(ctx):
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
         for bucket in _buckets(grads, ctx.config.communication.max_splits):
           _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, devices)
-      for taskgraph, grad, var in sparse:
+      for taskgraph, grad in sparse:
         devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
-        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad, var,
+        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad,
                        reduce_op,
                        devices)

@@ -44,7 +44,9 @@ class VariableSync:
   def __init__(self, ctx):
     self._ctx = ctx
     self._variables = {v.name: v for v in ctx.subgraph.variables}
-    self._copies = {}  # writer op name -> copy ops for the other replicas
+    # (writer op name, across workers too) -> copy ops for the other
+    # replicas.
+    self._copies = {}
     # (group op name, TaskGraph) -> communicator of its broadcasts, so that
     # the broadcasts of one group run in one order on every worker.
     self._broadcasters = {}
@@ -71,8 +73,9 @@ class VariableSync:
     return assign_value(variable, received, name), received
 
   def _copy_ops(self, writer, variable, group, across_workers_too=True):
-    if writer.name in self._copies:
-      return self._copies[writer.name]
+    key = (writer.name, across_workers_too)
+    if key in self._copies:
+      return self._copies[key]
     ctx = self._ctx
     copies = []
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
@@ -88,7 +91,7 @@ class VariableSync:
         name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
             ctx.replicas[local], variable.name)
         copies.append(assign_value(ctx.op(local, variable), value, name))
-    self._copies[writer.name] = copies
+    self._copies[key] = copies
     return copies
 
   def _written_variable(self, op):

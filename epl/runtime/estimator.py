@@ -6,7 +6,7 @@ The Estimator builds a fresh graph for each `train`, `evaluate` and
 graph is rewritten when the session freezes it, with the strategies set by
 `epl.set_default_strategy` or the stage scopes inside `model_fn`.
 
-Two things change, because EPL drives the job:
+What changes, because EPL drives the job:
 
 - `RunConfig` ignores `TF_CONFIG` (epl-launch and schedulers set it for
   EPL; the Estimator would otherwise set up its own parameter-server or
@@ -31,8 +31,8 @@ import logging
 import os
 
 from epl import patches
-from epl.runtime import checkpoint
 from epl.env import Env
+from epl.runtime import checkpoint
 
 logger = logging.getLogger("epl")
 

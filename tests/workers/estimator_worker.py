@@ -41,10 +41,10 @@ def _sharded_input_fn(rows_per_worker):
 
   def input_fn():
     x, y = training.dataset_arrays()
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-        rows_per_worker).shard(cluster.worker_num,
-                               cluster.worker_index).unbatch().batch(
-                                   rows_per_worker // cluster.devices_per_worker)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        rows_per_worker).shard(cluster.worker_num, cluster.worker_index)
+    return dataset.unbatch().batch(
+        rows_per_worker // cluster.devices_per_worker)
   return input_fn
 
 
@@ -60,15 +60,17 @@ def main():
   cluster = epl.Env.get().cluster
   model_dir = args.model_dir.format(worker=cluster.worker_index)
   estimator = tf.estimator.Estimator(
-      test_estimator._model_fn(training.layers_model),  # pylint: disable=protected-access
-      config=tf.estimator.RunConfig(model_dir=model_dir, save_summary_steps=1))
+      test_estimator.model_fn_for(training.layers_model),
+      config=tf.estimator.RunConfig(model_dir=model_dir,
+                                    save_summary_steps=1))
   train_input = _sharded_input_fn(args.micro * cluster.devices_per_worker)
   result = {"worker": cluster.worker_index}
   if args.evaluate:
     evaluation, _ = tf.estimator.train_and_evaluate(
         estimator, tf.estimator.TrainSpec(train_input, max_steps=args.steps),
-        tf.estimator.EvalSpec(test_estimator._input_fn(  # pylint: disable=protected-access
-            test_estimator.GLOBAL_BATCH), steps=2, throttle_secs=0))
+        tf.estimator.EvalSpec(
+            test_estimator.input_fn_for(test_estimator.GLOBAL_BATCH),
+            steps=2, throttle_secs=0))
     result["evaluation"] = {k: float(v) for k, v in evaluation.items()}
   else:
     estimator.train(train_input, steps=args.steps)
