@@ -13,12 +13,15 @@ own) and splits the time into:
              grappler, partitioning, executors): the first step's time
              minus the second step's;
   step     - one training step (the second step's time).
-"to first step" = build + rewrite + session + setup + step.
-Also the op count of the graph handed to TF and the process's peak RSS.
+"to step 1" = build + rewrite + session + setup + step (for build-only
+runs, build + rewrite).
+Also the process's CPU time over all of it (all threads; less disturbed
+than wall time when other jobs share the machine), the op count of the
+graph handed to TF and the process's peak RSS.
 
-    python benchmarks/startup.py                       # tiny + base, 1x1 4x4 8x4
-    python benchmarks/startup.py --configs tiny --layouts 8x4
-    python benchmarks/startup.py --large_build_only    # adds BERT-Large 8x4 build+rewrite
+    python benchmarks/startup.py           # tiny, base (8x4 build only), large
+    python benchmarks/startup.py --runs tiny:1x1,tiny:8x4
+    python benchmarks/startup.py --runs large:8x4:build
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
@@ -54,6 +57,7 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size):
       num_micro_batch=1 if plain else micro_batches, batch_size=batch_size,
       steps=1000, dropout=True)
   result = {}
+  cpu_start = time.process_time()
   graph = tf.Graph()
   with graph.as_default():
     start = time.perf_counter()
@@ -81,6 +85,7 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size):
       result["step"] = times[1]
       result["setup"] = max(0.0, times[0] - times[1])
       sess.close()
+  result["cpu"] = time.process_time() - cpu_start
   result["peak_rss_mib"] = _rss_mib()
   return result
 
@@ -90,9 +95,26 @@ def _child(args, config, layout, plain, build_only):
   command = [sys.executable, os.path.abspath(__file__), "--child",
              json.dumps([config, replicas, micro_batches, plain, build_only,
                          args.batch_size])]
-  output = subprocess.run(command, check=True, stdout=subprocess.PIPE,
-                          timeout=args.timeout).stdout.decode()
-  return json.loads(output.strip().splitlines()[-1])
+  done = subprocess.run(command, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, timeout=args.timeout)
+  if done.returncode:
+    sys.stderr.write(done.stderr.decode()[-4000:])
+    raise RuntimeError("%s %s failed (status %d)" % (config, layout,
+                                                     done.returncode))
+  return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def _runs(text):
+  """[(config, build_only, [layouts])] from 'tiny:1x1,tiny:8x4,large:8x4:build'
+  in the order given."""
+  runs = []
+  for item in text.split(","):
+    parts = item.split(":")
+    key = (parts[0], parts[2:] == ["build"])
+    if not runs or runs[-1][:2] != key:
+      runs.append(key + ([],))
+    runs[-1][2].append(parts[1])
+  return runs
 
 
 PHASES = ("build", "rewrite", "session", "setup", "step")
@@ -104,20 +126,20 @@ def _total(result):
 
 def _row(label, result):
   cells = ["%8.1f" % result.get(p, float("nan")) for p in PHASES]
-  return "%-22s %s %9.1f %9d %9.0f" % (
-      label, " ".join(cells), _total(result), result["ops"],
+  return "%-22s %s %9.1f %9.1f %9d %9.0f" % (
+      label, " ".join(cells), _total(result), result["cpu"], result["ops"],
       result["peak_rss_mib"])
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--configs", default="tiny,base")
-  parser.add_argument("--layouts", default="1x1,4x4,8x4",
-                      help="replicas x micro-batches, comma separated")
+  parser.add_argument(
+      "--runs", default="tiny:1x1,tiny:4x4,tiny:8x4,base:1x1,base:4x4,"
+      "base:8x4:build,large:8x4:build",
+      help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
+      "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB)")
   parser.add_argument("--batch_size", type=int, default=2,
                       help="micro-batch per replica (and plain TF's batch)")
-  parser.add_argument("--large_build_only", action="store_true",
-                      help="also BERT-Large 8x4, build and rewrite only")
   parser.add_argument("--timeout", type=int, default=3600)
   parser.add_argument("--child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -129,25 +151,22 @@ def main(argv=None):
         "logical CPU devices x M micro-batches, micro-batch %d; TensorFlow "
         "%s, %d CPU cores; each row a fresh process; seconds." % (
             args.batch_size, tf.__version__, os.cpu_count()), flush=True)
-  header = "%-22s %s %9s %9s %9s" % (
-      "", " ".join("%8s" % p for p in PHASES), "to step 1", "ops",
+  header = "%-22s %s %9s %9s %9s %9s" % (
+      "", " ".join("%8s" % p for p in PHASES), "to step 1", "CPU s", "ops",
       "RSS MiB")
-  runs = [(c, False) for c in args.configs.split(",") if c]
-  if args.large_build_only:
-    runs.append(("large", True))
-  for config, build_only in runs:
+  for config, build_only, layouts in _runs(args.runs):
     print("\nBERT %s%s" % (config, " (build and rewrite only)"
                            if build_only else ""))
     print(header)
     plain = _child(args, config, "1x1", True, build_only)
     print(_row("plain TF", plain), flush=True)
-    layouts = ["8x4"] if build_only else args.layouts.split(",")
     for layout in layouts:
       epl_result = _child(args, config, layout, False, build_only)
       print(_row("EPL %s" % layout, epl_result), flush=True)
-      print("%-22s to step 1 %.2fx plain, EPL rewrite %.2fx plain build, "
-            "ops %.1fx, peak RSS %.2fx" % (
+      print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
+            "plain build, ops %.1fx, peak RSS %.2fx" % (
                 "  ratio", _total(epl_result) / _total(plain),
+                epl_result["cpu"] / plain["cpu"],
                 epl_result["rewrite"] / plain["build"],
                 epl_result["ops"] / plain["ops"],
                 epl_result["peak_rss_mib"] / plain["peak_rss_mib"]),

@@ -29,7 +29,9 @@ class VariableSync:
     # (group op name, TaskGraph) -> communicator of its broadcasts, so that
     # the broadcasts of one group run in one order on every worker.
     self._broadcasters = {}
-    self._seen_ops = 0
+    # Ops never to handle (again): groups handled, and the copy ops, which
+    # wait for the write they copy.
+    self._done = set()
 
   def _read(self, variable):
     """Replica 0's value, read on its device (after the write: a ref
@@ -73,6 +75,7 @@ class VariableSync:
       return self._copies[writer.name]
     ctx = self._ctx
     copies = []
+    waiting = {op.name for op in writer._control_outputs}  # pylint: disable=protected-access
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         None), ctx.graph.control_dependencies([writer]), \
         ctx.graph.colocate_with(None, ignore_existing=True):
@@ -84,6 +87,8 @@ class VariableSync:
         name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
             ctx.replicas[local], variable.name)
         copies.append(self._assign(ctx.op(local, variable), value, name))
+    self._done.update(op.name for op in writer._control_outputs  # pylint: disable=protected-access
+                      if op.name not in waiting)
     self._copies[writer.name] = copies
     return copies
 
@@ -96,8 +101,26 @@ class VariableSync:
         return variable
     return None
 
+  def _new_groups(self):
+    """Ops with a write to a replicated variable among their control inputs
+    that no update handled yet, in the order they were built.
+
+    Found from the variables' writers, so the cost does not grow with the
+    ops the rewrite added (replicas, micro-batches).
+    """
+    groups = {}
+    for variable in self._variables.values():
+      for writer in variable.outputs[0].consumers():
+        if self._written_variable(writer) is None:
+          continue
+        for group in writer._control_outputs:  # pylint: disable=protected-access
+          if group.name not in self._done:
+            groups[group.name] = group
+    return sorted(groups.values(), key=lambda op: op._id)  # pylint: disable=protected-access
+
   def update(self):
-    """Handles the groups of writes built since the last call.
+    """Handles the groups of writes not handled yet (built since the last
+    call, or since the rewrite).
 
     Each op that has a write to a replicated variable among its control
     inputs gets, as further control inputs, the copies of that write into
@@ -105,12 +128,9 @@ class VariableSync:
     Does nothing with a single replica in the job.
     """
     ctx = self._ctx
-    operations = ctx.graph.get_operations()
-    new_ops = operations[self._seen_ops:]
-    self._seen_ops = len(operations)
     if len(ctx.replicas) <= 1 and not across_workers.spans_workers(ctx):
       return
-    for group in new_ops:
+    for group in self._new_groups():
       copies = []
       # By name: a node's control inputs come back in an order that differs
       # between processes, and the broadcasts' collective keys follow it.
@@ -119,4 +139,4 @@ class VariableSync:
         if variable is not None:
           copies.extend(self._copy_ops(writer, variable, group))
       graph_editor.add_control_inputs(group, copies)
-    self._seen_ops = len(ctx.graph.get_operations())
+      self._done.add(group.name)
