@@ -22,6 +22,7 @@ graph handed to TF and the process's peak RSS.
     python benchmarks/startup.py           # tiny, base (8x4 build only), large
     python benchmarks/startup.py --runs tiny:1x1,tiny:8x4
     python benchmarks/startup.py --runs large:8x4:build
+    python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:nograppler
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
@@ -42,8 +43,10 @@ def _rss_mib():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure(config, replicas, micro_batches, plain, build_only, batch_size):
-  """One run in this process; returns a dict of seconds, op counts, RSS."""
+def measure(config, replicas, micro_batches, plain, build_only, batch_size,
+            grappler=True):
+  """One run in this process; returns a dict of seconds, op counts, RSS.
+  With `grappler` False the session runs without TF's graph optimiser."""
   import logging  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   if ROOT not in sys.path:
@@ -74,7 +77,10 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size):
     if not build_only:
       init = tf.global_variables_initializer()
       start = time.perf_counter()
-      sess = tf.Session()
+      session_config = tf.ConfigProto()
+      session_config.graph_options.rewrite_options.disable_meta_optimizer = (
+          not grappler)
+      sess = tf.Session(config=session_config)
       sess.run(init)
       result["session"] = time.perf_counter() - start
       times = []
@@ -90,11 +96,11 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size):
   return result
 
 
-def _child(args, config, layout, plain, build_only):
+def _child(args, config, layout, plain, build_only, grappler=True):
   replicas, micro_batches = (int(x) for x in layout.split("x"))
   command = [sys.executable, os.path.abspath(__file__), "--child",
              json.dumps([config, replicas, micro_batches, plain, build_only,
-                         args.batch_size])]
+                         args.batch_size, grappler])]
   done = subprocess.run(command, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, timeout=args.timeout)
   if done.returncode:
@@ -105,15 +111,15 @@ def _child(args, config, layout, plain, build_only):
 
 
 def _runs(text):
-  """[(config, build_only, [layouts])] from 'tiny:1x1,tiny:8x4,large:8x4:build'
-  in the order given."""
+  """[(config, build_only, [(layout, grappler)])] from items such as
+  'tiny:8x4', 'tiny:8x4:nograppler', 'large:8x4:build', in the order given."""
   runs = []
   for item in text.split(","):
-    parts = item.split(":")
-    key = (parts[0], parts[2:] == ["build"])
+    config, layout, *options = item.split(":")
+    key = (config, "build" in options)
     if not runs or runs[-1][:2] != key:
       runs.append(key + ([],))
-    runs[-1][2].append(parts[1])
+    runs[-1][2].append((layout, "nograppler" not in options))
   return runs
 
 
@@ -134,10 +140,12 @@ def _row(label, result):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
-      "--runs", default="tiny:1x1,tiny:4x4,tiny:8x4,base:1x1,base:4x4,"
-      "base:8x4:build,large:8x4:build",
+      "--runs", default="tiny:1x1,tiny:4x4,tiny:8x4,tiny:8x4:nograppler,"
+      "base:1x1,base:4x4,base:8x4:build,large:8x4:build",
       help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
-      "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB)")
+      "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB); "
+      "':nograppler' = the session runs with "
+      "rewrite_options.disable_meta_optimizer")
   parser.add_argument("--batch_size", type=int, default=2,
                       help="micro-batch per replica (and plain TF's batch)")
   parser.add_argument("--timeout", type=int, default=3600)
@@ -160,9 +168,10 @@ def main(argv=None):
     print(header)
     plain = _child(args, config, "1x1", True, build_only)
     print(_row("plain TF", plain), flush=True)
-    for layout in layouts:
-      epl_result = _child(args, config, layout, False, build_only)
-      print(_row("EPL %s" % layout, epl_result), flush=True)
+    for layout, grappler in layouts:
+      epl_result = _child(args, config, layout, False, build_only, grappler)
+      print(_row("EPL %s%s" % (layout, "" if grappler else ", no grappler"),
+                 epl_result), flush=True)
       print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
             "plain build, ops %.1fx, peak RSS %.2fx" % (
                 "  ratio", _total(epl_result) / _total(plain),
