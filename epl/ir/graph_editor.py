@@ -6,7 +6,12 @@ re-placed, and with inputs remapped to the clones of their producers.
 """
 import collections
 
-from tensorflow.core.framework import attr_value_pb2
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.client import pywrap_tf_session as c_api
+from tensorflow.python.framework import c_api_util
+from tensorflow.python.framework import errors
+from tensorflow.python.framework import importer
+from tensorflow.python.framework import ops
 
 from epl.ir import capture
 
@@ -92,71 +97,136 @@ def check_cloneable(ops):
         ", ".join(bad[:3]))
 
 
-def _remap_colocation(attr, name_map, keep_unmapped):
-  groups = []
-  for entry in attr.list.s:
-    target = entry.decode()[len("loc:@"):]
-    if target in name_map:
-      groups.append(("loc:@" + name_map[target]).encode())
-    elif keep_unmapped:
-      groups.append(entry)
-  return attr_value_pb2.AttrValue(
-      list=attr_value_pb2.AttrValue.ListValue(s=groups))
+def _import(graph, graph_def, prefix, input_map):
+  """Adds the nodes of `graph_def` to `graph`, named `<prefix><name>`,
+  with the devices of their NodeDefs, in one call of TensorFlow's C API.
+
+  Unlike tf.graph_util.import_graph_def, which then runs Python per op
+  (device functions, colocation) and would double the cost of a copy, it
+  only wraps the new nodes as tf.Operations. A name that exists already is
+  an error, never silently renamed.
+  """
+  options = c_api_util.ScopedTFImportGraphDefOptions()
+  importer._PopulateTFImportGraphDefOptions(  # pylint: disable=protected-access
+      options.options, prefix.rstrip("/"), input_map, return_elements=None,
+      validate_colocation_constraints=True, propagate_device_spec=True)
+  c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options.options, False)
+  with capture.suspended(), graph.as_default(), graph.control_dependencies(
+      None), graph.colocate_with(None, ignore_existing=True), \
+      graph._mutation_lock():  # pylint: disable=protected-access
+    with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
+      try:
+        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+          results = c_api.TF_GraphImportGraphDefWithResults(
+              c_graph, serialized, options.options)
+        c_api_util.ScopedTFImportGraphDefResults(results)
+      except errors.InvalidArgumentError as e:
+        raise ValueError("EPL could not copy ops under %r: %s" %
+                         (prefix, e.message)) from e
+    _wrap_new_operations(graph)
+
+
+def _wrap_new_operations(graph):
+  """Makes the tf.Operation of each node added through the C API.
+
+  What Graph._add_new_tf_operations does, less what cannot apply to the
+  copies the rewrite makes (no control-dependency, colocation, device or
+  v1 control-flow context is open, capture is suspended), which was half
+  the cost of a copy.
+  """
+  # pylint: disable=protected-access
+  names_in_use = graph._names_in_use
+  gradient_functions = graph._gradient_function_map
+  for c_op in graph.new_operations():
+    op = ops.Operation._from_c_op(c_op=c_op, g=graph)
+    names_in_use.setdefault(op.name.lower(), 1)
+    op._gradient_function = gradient_functions.get(op.type)
+  # pylint: enable=protected-access
+
+
+class Cloner:
+  """Makes copies of one set of ops, each with a single graph import.
+
+  The ops' NodeDefs are read once into a template GraphDef: inputs produced
+  inside the set stay by name (the import prefixes them, as it prefixes
+  `loc:@` colocation groups), data inputs from outside are mapped to their
+  tensors, and control inputs from outside (which an import cannot map to
+  an op without outputs) are added to each copy afterwards. A copy then
+  costs one import (TensorFlow's C API builds every node in one call) plus
+  setting each node's device in the template.
+  """
+
+  def __init__(self, graph, ops):
+    """`ops`: topologically ordered (producers first)."""
+    self._graph = graph
+    self._ops = list(ops)
+    names = {op.name for op in self._ops}
+    self._template = graph_pb2.GraphDef()
+    self._template.versions.CopyFrom(graph.graph_def_versions)
+    self._outside_inputs = {}  # 'name:index' -> tensor outside the set
+    self._outside_controls = {}  # op name -> control inputs outside the set
+    self._shared_names = []  # nodes that name a resource (variables)
+    for op in self._ops:
+      node = self._template.node.add()
+      node.CopyFrom(op.node_def)
+      del node.input[:]
+      for tensor in op.inputs:
+        node.input.append(tensor.name)
+        if tensor.op.name not in names:
+          self._outside_inputs[tensor.name] = tensor
+      for control in op.control_inputs:
+        if control.name in names:
+          node.input.append("^" + control.name)
+        else:
+          self._outside_controls.setdefault(op.name, []).append(control)
+      if "_class" in node.attr:
+        groups = [entry for entry in node.attr["_class"].list.s
+                  if entry.decode()[len("loc:@"):] in names]
+        if groups:
+          node.attr["_class"].list.s[:] = groups
+        else:
+          del node.attr["_class"]
+      if "shared_name" in node.attr and node.attr["shared_name"].s:
+        self._shared_names.append(node)
+
+  def clone(self, prefix, device_fn, tensor_map=None):
+    """One copy of the ops, named `<prefix><name>`.
+
+    Inputs produced by copied ops are wired to the copies; other inputs
+    keep the original tensor unless `tensor_map` (tensor name -> tensor)
+    says otherwise; control inputs likewise (outside ones kept).
+    `device_fn(op)` gives each copy's device. Colocation with a copied op
+    follows the copy; colocation with an op outside the set is dropped (it
+    would pin the copy to the original's device). Resource `shared_name`s
+    are renamed to the copy's name, so that a copied variable is a new
+    variable.
+
+    Returns {original op name: copy}.
+    """
+    if not prefix.endswith("/"):
+      raise ValueError("Clone prefix %r must end with '/'." % prefix)
+    tensor_map = tensor_map or {}
+    for node, op in zip(self._template.node, self._ops):
+      node.device = device_fn(op)
+    for node in self._shared_names:
+      node.attr["shared_name"].s = (prefix + node.name).encode()
+    input_map = {key: tensor_map.get(key, tensor)
+                 for key, tensor in self._outside_inputs.items()}
+    _import(self._graph, self._template, prefix, input_map)
+    clones = {op.name: self._graph.get_operation_by_name(prefix + op.name)
+              for op in self._ops}
+    for name, controls in self._outside_controls.items():
+      clones[name]._add_control_inputs(controls)  # pylint: disable=protected-access
+    return clones
 
 
 def clone_ops(graph, ops, prefix, device_fn, tensor_map=None):
-  """Clones `ops` (topologically ordered) under name prefix `prefix`.
+  """One copy of `ops` (topologically ordered): see Cloner.clone.
 
-  Inputs produced by cloned ops are wired to the clones; other inputs keep
-  the original tensor unless `tensor_map` (tensor name -> tensor) says
-  otherwise. Control inputs are remapped the same way. `device_fn(op)`
-  gives each clone's device. Colocation with a cloned op follows the clone;
-  colocation with an op outside the set is dropped (it would pin the clone
-  to the original's device). Resource `shared_name`s are renamed so that a
-  cloned variable is a new variable.
-
-  Returns {original op name: clone}.
+  To make several copies of the same ops, make one Cloner and call its
+  `clone` once per copy: the template is then read only once.
   """
-  tensor_map = dict(tensor_map or {})
-  clones = {}
-  name_map = {}
-
-  def mapped(tensor):
-    clone = clones.get(tensor.op.name)
-    if clone is not None:
-      return clone.outputs[tensor.value_index]
-    return tensor_map.get(tensor.name, tensor)
-
-  with capture.suspended(), graph.as_default(), graph.name_scope(None), \
-      graph.control_dependencies(None), \
-      graph.colocate_with(None, ignore_existing=True):
-    for op in ops:
-      name = prefix + op.name
-      attrs = {}
-      for key, value in op.node_def.attr.items():
-        if key == "_class":
-          value = _remap_colocation(value, name_map, keep_unmapped=False)
-          if not value.list.s:
-            continue
-        elif key == "shared_name" and value.s:
-          value = attr_value_pb2.AttrValue(s=name.encode())
-        attrs[key] = value
-      clone = graph._create_op_internal(  # pylint: disable=protected-access
-          op.type, [mapped(t) for t in op.inputs],
-          dtypes=[t.dtype for t in op.outputs],
-          input_types=op._input_types,  # pylint: disable=protected-access
-          name=name, attrs=attrs, op_def=op.op_def, compute_device=False)
-      clone._set_device(device_fn(op))  # pylint: disable=protected-access
-      controls = []
-      for control in op.control_inputs:
-        control_clone = clones.get(control.name)
-        controls.append(control_clone if control_clone is not None
-                        else control)
-      if controls:
-        clone._add_control_inputs(controls)  # pylint: disable=protected-access
-      clones[op.name] = clone
-      name_map[op.name] = clone.name
-  return clones
+  return Cloner(graph, ops).clone(prefix, device_fn, tensor_map)
 
 
 def replace_input_in(consumers, old, new):

@@ -134,10 +134,10 @@ def clone_micro_batches(ctx):
   if count == 1:
     return
   selected_names = {op.name for op in selected}
+  cloner = graph_editor.Cloner(ctx.graph, selected)
   for micro_batch in range(1, count):
-    clones = graph_editor.clone_ops(
-        ctx.graph, selected, MICRO_BATCH_PREFIX % micro_batch,
-        lambda op: op.device)
+    clones = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
+                          lambda op: op.device)
     for name, clone in clones.items():
       original = ctx.clones[0][name]
       state.copy_tags(original, clone)

@@ -49,10 +49,10 @@ def clone_replicas(ctx):
   iterators, placeholders, global_step, read-only variables) as they are.
   The user's ops are not changed.
   """
+  cloner = graph_editor.Cloner(ctx.graph, ctx.subgraph.cloned)
   for local in range(1, len(ctx.replicas)):
-    clones = graph_editor.clone_ops(
-        ctx.graph, ctx.subgraph.cloned,
-        REPLICA_PREFIX % ctx.replicas[local], _device_fn(ctx, local))
+    clones = cloner.clone(REPLICA_PREFIX % ctx.replicas[local],
+                          _device_fn(ctx, local))
     for name, clone in clones.items():
       ctx.state.copy_tags(ctx.clones[0][name], clone)
     ctx.clones.append(clones)

@@ -108,6 +108,18 @@ def schedule_pipeline(ctx):
     return
   by_block = blocks(ctx)
   stages = sorted({block.stage for block in by_block})
+  first_replica_ends = {}
+
+  def ends(local, stage, phase, micro_batch):
+    # Replicas are copies with the same edges inside each block: the ends
+    # are found in the first replica and mapped to the others.
+    key = (stage, phase, micro_batch)
+    if key not in first_replica_ends:
+      first_replica_ends[key] = _ends(
+          by_block[Block(ctx.replicas[0], stage, phase, micro_batch)])
+    return tuple([ctx.op(local, op) for op in ops]
+                 for ops in first_replica_ends[key])
+
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       None), ctx.graph.control_dependencies(None):
     for local, replica in enumerate(ctx.replicas):
@@ -119,7 +131,7 @@ def schedule_pipeline(ctx):
           ops = by_block.get(Block(replica, stage, phase, micro_batch))
           if not ops:
             continue
-          first, last = _ends(ops)
+          first, last = ends(local, stage, phase, micro_batch)
           if previous is not None:
             for op in first:
               graph_editor.add_control_inputs(op, [previous])

@@ -50,7 +50,11 @@ class VariableSync:
     # (group op name, TaskGraph) -> communicator of its broadcasts, so that
     # the broadcasts of one group run in one order on every worker.
     self._broadcasters = {}
-    self._seen_ops = 0
+    # Ops never to handle (again): groups handled, and the copy ops, which
+    # wait for the write they copy.
+    self._done = set()
+    # Writes outside the step already substituted at fetch time.
+    self._substituted = set()
 
   def _from_worker_zero(self, variable, value, group):
     """Broadcast of worker 0's value to the other workers' replica 0.
@@ -78,6 +82,7 @@ class VariableSync:
       return self._copies[key]
     ctx = self._ctx
     copies = []
+    waiting = {op.name for op in writer._control_outputs}  # pylint: disable=protected-access
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         None), ctx.graph.control_dependencies([writer]), \
         ctx.graph.colocate_with(None, ignore_existing=True):
@@ -91,6 +96,8 @@ class VariableSync:
         name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
             ctx.replicas[local], variable.name)
         copies.append(assign_value(ctx.op(local, variable), value, name))
+    self._done.update(op.name for op in writer._control_outputs  # pylint: disable=protected-access
+                      if op.name not in waiting)
     self._copies[key] = copies
     return copies
 
@@ -120,8 +127,40 @@ class VariableSync:
       for output in writer.outputs:
         ctx.substitutes[output.name] = tf.identity(output)
 
+  def _new_standalone_writes(self):
+    """Writes of replicated variables outside the training step (the
+    user's, not EPL's) not substituted yet, in the order they were built."""
+    writes = []
+    for variable in self._variables.values():
+      for op in variable.outputs[0].consumers():
+        if (op.name in self._substituted or op.name.startswith("EPL_") or
+            self._written_variable(op) is None or
+            self._ctx.state.phase_of(op) in (Phase.APPLY, Phase.BACKWARD)):
+          continue
+        self._substituted.add(op.name)
+        writes.append(op)
+    return sorted(writes, key=lambda op: op._id)  # pylint: disable=protected-access
+
+  def _new_groups(self):
+    """Ops with a write to a replicated variable among their control inputs
+    that no update handled yet, in the order they were built.
+
+    Found from the variables' writers, so the cost does not grow with the
+    ops the rewrite added (replicas, micro-batches).
+    """
+    groups = {}
+    for variable in self._variables.values():
+      for writer in variable.outputs[0].consumers():
+        if self._written_variable(writer) is None:
+          continue
+        for group in writer._control_outputs:  # pylint: disable=protected-access
+          if group.name not in self._done:
+            groups[group.name] = group
+    return sorted(groups.values(), key=lambda op: op._id)  # pylint: disable=protected-access
+
   def update(self):
-    """Handles the writes and groups of writes built since the last call.
+    """Handles the writes and groups of writes not handled yet (built since
+    the last call, or since the rewrite).
 
     Each op that has a write to a replicated variable among its control
     inputs gets, as further control inputs, the copies of that write into
@@ -131,17 +170,11 @@ class VariableSync:
     with a single replica in the job.
     """
     ctx = self._ctx
-    operations = ctx.graph.get_operations()
-    new_ops = operations[self._seen_ops:]
-    self._seen_ops = len(operations)
     if len(ctx.replicas) <= 1 and not across_workers.spans_workers(ctx):
       return
-    for op in new_ops:
-      variable = self._written_variable(op)
-      if variable is not None and not op.name.startswith("EPL_") and (
-          self._ctx.state.phase_of(op) not in (Phase.APPLY, Phase.BACKWARD)):
-        self._substitute_standalone_write(op, variable)
-    for group in new_ops:
+    for write in self._new_standalone_writes():
+      self._substitute_standalone_write(write, self._written_variable(write))
+    for group in self._new_groups():
       copies = []
       # By name: a node's control inputs come back in an order that differs
       # between processes, and the broadcasts' collective keys follow it.
@@ -150,4 +183,4 @@ class VariableSync:
         if variable is not None:
           copies.extend(self._copy_ops(writer, variable, group))
       graph_editor.add_control_inputs(group, copies)
-    self._seen_ops = len(ctx.graph.get_operations())
+      self._done.add(group.name)

@@ -1,0 +1,187 @@
+"""Start-up time of BERT under EPL: from an empty graph to the end of the
+first training step, against plain single-device TensorFlow.
+
+Each measurement runs in a fresh Python process (so that peak RSS is its
+own) and splits the time into:
+  build    - the user's graph (model, AdamW, synthetic input), capture on
+             for EPL;
+  rewrite  - EPL's rewrite (`engine.ensure_rewritten`, what the first
+             Session.run triggers), 0 for plain TF;
+  session  - tf.Session creation and the variables' initialisation run
+             (TF places, optimises and partitions the init subgraph);
+  setup    - TF's first-run work on the training subgraph (placement,
+             grappler, partitioning, executors): the first step's time
+             minus the second step's;
+  step     - one training step (the second step's time).
+"to step 1" = build + rewrite + session + setup + step (for build-only
+runs, build + rewrite).
+Also the process's CPU time over all of it (all threads; less disturbed
+than wall time when other jobs share the machine), the op count of the
+graph handed to TF and the process's peak RSS.
+
+    python benchmarks/startup.py           # tiny, base (8x4 build only), large
+    python benchmarks/startup.py --runs tiny:1x1,tiny:8x4
+    python benchmarks/startup.py --runs large:8x4:build
+    python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:nograppler
+
+A layout RxM runs R replicas (data parallel, one logical CPU device each)
+and M micro-batches; the plain TF run uses one micro-batch as its batch.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rss_mib():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure(config, replicas, micro_batches, plain, build_only, batch_size,
+            grappler=True):
+  """One run in this process; returns a dict of seconds, op counts, RSS.
+  With `grappler` False the session runs without TF's graph optimiser."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+  from examples.bert_large import train  # pylint: disable=g-import-not-at-top
+  tf.disable_eager_execution()
+  logging.getLogger("epl").setLevel(logging.WARNING)
+  flags = train.make_flags(
+      config=config, parallel="none" if plain else "data",
+      num_cpu_devices=0 if plain else replicas,
+      num_micro_batch=1 if plain else micro_batches, batch_size=batch_size,
+      steps=1000, dropout=True)
+  result = {}
+  cpu_start = time.process_time()
+  graph = tf.Graph()
+  with graph.as_default():
+    start = time.perf_counter()
+    handles = train.build_graph(flags)
+    result["build"] = time.perf_counter() - start
+    result["user_ops"] = len(graph.get_operations())
+    result["rewrite"] = 0.0
+    if not plain:
+      from epl.parallel import engine  # pylint: disable=g-import-not-at-top
+      start = time.perf_counter()
+      engine.ensure_rewritten(graph)
+      result["rewrite"] = time.perf_counter() - start
+    result["ops"] = len(graph.get_operations())
+    if not build_only:
+      init = tf.global_variables_initializer()
+      start = time.perf_counter()
+      session_config = tf.ConfigProto()
+      session_config.graph_options.rewrite_options.disable_meta_optimizer = (
+          not grappler)
+      sess = tf.Session(config=session_config)
+      sess.run(init)
+      result["session"] = time.perf_counter() - start
+      times = []
+      for _ in range(2):
+        start = time.perf_counter()
+        sess.run(handles["train_op"])
+        times.append(time.perf_counter() - start)
+      result["step"] = times[1]
+      result["setup"] = max(0.0, times[0] - times[1])
+      sess.close()
+  result["cpu"] = time.process_time() - cpu_start
+  result["peak_rss_mib"] = _rss_mib()
+  return result
+
+
+def _child(args, config, layout, plain, build_only, grappler=True):
+  replicas, micro_batches = (int(x) for x in layout.split("x"))
+  command = [sys.executable, os.path.abspath(__file__), "--child",
+             json.dumps([config, replicas, micro_batches, plain, build_only,
+                         args.batch_size, grappler])]
+  done = subprocess.run(command, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, timeout=args.timeout)
+  if done.returncode:
+    sys.stderr.write(done.stderr.decode()[-4000:])
+    raise RuntimeError("%s %s failed (status %d)" % (config, layout,
+                                                     done.returncode))
+  return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def _runs(text):
+  """[(config, build_only, [(layout, grappler)])] from items such as
+  'tiny:8x4', 'tiny:8x4:nograppler', 'large:8x4:build', in the order given."""
+  runs = []
+  for item in text.split(","):
+    config, layout, *options = item.split(":")
+    key = (config, "build" in options)
+    if not runs or runs[-1][:2] != key:
+      runs.append(key + ([],))
+    runs[-1][2].append((layout, "nograppler" not in options))
+  return runs
+
+
+PHASES = ("build", "rewrite", "session", "setup", "step")
+
+
+def _total(result):
+  return sum(result.get(p, 0.0) for p in PHASES)
+
+
+def _row(label, result):
+  cells = ["%8.1f" % result.get(p, float("nan")) for p in PHASES]
+  return "%-22s %s %9.1f %9.1f %9d %9.0f" % (
+      label, " ".join(cells), _total(result), result["cpu"], result["ops"],
+      result["peak_rss_mib"])
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+      "--runs", default="tiny:1x1,tiny:4x4,tiny:8x4,tiny:8x4:nograppler,"
+      "base:1x1,base:4x4,base:8x4:build,large:8x4:build",
+      help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
+      "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB); "
+      "':nograppler' = the session runs with "
+      "rewrite_options.disable_meta_optimizer")
+  parser.add_argument("--batch_size", type=int, default=2,
+                      help="micro-batch per replica (and plain TF's batch)")
+  parser.add_argument("--timeout", type=int, default=3600)
+  parser.add_argument("--child", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    print(json.dumps(measure(*json.loads(args.child))))
+    return 0
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  print("EPL start-up: BERT (examples/bert_large), data parallel on R "
+        "logical CPU devices x M micro-batches, micro-batch %d; TensorFlow "
+        "%s, %d CPU cores; each row a fresh process; seconds." % (
+            args.batch_size, tf.__version__, os.cpu_count()), flush=True)
+  header = "%-22s %s %9s %9s %9s %9s" % (
+      "", " ".join("%8s" % p for p in PHASES), "to step 1", "CPU s", "ops",
+      "RSS MiB")
+  for config, build_only, layouts in _runs(args.runs):
+    print("\nBERT %s%s" % (config, " (build and rewrite only)"
+                           if build_only else ""))
+    print(header)
+    plain = _child(args, config, "1x1", True, build_only)
+    print(_row("plain TF", plain), flush=True)
+    for layout, grappler in layouts:
+      epl_result = _child(args, config, layout, False, build_only, grappler)
+      print(_row("EPL %s%s" % (layout, "" if grappler else ", no grappler"),
+                 epl_result), flush=True)
+      print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
+            "plain build, ops %.1fx, peak RSS %.2fx" % (
+                "  ratio", _total(epl_result) / _total(plain),
+                epl_result["cpu"] / plain["cpu"],
+                epl_result["rewrite"] / plain["build"],
+                epl_result["ops"] / plain["ops"],
+                epl_result["peak_rss_mib"] / plain["peak_rss_mib"]),
+            flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

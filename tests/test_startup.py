@@ -1,0 +1,62 @@
+"""The size of the graph EPL hands TensorFlow, which TF's start-up work
+(placement, grappler, partitioning) grows with."""
+import collections
+import re
+
+import tensorflow as tf
+
+import epl
+from epl.parallel import engine
+from tests import training
+
+REPLICAS, MICRO_BATCHES = 8, 4
+_COPY_PREFIX = re.compile(r"^(EPL_REPLICA_\d+/)?(EPL_MICRO_BATCH_\d+/)?")
+
+
+def _rewritten_graph():
+  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
+                       "pipeline.num_micro_batch": MICRO_BATCHES}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(4)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+    tf.compat.v1.global_variables_initializer()
+    user_ops = {op.name for op in graph.get_operations()}
+    result = engine.ensure_rewritten(graph)
+  return graph, user_ops, result.context
+
+
+def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
+  """Each op of a micro-batch's forward/backward pass is in the graph
+  replicas x micro-batches times, each other op of the training step once
+  per replica, each shared op once; what the rewrite adds besides the
+  copies (accumulation, all-reduce, schedule, variable sync) stays within
+  a few ops per gradient and micro-batch, per micro-batch, and per
+  variable, in each replica."""
+  graph, user_ops, ctx = _rewritten_graph()
+  per_micro_batch = set(ctx.micro_batches[0])
+  per_replica = {op.name for op in ctx.subgraph.cloned} & user_ops
+  copies = collections.Counter()
+  glue = 0
+  for op in graph.get_operations():
+    original = _COPY_PREFIX.sub("", op.name)
+    if original in user_ops:
+      copies[original] += 1
+    else:
+      glue += 1
+  assert per_micro_batch and per_replica - per_micro_batch
+  for name in user_ops:
+    expected = (REPLICAS * MICRO_BATCHES if name in per_micro_batch else
+                REPLICAS if name in per_replica else 1)
+    assert copies[name] == expected, name
+  gradients = sum(len(points) for points in ctx.gradient_points)
+  variables = len(ctx.subgraph.variables)
+  assert glue <= REPLICAS * (4 * gradients * MICRO_BATCHES +
+                             2 * MICRO_BATCHES + 4 * variables), glue
+  expected_total = (len(user_ops) + (REPLICAS * MICRO_BATCHES - 1) *
+                    len(per_micro_batch) + (REPLICAS - 1) *
+                    len(per_replica - per_micro_batch) + glue)
+  assert len(graph.get_operations()) == expected_total
