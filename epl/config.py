@@ -312,11 +312,13 @@ _KEYS = (
     # gradient_checkpoint
     _k("gradient_checkpoint", "type", _Choice(["", "collection", "auto"]), "",
        "Recomputation: \"collection\" uses the tensors you collected, "
-       "\"auto\" picks them; \"\" is off."),
+       "\"auto\" picks them; \"\" is off.", built=True),
     _k("gradient_checkpoint", "end_taskgraph", _Int(minimum=-1), -1,
-       "Last TaskGraph that automatic recomputation covers; -1 is the last."),
+       "Last TaskGraph that automatic recomputation covers; -1 is the last.",
+       built=True),
     _k("gradient_checkpoint", "check_gradients", _Bool(), False,
-       "Compare recomputed gradients with plain ones (for debugging)."),
+       "Compare recomputed gradients with plain ones (for debugging).",
+       built=True),
     # pipeline
     _k("pipeline", "num_micro_batch", _Int(minimum=1), 1,
        "Micro-batches per step in pipeline parallelism (gradient "

@@ -51,7 +51,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.strategy": "PreferBackward",
 }
 
-BUILT_SECTIONS = {"pipeline", "communication", "io"}
+BUILT_SECTIONS = {"pipeline", "communication", "io", "gradient_checkpoint"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices"

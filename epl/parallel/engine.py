@@ -7,6 +7,7 @@ The passes, in order (each a function with its own docstring):
   3. check_stages              - stages make a pipeline (errors only)
   4. make_plan                 - replicas and devices (plain data)
   5. place_replica_zero        - the user's ops become replica 0
+  5b. recompute_activations  - gradient checkpointing (recomputation)
   6. clone_micro_batches       - forward + backward per micro-batch,
                                  gradients accumulated
   7. clone_replicas            - the other local replicas
@@ -38,6 +39,7 @@ from epl.parallel.schedule import schedule_pipeline
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
+from epl.runtime.gradient_checkpoint import recompute_activations
 
 logger = logging.getLogger("epl")
 
@@ -79,6 +81,7 @@ def rewrite(graph, state):
                            env.config, state.gradient_records))
   with capture.suspended():
     place_replica_zero(ctx)
+    recompute_activations(ctx)
     clone_micro_batches(ctx)
     clone_replicas(ctx)
     order_input_reads(ctx)
