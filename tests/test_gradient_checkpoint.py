@@ -240,3 +240,17 @@ def test_end_taskgraph_limits_auto_checkpoints(monkeypatch):
     return {state.taskgraph_of(t.op).index for t in chosen}
   assert checkpoint_stages(-1) == {0, 1}
   assert checkpoint_stages(0) == {0}
+
+
+def test_with_amp_and_replicas():
+  amp_config = {"amp.level": "O1", "amp.loss_scale": 128}
+  expected, _, _ = training.train(
+      checkpointed_model, "adam", batch_size=16,
+      config=dict(amp_config, **{"cluster.num_cpu_devices": 2}))
+  actual, _, graph = training.train(
+      checkpointed_model, "adam", batch_size=16,
+      config=_gc("collection", 2, **amp_config))
+  # Recomputing the half-precision layers gives the same values.
+  training.assert_close(actual, expected)
+  assert graph.get_operation_by_name(
+      gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/MatMul_EPL_AMP_float16")

@@ -7,7 +7,9 @@ The passes, in order (each a function with its own docstring):
   3. check_stages              - stages make a pipeline (errors only)
   4. make_plan                 - replicas and devices (plain data)
   5. place_replica_zero        - the user's ops become replica 0
-  5b. recompute_activations  - gradient checkpointing (recomputation)
+  5a. convert_to_half        - AMP O1: half-precision compute
+  5b. scale_loss             - AMP loss scale on the gradient seeds
+  5c. recompute_activations  - gradient checkpointing (recomputation)
   6. clone_micro_batches       - forward + backward per micro-batch,
                                  gradients accumulated
   7. clone_replicas            - the other local replicas
@@ -15,6 +17,7 @@ The passes, in order (each a function with its own docstring):
                                  its own batch, in order
   9. join_replicas             - the train op waits for every replica
  10. aggregate_gradients       - all-reduce between gradients and update
+ 10a. skip_nonfinite_updates - AMP dynamic loss scale: skip inf/NaN steps
  11. schedule_pipeline         - each stage runs its micro-batches in the
                                  schedule's order
  12. merge_global_objects      - merged fetches
@@ -39,7 +42,9 @@ from epl.parallel.schedule import schedule_pipeline
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
+from epl.runtime.amp import convert_to_half
 from epl.runtime.gradient_checkpoint import recompute_activations
+from epl.runtime.loss_scale import scale_loss, skip_nonfinite_updates
 
 logger = logging.getLogger("epl")
 
@@ -81,12 +86,15 @@ def rewrite(graph, state):
                            env.config, state.gradient_records))
   with capture.suspended():
     place_replica_zero(ctx)
+    convert_to_half(ctx)
+    dynamic_loss_scale = scale_loss(ctx)
     recompute_activations(ctx)
     clone_micro_batches(ctx)
     clone_replicas(ctx)
     order_input_reads(ctx)
     join_replicas(ctx)
     aggregate_gradients(ctx)
+    skip_nonfinite_updates(ctx, dynamic_loss_scale)
     schedule_pipeline(ctx)
     merge_global_objects(ctx)
     variable_sync = VariableSync(ctx)
