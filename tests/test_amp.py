@@ -152,3 +152,18 @@ def test_dynamic_scale_grows_after_the_period(monkeypatch):
     assert not np.allclose(history[-1][name], initial[name])
     np.testing.assert_allclose(history[-1][name],
                                history[-1]["dense/kernel"], atol=1e-6)
+
+
+def test_o1_pipeline_two_stages_two_replicas():
+  model = training.staged_model((16, 1))
+  expected, _, _ = training.train(model, batch_size=32, with_epl=False)
+  actual, _, graph = training.train(
+      model, batch_size=8, default_strategy=False,
+      config=_amp(4, **{"pipeline.num_micro_batch": 2}))
+  training.assert_close(actual, expected, atol=FP16_TOLERANCE)
+  # Each stage's half-precision ops stay on the stage's device.
+  for stage in range(2):
+    half = graph.get_operation_by_name(
+        "layer_%d/MatMul%sfloat16" % (stage, amp.SUFFIX))
+    original = graph.get_operation_by_name("layer_%d/kernel" % stage)
+    assert half.device == original.device

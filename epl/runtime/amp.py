@@ -153,12 +153,16 @@ class _Converter:
       graph_editor.add_control_inputs(cast.op, others)
       self._keep(cast.op, consumer)
       return cast
-    if tensor.name not in self.casts:
-      with tf.device(tensor.op.device):
+    # An activation: one cast per consumer device, with the consumer's
+    # TaskGraph, phase and micro-batch (an input read outside every
+    # strategy is not part of a micro-batch; its cast must be).
+    key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer))
+    if key not in self.casts:
+      with tf.device(consumer.device):
         cast = tf.cast(tensor, self.dtype, name="%s%s%s" % (
             tensor.op.name, SUFFIX, self.dtype.name))
-      self.casts[tensor.name] = self._keep(cast.op, tensor.op).outputs[0]
-    return self.casts[tensor.name]
+      self.casts[key] = self._keep(cast.op, consumer).outputs[0]
+    return self.casts[key]
 
   def convert(self, op):
     """A half-precision copy of `op`, reading half inputs."""
