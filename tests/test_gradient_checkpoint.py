@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import graph_editor
 from epl.runtime import gradient_checkpoint
 from tests import training
 
@@ -187,11 +188,26 @@ def test_auto_picks_one_checkpoint_per_transformer_layer(monkeypatch):
       "layer_%d/output/norm/mul" % i for i in range(3)]
 
 
+def test_each_layer_is_recomputed_when_backward_reaches_it():
+  _, _, graph = training.train(transformer_model, steps=1,
+                               config=_gc("auto"))
+  prefix = gradient_checkpoint.RECOMPUTE_PREFIX
+  first = graph.get_operation_by_name(prefix + "layer_1/q/Tensordot/transpose")
+  waits_for = {op.name for op in graph_editor.ancestors([first])}
+  # Layer 1 is recomputed after layer 2's backward, though the gate it
+  # shares with every layer is recomputed with the last one.
+  assert "gradients/layer_2/q/Tensordot/MatMul_grad/MatMul" in waits_for
+  assert "gradients/layer_1/q/Tensordot/MatMul_grad/MatMul" not in waits_for
+  assert prefix + "gate" in {op.name for op in graph.get_operations()}
+
+
 def transformer_model(x, layers=3, width=8, heads=2):
   """A tiny transformer encoder over FEATURES tokens of one feature each."""
   init = tf.compat.v1.glorot_uniform_initializer(seed=5)
   hidden = tf.compat.v1.layers.dense(
       tf.expand_dims(x, -1), width, kernel_initializer=init, name="embed")
+  # Read by every layer, like an attention mask.
+  gate = tf.sigmoid(tf.reduce_mean(hidden, -1, keepdims=True), name="gate")
   for index in range(layers):
     with tf.compat.v1.variable_scope("layer_%d" % index):
       query, key, value = [
@@ -203,8 +219,8 @@ def transformer_model(x, layers=3, width=8, heads=2):
                                            width // heads]), [0, 2, 1, 3])
       scores = tf.matmul(split(query), split(key), transpose_b=True)
       context = tf.matmul(tf.nn.softmax(scores), split(value))
-      context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
-                           [-1, training.FEATURES, width])
+      context = gate * tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
+                                  [-1, training.FEATURES, width])
       hidden = _layer_norm(hidden + context, "attention")
       inner = tf.compat.v1.layers.dense(hidden, 2 * width, tf.nn.relu,
                                         kernel_initializer=init, name="ffn")

@@ -80,22 +80,23 @@ def _ancestors_within(roots, allowed, stop):
   return seen
 
 
-def _segments(ops):
-  """Weakly connected components of `ops` through data edges among them."""
-  parent = {op.name: op.name for op in ops}
-
-  def find(name):
-    while parent[name] != name:
-      parent[name] = parent[parent[name]]
-      name = parent[name]
-    return name
-  for op in ops:
-    for tensor in op.inputs:
-      if tensor.op.name in parent:
-        parent[find(tensor.op.name)] = find(op.name)
+def _segments(forward, checkpoint_ops, copies):
+  """The copies grouped by the checkpoint they lead to: an op belongs to
+  the latest checkpoint (in graph order) that its value reaches. An op that
+  feeds several layers (an attention mask) goes with the latest, whose
+  backward comes first, so each layer is recomputed on its own."""
+  forward_names = {op.name for op in forward}
+  reaches = {}
+  for op in reversed(forward):
+    targets = [c._id if c.name in checkpoint_ops else reaches.get(c.name)  # pylint: disable=protected-access
+               for t in op.outputs for c in t.consumers()
+               if c.name in forward_names]
+    targets = [t for t in targets if t is not None]
+    if targets:
+      reaches[op.name] = max(targets)
   groups = collections.defaultdict(list)
-  for op in ops:
-    groups[find(op.name)].append(op)
+  for name, copy in copies.items():
+    groups[reaches.get(name)].append(copy)
   return list(groups.values())
 
 
@@ -182,9 +183,9 @@ def recompute_activations(ctx):
   the same device, built from the checkpoints and kept values; backward ops
   that read such an op's output read the copy instead (shape readers
   excepted). Ops after the last checkpoints are not recomputed: their
-  gradients come first, so recomputing them saves nothing. Each connected
-  piece of copies waits (control edges) for the gradients flowing into the
-  backward ops that read it. The copies are BACKWARD ops of the original's
+  gradients come first, so recomputing them saves nothing. The copies
+  leading to one checkpoint wait (control edges) for the gradients flowing
+  into the backward ops that read them. The copies are BACKWARD ops of the original's
   TaskGraph and join the cloned subgraph. Forward ops, the optimizer and
   every other op are unchanged. With gradient_checkpoint.check_gradients,
   the train op also asserts each step that the gradients equal those of a
@@ -232,7 +233,7 @@ def recompute_activations(ctx):
     state.copy_tags(ctx.clones[0][name], copy)
     state.set_phase(copy, Phase.BACKWARD)
     ctx.user_devices[copy.name] = ctx.user_devices.get(name, "")
-  for segment in _segments(list(copies.values())):
+  for segment in _segments(forward, checkpoint_ops, copies):
     _order_just_in_time(
         ctx, segment, [r for op in segment for r in readers[op.name]])
   ctx.subgraph.add_cloned(copies.values())
