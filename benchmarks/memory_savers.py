@@ -54,6 +54,8 @@ SAVERS = collections.OrderedDict([
     ("amp_o1_bf16", {"amp.level": "O1", "amp.dtype": "bfloat16"}),
     ("gc_auto+amp_o1", {"gradient_checkpoint.type": "auto",
                         "amp.level": "O1"}),
+    ("gc_auto+amp_o1_bf16", {"gradient_checkpoint.type": "auto",
+                             "amp.level": "O1", "amp.dtype": "bfloat16"}),
 ])
 # float16 kernels on CPU are emulated (about 80x slower than float32 on this
 # machine's BERT-tiny): without a GPU these rows run only when asked for.
