@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import graph_editor
 from epl.runtime import amp
 from epl.runtime import loss_scale
 from tests import training
@@ -68,6 +69,12 @@ def test_o1_single_device(optimizer):
   assert kernel.get_attr("dtype") == tf.float32
   assert not any(op.name.startswith("dense_1/BiasAdd" + amp.SUFFIX)
                  for op in graph.get_operations())
+  # The float32 originals of converted ops no longer run.
+  state = epl.Env.get().graph_state(graph, create=False)
+  step = {op.name for op in graph_editor.ancestors(
+      [state.gradient_records[0].train_op])}
+  assert "dense/MatMul" + amp.SUFFIX + "float16" in step
+  assert not {"dense/MatMul", "dense/Tanh", "dense_1/MatMul"} & step
 
 
 def test_o1_four_replicas_and_micro_batches():

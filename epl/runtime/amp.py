@@ -137,25 +137,26 @@ class _Converter:
     self.built.append(op)
     return op
 
-  def _cast(self, tensor, consumer, index):
+  def _weight_cast(self, tensor, consumer, index, others):
+    """A weight's cast for `consumer` alone, made just before it runs (it
+    waits for `others`, the consumer's other inputs), so no half copy of
+    the weight lives between uses."""
+    with tf.device(consumer.device):
+      cast = tf.cast(tensor, self.dtype, name="%s%scast_%d" % (
+          consumer.name, SUFFIX, index))
+    graph_editor.add_control_inputs(cast.op, others)
+    self._keep(cast.op, consumer)
+    return cast
+
+  def _cast(self, tensor, consumer):
+    """An activation in half precision: the painted producer's output, or
+    one cast per consumer device, with the consumer's TaskGraph, phase and
+    micro-batch (an input read outside every strategy is not part of a
+    micro-batch; its cast must be)."""
     if tensor.name in self.half:
       return self.half[tensor.name]
     if tensor.dtype == self.dtype:
       return tensor
-    if _is_weight(tensor):
-      # A weight: one cast per consumer, made just before the consumer
-      # runs, so no half copy lives between uses.
-      with tf.device(consumer.device):
-        cast = tf.cast(tensor, self.dtype, name="%s%scast_%d" % (
-            consumer.name, SUFFIX, index))
-      others = [t.op for i, t in enumerate(consumer.inputs)
-                if i != index and not _is_weight(t)]
-      graph_editor.add_control_inputs(cast.op, others)
-      self._keep(cast.op, consumer)
-      return cast
-    # An activation: one cast per consumer device, with the consumer's
-    # TaskGraph, phase and micro-batch (an input read outside every
-    # strategy is not part of a micro-batch; its cast must be).
     key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer))
     if key not in self.casts:
       with tf.device(consumer.device):
@@ -167,8 +168,13 @@ class _Converter:
   def convert(self, op):
     """A half-precision copy of `op`, reading half inputs."""
     typed = set(_arg_positions(op, op.op_def.input_arg))
-    inputs = [self._cast(t, op, i) if i in typed else t
+    weights = [i for i in typed if _is_weight(op.inputs[i]) and
+               op.inputs[i].name not in self.half]
+    inputs = [self._cast(t, op) if i in typed and i not in weights else t
               for i, t in enumerate(op.inputs)]
+    others = [t.op for i, t in enumerate(inputs) if i not in weights]
+    for i in weights:
+      inputs[i] = self._weight_cast(op.inputs[i], op, i, others)
     outputs = set(_arg_positions(op, op.op_def.output_arg))
     attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
     attrs["T"] = attr_value_pb2.AttrValue(type=self.dtype.as_datatype_enum)
