@@ -270,3 +270,30 @@ def test_with_amp_and_replicas():
   training.assert_close(actual, expected)
   assert graph.get_operation_by_name(
       gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/MatMul_EPL_AMP_float16")
+
+
+@tf.custom_gradient
+def _tanh_with_saved_slope(x):
+  """tanh whose gradient reads a forward tensor nothing in forward reads."""
+  y = tf.tanh(x)
+  slope = tf.subtract(1.0, tf.square(y), name="slope")
+  return y, lambda dy: dy * slope
+
+
+def test_forward_values_only_backward_reads_are_recomputed():
+  def model(x):
+    hidden = _tanh_with_saved_slope(tf.compat.v1.layers.dense(
+        x, 16, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+            seed=1), name="dense0"))
+    hidden = tf.compat.v1.layers.dense(
+        hidden, 16, tf.nn.tanh, name="dense1",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    tf.compat.v1.add_to_collection("checkpoints", hidden)
+    return tf.compat.v1.layers.dense(
+        hidden, 1, name="dense2",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=3))
+  expected, _, _ = training.train(model, with_epl=False)
+  actual, _, graph = training.train(model, config=_gc("collection"))
+  training.assert_close(actual, expected)
+  slope = [op.name for op in _recomputed(graph) if op.name.endswith("slope")]
+  assert len(slope) == 1, [op.name for op in _recomputed(graph)]

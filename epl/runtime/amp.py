@@ -160,7 +160,7 @@ class _Converter:
     key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer))
     if key not in self.casts:
       with tf.device(consumer.device):
-        cast = tf.cast(tensor, self.dtype, name="%s%s%s" % (
+        cast = tf.cast(tensor, self.dtype, name="%s%scast_%s" % (
             tensor.op.name, SUFFIX, self.dtype.name))
       self.casts[key] = self._keep(cast.op, consumer).outputs[0]
     return self.casts[key]

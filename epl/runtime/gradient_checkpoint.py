@@ -94,6 +94,14 @@ def _segments(forward, checkpoint_ops, copies):
     targets = [t for t in targets if t is not None]
     if targets:
       reaches[op.name] = max(targets)
+  for op in forward:
+    # A branch that only backward reads (the float32 cast of a half
+    # activation) goes with what it is computed from.
+    if op.name not in reaches:
+      sources = [reaches[t.op.name] for t in op.inputs
+                 if t.op.name in reaches]
+      if sources:
+        reaches[op.name] = max(sources)
   groups = collections.defaultdict(list)
   for name, copy in copies.items():
     groups[reaches.get(name)].append(copy)
@@ -178,8 +186,9 @@ def _add_gradient_checks(ctx, plain_copies):
 def recompute_activations(ctx):
   """Rewrites replica 0's backward to recompute non-checkpoint activations.
 
-  Forward ops that lie before a checkpoint (ancestors of one) and are not
-  `never_recomputed` get a copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on
+  Forward ops that lie before a checkpoint (ancestors of one, or branches
+  off them that only backward reads) and are not `never_recomputed` get a
+  copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on
   the same device, built from the checkpoints and kept values; backward ops
   that read such an op's output read the copy instead (shape readers
   excepted). Ops after the last checkpoints are not recomputed: their
@@ -208,6 +217,13 @@ def recompute_activations(ctx):
   before = _ancestors_within(
       [t.op for c in checkpoints for t in c.op.inputs], forward_names,
       stop=())
+  for op in forward:
+    # Branches off the recomputed part that only backward reads.
+    producers = [t.op.name for t in op.inputs]
+    if op.name in recomputable and op.name not in checkpoint_ops and any(
+        p in before for p in producers) and all(
+            p in before or p not in recomputable for p in producers):
+      before.add(op.name)
   candidates = (before & recomputable) - checkpoint_ops
   reads = [(op, index, t) for op in backward if op.type not in _SHAPE_READERS
            for index, t in enumerate(op.inputs) if t.op.name in candidates]
