@@ -39,8 +39,10 @@ def repeated_blocks(forward_ops):
     by_signature = collections.defaultdict(list)
     for scope, ops in scopes.items():
       if len(ops) >= MIN_BLOCK_OPS:
+        # Casts are left out: mixed precision may cast the first or last
+        # block's inputs or outputs differently.
         signature = tuple(sorted(collections.Counter(
-            op.type for op in ops).items()))
+            op.type for op in ops if op.type != "Cast").items()))
         by_signature[signature].append(scope)
     for signature, names in by_signature.items():
       if len(names) >= MIN_REPEATS:
