@@ -177,8 +177,8 @@ class _DeviceList(_Kind):
 
 
 class _LossScale(_Kind):
-  type_text = "\"dynamic\" or float > 0"
-  allowed = 'the str "dynamic" or a finite number > 0'
+  type_text = "\"dynamic\" or float >= 1"
+  allowed = 'the str "dynamic" or a finite number >= 1'
 
   def check(self, value):
     if isinstance(value, str):
@@ -190,9 +190,12 @@ class _LossScale(_Kind):
       except ValueError:
         raise _Invalid(self.allowed)
     try:
-      return _PositiveFloat().check(value)
+      value = _PositiveFloat().check(value)
     except _Invalid:
       raise _Invalid(self.allowed)
+    if value < 1:
+      raise _Invalid(self.allowed)
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -249,12 +252,17 @@ _KEYS = (
        "Let EPL choose the parallel strategy itself."),
     # amp
     _k("amp", "level", _Choice(["", "O1"]), "",
-       "Automatic mixed precision level; \"\" is off, \"O1\" casts "
-       "compute-heavy ops to float16."),
+       "Automatic mixed precision level; \"\" is off, \"O1\" runs "
+       "compute-heavy ops in half precision with float32 weights.",
+       built=True),
+    _k("amp", "dtype", _Choice(["float16", "bfloat16"]), "float16",
+       "Half-precision type of AMP; \"bfloat16\" needs no loss scale.",
+       built=True),
     _k("amp", "debug_log", _Bool(), False,
-       "Log what automatic mixed precision changes."),
+       "Log what automatic mixed precision changes.", built=True),
     _k("amp", "loss_scale", _LossScale(), "dynamic",
-       "Loss scaling for mixed precision: \"dynamic\", or a fixed factor."),
+       "Loss scaling for float16 AMP: \"dynamic\", or a fixed factor >= 1.",
+       built=True),
     # io
     _k("io", "slicing", _Bool(), False,
        "Shard the input files across workers automatically (remove your own "
@@ -316,11 +324,13 @@ _KEYS = (
     # gradient_checkpoint
     _k("gradient_checkpoint", "type", _Choice(["", "collection", "auto"]), "",
        "Recomputation: \"collection\" uses the tensors you collected, "
-       "\"auto\" picks them; \"\" is off."),
+       "\"auto\" picks them; \"\" is off.", built=True),
     _k("gradient_checkpoint", "end_taskgraph", _Int(minimum=-1), -1,
-       "Last TaskGraph that automatic recomputation covers; -1 is the last."),
+       "Last TaskGraph that automatic recomputation covers; -1 is the last.",
+       built=True),
     _k("gradient_checkpoint", "check_gradients", _Bool(), False,
-       "Compare recomputed gradients with plain ones (for debugging)."),
+       "Compare recomputed gradients with plain ones (for debugging).",
+       built=True),
     # pipeline
     _k("pipeline", "num_micro_batch", _Int(minimum=1), 1,
        "Micro-batches per step in pipeline parallelism (gradient "

@@ -58,7 +58,10 @@ class Slice:
     return "%s %d" % (self.phase, self.micro_batch)
 
 
-def _device_key(device):
+def device_key(device):
+  """(task, device type, index) of a device name, comparable across
+  spellings ("/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0").
+  """
   spec = tf.DeviceSpec.from_string(device)
   return (spec.task or 0, (spec.device_type or "").upper(),
           spec.device_index or 0)
@@ -135,10 +138,10 @@ class PipelineTrace:
                start - origin, end - origin)
          for b, (start, end) in spans.items()),
         key=lambda s: (s.row, s.start))
-    device_keys = {_device_key(row.device): row for row in rows}
+    device_keys = {device_key(row.device): row for row in rows}
     peaks = {}
     for device, peak in peak_memory_per_device(run_metadata).items():
-      row = device_keys.get(_device_key(device))
+      row = device_keys.get(device_key(device))
       peaks[row.device if row else device] = peak
     return cls(rows, slices, peaks)
 

@@ -23,6 +23,7 @@ def clean_epl_env(monkeypatch):
 EXPECTED_DEFAULTS = {
     "auto.auto_parallel": False,
     "amp.level": "",
+    "amp.dtype": "float16",
     "amp.debug_log": False,
     "amp.loss_scale": "dynamic",
     "io.slicing": False,
@@ -52,7 +53,7 @@ EXPECTED_DEFAULTS = {
 }
 
 BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
-                  "optimizer"}
+                  "optimizer", "gradient_checkpoint", "amp"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices",
@@ -246,6 +247,7 @@ def test_wrong_type(key, value, allowed):
     ("zero.level", "v3", "\"v0\""),
     ("amp.level", "O2", "\"O1\""),
     ("amp.loss_scale", -1, "dynamic"),
+    ("amp.loss_scale", 0.5, "dynamic"),
     ("gradient_checkpoint.type", "manual", "\"collection\""),
     ("gradient_checkpoint.end_taskgraph", -2, "int >= -1"),
 ])

@@ -149,3 +149,11 @@ def assert_close(actual, expected, atol=1e-5):
   for name in expected:
     np.testing.assert_allclose(actual[name], expected[name], atol=atol,
                                rtol=1e-5, err_msg=name)
+
+
+def gradient_pairs(optimizer, loss, use_tf_gradients):
+  """(gradient, variable) pairs from tf.gradients or compute_gradients."""
+  if use_tf_gradients:
+    variables = tf.compat.v1.trainable_variables()
+    return list(zip(tf.gradients(loss, variables), variables))
+  return optimizer.compute_gradients(loss)

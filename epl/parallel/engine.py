@@ -2,36 +2,41 @@
 distributed one, once, before the graph first runs.
 
 The passes, in order (each a function with its own docstring):
-  1. select_training_subgraph  - what is cloned, shared or joined
-  2. resolve_training_ops      - TaskGraph and phase of every training op
-  3. check_stages              - stages make a pipeline (errors only)
-  4. make_plan                 - replicas and devices (plain data)
-  5. place_replica_zero        - the user's ops become replica 0
-  6. clone_micro_batches       - forward + backward per micro-batch,
-                                 gradients accumulated
-  6b. zero.partition_updates  - ZeRO: each variable's owner replica; its
-                                 update is not cloned
-  7. clone_replicas            - the other local replicas
-  7a. vary_random_seeds        - each copy draws its own random numbers
-  7b. zero.place_updates       - ZeRO: updates run on their owners, new
-                                 values copied to the other replicas
-  7c. offload_variables        - offload: state and updates on the host,
-                                 variables read just in time
-  8. order_input_reads         - each micro-batch of each replica reads
-                                 its own batch, in order
-  8a. lower_split              - each replica's copy of a split part
-                                 becomes its shard
-  8b. split_fed_batches        - each copy reads its part of a fed batch
-  9. join_replicas             - the train op waits for every replica
- 10. order_shared_writes       - the global_step increment runs once, after
-                                 every replica read it
- 10b. average_forward_state_updates - batch-norm statistics move once
-                                 per step by the replicas' mean update
- 11. aggregate_gradients       - all-reduce between gradients and update
- 12. schedule_pipeline         - each stage runs its micro-batches in the
-                                 schedule's order
- 13. merge_global_objects      - merged fetches
- 14. VariableSync.update       - init / restore reach every replica
+  1. select_training_subgraph      - what is cloned, shared or joined
+  2. resolve_training_ops          - TaskGraph and phase of every op
+  3. check_stages                  - stages make a pipeline (errors only)
+  4. make_plan                     - replicas and devices (plain data)
+  5. place_replica_zero            - the user's ops become replica 0
+  6. convert_to_half               - AMP O1: half-precision compute
+  7. scale_loss                    - AMP loss scale on the gradient seeds
+  8. recompute_activations         - gradient checkpointing
+  9. clone_micro_batches           - forward + backward per micro-batch,
+                                     gradients accumulated
+ 10. zero.partition_updates        - ZeRO: each variable's owner; its
+                                     update is not cloned
+ 11. clone_replicas                - the other local replicas
+ 12. vary_random_seeds             - each copy draws its own random numbers
+ 13. zero.place_updates            - ZeRO: updates run on their owners, new
+                                     values copied to the other replicas
+ 14. offload_variables             - offload: state and updates on the
+                                     host, variables read just in time
+ 15. order_input_reads             - each micro-batch of each replica reads
+                                     its own batch, in order
+ 16. lower_split                   - each replica's copy of a split part
+                                     becomes its shard
+ 17. split_fed_batches             - each copy reads its part of a fed batch
+ 18. join_replicas                 - the train op waits for every replica
+ 19. order_shared_writes           - the global_step increment runs once,
+                                     after every replica read it
+ 20. average_forward_state_updates - batch-norm statistics move once per
+                                     step by the replicas' mean update
+ 21. aggregate_gradients           - all-reduce between gradients and update
+ 22. skip_nonfinite_updates        - AMP dynamic loss scale: skip inf/NaN
+                                     steps
+ 23. schedule_pipeline             - each stage runs its micro-batches in
+                                     the schedule's order
+ 24. merge_global_objects          - merged fetches
+ 25. VariableSync.update           - init / restore reach every replica
 Later, before each run, VariableSync handles ops built since.
 """
 import collections
@@ -61,6 +66,9 @@ from epl.parallel.split import lower_split, update_checkpoints
 from epl.parallel.stage_checks import check_stages
 from epl.parallel.training_subgraph import select_training_subgraph
 from epl.parallel.variable_sync import VariableSync
+from epl.runtime.amp import convert_to_half
+from epl.runtime.gradient_checkpoint import recompute_activations
+from epl.runtime.loss_scale import scale_loss, skip_nonfinite_updates
 
 logger = logging.getLogger("epl")
 
@@ -105,6 +113,9 @@ def rewrite(graph, state, subgraph):
   grouped_apply.check_grouped(ctx)
   with capture.suspended():
     place_replica_zero(ctx)
+    convert_to_half(ctx)
+    dynamic_loss_scale = scale_loss(ctx)
+    recompute_activations(ctx)
     clone_micro_batches(ctx)
     zero_partition = zero.partition_updates(ctx)
     clone_replicas(ctx)
@@ -118,6 +129,7 @@ def rewrite(graph, state, subgraph):
     order_shared_writes(ctx)
     average_forward_state_updates(ctx)
     aggregate_gradients(ctx)
+    skip_nonfinite_updates(ctx, dynamic_loss_scale)
     schedule_pipeline(ctx)
     merge_global_objects(ctx)
     variable_sync = VariableSync(ctx)
