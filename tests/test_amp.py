@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir.graph_state import state_of
 from epl.ir import graph_editor
 from epl.runtime import amp
 from epl.runtime import loss_scale
@@ -70,9 +71,9 @@ def test_o1_single_device(optimizer):
   assert not any(op.name.startswith("dense_1/BiasAdd" + amp.SUFFIX)
                  for op in graph.get_operations())
   # The float32 originals of converted ops no longer run.
-  state = epl.Env.get().graph_state(graph, create=False)
+  state = state_of(graph)
   step = {op.name for op in graph_editor.ancestors(
-      [state.gradient_records[0].train_op])}
+      [state.apply_records[0].train_op])}
   assert "dense/MatMul" + amp.SUFFIX + "float16" in step
   assert not {"dense/MatMul", "dense/Tanh", "dense_1/MatMul"} & step
 

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir.graph_state import state_of
 from epl.ir import graph_editor
 from epl.runtime import gradient_checkpoint
 from tests import training
@@ -108,7 +109,7 @@ def test_pipeline_two_stages_two_replicas(kind):
       staged_checkpointed_model, batch_size=16, default_strategy=False,
       config=_gc(kind, 4, **{"pipeline.num_micro_batch": 2}))
   training.assert_close(actual, expected)
-  state = epl.Env.get().graph_state(graph, create=False)
+  state = state_of(graph)
   for op in _recomputed(graph):
     original = graph.get_operation_by_name(
         op.name[len(gradient_checkpoint.RECOMPUTE_PREFIX):])
@@ -252,7 +253,7 @@ def test_end_taskgraph_limits_auto_checkpoints(monkeypatch):
         staged_checkpointed_model, batch_size=16, default_strategy=False,
         config=_gc("auto", 2, **{"gradient_checkpoint.end_taskgraph": end}))
     training.assert_close(actual, expected)
-    state = epl.Env.get().graph_state(graph, create=False)
+    state = state_of(graph)
     return {state.taskgraph_of(t.op).index for t in chosen}
   assert checkpoint_stages(-1) == {0, 1}
   assert checkpoint_stages(0) == {0}
