@@ -56,6 +56,10 @@ SAVERS = collections.OrderedDict([
                         "amp.level": "O1"}),
     ("gc_auto+amp_o1_bf16", {"gradient_checkpoint.type": "auto",
                              "amp.level": "O1", "amp.dtype": "bfloat16"}),
+    ("zero_v1", {"zero.level": "v1"}),
+    ("gc_auto+zero_v1+amp_o1_bf16", {"gradient_checkpoint.type": "auto",
+                                     "zero.level": "v1", "amp.level": "O1",
+                                     "amp.dtype": "bfloat16"}),
 ])
 # float16 kernels on CPU are emulated (about 80x slower than float32 on this
 # machine's BERT-tiny): without a GPU these rows run only when asked for.

@@ -206,6 +206,12 @@ class Cloner:
     if not prefix.endswith("/"):
       raise ValueError("Clone prefix %r must end with '/'." % prefix)
     tensor_map = tensor_map or {}
+    names_in_use = self._graph._names_in_use  # pylint: disable=protected-access
+    taken = [prefix + node.name for node in self._template.node
+             if (prefix + node.name).lower() in names_in_use]
+    if taken:
+      raise ValueError("EPL cannot copy ops under %r: %s already exist." %
+                       (prefix, ", ".join(taken[:3])))
     for node, op in zip(self._template.node, self._ops):
       node.device = device_fn(op)
     for node in self._shared_names:

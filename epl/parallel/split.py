@@ -172,7 +172,8 @@ def _initialize_shards(ctx, variables, sharded):
       else:
         clones = graph_editor.clone_ops(
             ctx.graph, value_ops + [assign],
-            "%s_INIT_%d/" % (SPLIT_SCOPE, ctx.replicas[local]),
+            "%s_INIT_%d/%s/" % (SPLIT_SCOPE, ctx.replicas[local],
+                                variable.name),
             lambda _, device=replica_variable.device: device,
             tensor_map={variable.outputs[0].name:
                         replica_variable.outputs[0]})

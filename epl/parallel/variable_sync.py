@@ -53,6 +53,7 @@ class VariableSync:
     # Ops never to handle (again): groups handled, and the copy ops, which
     # wait for the write they copy.
     self._done = set()
+    self._step_updates = {op.name for op in ctx.subgraph.updates}
     # Writes outside the step already substituted at fetch time.
     self._substituted = set()
 
@@ -102,7 +103,13 @@ class VariableSync:
     return copies
 
   def _written_variable(self, op):
-    if op.name in self._ctx.subgraph.cloned_names or not is_variable_writer(op):
+    """The replicated variable a write outside the training step writes.
+
+    The step's own updates (also those ZeRO moved out of the cloned part)
+    and EPL's writes (copies, ZeRO's broadcasts) are not such writes."""
+    if (op.name in self._ctx.subgraph.cloned_names or
+        op.name in self._step_updates or op.name.startswith("EPL_") or
+        not is_variable_writer(op)):
       return None
     for tensor in op.inputs:
       variable = self._variables.get(tensor.op.name)
