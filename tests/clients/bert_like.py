@@ -101,5 +101,13 @@ def build(stages=1, clip_norm=0.05, micro_batch=8):
   grads, _ = tf.clip_by_global_norm(grads, clip_norm=clip_norm)
   train_op = optimizer.apply_gradients(zip(grads, tvars),
                                        global_step=global_step)
-  train_op = tf.group(train_op, [global_step.assign(global_step + 1)])
+  if epl.Env.initialised():
+    train_op = tf.group(train_op, [global_step.assign(global_step + 1)])
+  else:
+    # The plain-TF reference: as written, TF leaves the learning rate's read
+    # of global_step and the increment unordered (a race such scripts live
+    # with, that made references differ between runs); EPL runs the
+    # increment after every read, so the reference orders it the same way.
+    with tf.control_dependencies([train_op]):
+      train_op = tf.group(train_op, [global_step.assign(global_step + 1)])
   return train_op, loss
