@@ -31,7 +31,8 @@ def output_ops(op):
       op._control_outputs)  # pylint: disable=protected-access
 
 
-def _reachable(roots, neighbours):
+def reachable(roots, neighbours):
+  """`roots` and every op reached from them through `neighbours(op)`."""
   seen = set()
   stack = list(roots)
   result = []
@@ -47,13 +48,13 @@ def _reachable(roots, neighbours):
 
 def ancestors(roots):
   """`roots` and every op they depend on, through data and control edges."""
-  return _reachable(roots, input_ops)
+  return reachable(roots, input_ops)
 
 
 def descendants(roots):
   """`roots` and every op that depends on them, through data and control
   edges."""
-  return _reachable(roots, output_ops)
+  return reachable(roots, output_ops)
 
 
 def topological_order(ops):

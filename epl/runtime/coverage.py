@@ -60,16 +60,9 @@ def _covered_names(state):
 def _uncovered_ancestors(roots, covered):
   """`roots` and their ancestors, not walking past ops EPL rewrote (whose
   ancestors are all part of the rewritten step)."""
-  seen, stack, result = set(), list(roots), []
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    result.append(op)
-    if op.name not in covered:
-      stack.extend(graph_editor.input_ops(op))
-  return result
+  return graph_editor.reachable(
+      roots, lambda op: [] if op.name in covered else
+      graph_editor.input_ops(op))
 
 
 def _trains(op, written, trainable, covered):
