@@ -118,12 +118,7 @@ def _train_clipped(config, use_tf_gradients, micro_batch):
     x, y = training.input_batch(micro_batch)
     loss = tf.reduce_mean(tf.square(_model(x) - y))
     train_op = _clipped_step(loss, use_tf_gradients)
-    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for _ in range(STEPS):
-        session.run(train_op)
-      values = training.read_variables(session, graph, names)
+  values = training.run_steps(graph, train_op, STEPS)
   epl.shutdown()
   return values
 
@@ -151,12 +146,7 @@ def _towers_clipping_each(replicas, micro_batches, micro_batch):
     variables = tf.compat.v1.trainable_variables()
     train_op = training.OPTIMIZERS["momentum"]().apply_gradients(
         zip(grads, variables))
-    names = [v.op.name for v in variables]
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for _ in range(STEPS):
-        session.run(train_op)
-      return training.read_variables(session, graph, names)
+  return training.run_steps(graph, train_op, STEPS)
 
 
 def _single_device_clipped(batch_size):
@@ -165,12 +155,7 @@ def _single_device_clipped(batch_size):
     x, y = training.input_batch(batch_size)
     loss = tf.reduce_mean(tf.square(_model(x) - y))
     train_op = _clipped_step(loss, use_tf_gradients=True)
-    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for _ in range(STEPS):
-        session.run(train_op)
-      return training.read_variables(session, graph, names)
+  return training.run_steps(graph, train_op, STEPS)
 
 
 @pytest.mark.parametrize("use_tf_gradients", [True, False],

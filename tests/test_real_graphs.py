@@ -47,12 +47,7 @@ def _train_keras(name, path, batch_size, config=None, stages=False):
           zip(tf.gradients(loss, variables), variables))
     else:
       train_op = _keras_step(optimizer, x, y, path)
-    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for _ in range(STEPS):
-        session.run(train_op)
-      values = training.read_variables(session, graph, names)
+  values = training.run_steps(graph, train_op, STEPS)
   epl.shutdown()
   return values
 

@@ -116,6 +116,18 @@ def read_variables(session, graph, names):
   return session.run(reads)
 
 
+def run_steps(graph, fetches, steps):
+  """Initialises `graph`'s variables, runs `fetches` `steps` times in one
+  session; returns the trainable variables' values by name."""
+  with graph.as_default():
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(steps):
+        session.run(fetches)
+      return read_variables(session, graph, names)
+
+
 def train(model=layers_model, optimizer="momentum", steps=5, batch_size=16,
           config=None, loss_scale=1.0, with_epl=True, global_step=True,
           default_strategy=True):
