@@ -41,7 +41,8 @@ code and calls the original:
   graphs are not captured; in a multi-worker job the other workers
   evaluate worker 0's checkpoint once it is written
   (`epl.runtime.estimator`).
-- `tf.compat.v1.layers.dense`, the sparse softmax cross-entropies,
+- `tf.compat.v1.layers.dense` (and calls of Dense layer objects), the
+  sparse softmax cross-entropies,
   `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
   `epl.split`, or on its sharded outputs, they build sharded ops
   (`epl.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
@@ -58,6 +59,7 @@ import tensorflow as tf
 
 from keras.src.engine import base_layer
 from keras.src.engine import base_layer_v1
+from keras.src.layers.core import dense as keras_dense
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.eager import backprop
 from tensorflow.python.data.ops import dataset_ops
@@ -78,6 +80,8 @@ from epl.ir.phase import Phase
 from epl.parallel import grouped_apply
 
 _originals = {}
+# Stands for an attribute a class inherits (uninstall deletes it again).
+_INHERITED = object()
 
 
 class _ApplyDepth(threading.local):
@@ -305,6 +309,22 @@ def _split_lowering(name, module="split_lowering"):
   return wrapper
 
 
+def _dense_layer_call(original, layer, *args, **kwargs):
+  """Dense.__call__: forwards to epl.ops.split_lowering.dense_layer_call.
+  Dense inherits __call__, and tf.compat.v1.layers.Dense from another base
+  than Keras' Dense: `original` is the wrong one for it, so the instance's
+  next __call__ in its own class order is called instead."""
+  del original
+
+  def call(*call_args, **call_kwargs):
+    return super(keras_dense.Dense, layer).__call__(*call_args,
+                                                    **call_kwargs)
+  if _env() is None:
+    return call(*args, **kwargs)
+  from epl.ops import split_lowering  # pylint: disable=import-outside-toplevel
+  return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
+
+
 _PATCHES = (
     (ops.Graph, "_create_op_helper", _create_op_helper),
     (gradients_util, "_GradientsHelper", _gradients_helper),
@@ -323,6 +343,7 @@ _PATCHES = (
     (summary_writer, "EventFileWriter", _event_file_writer),
     (training_util, "write_graph", _write_graph),
     (tf.compat.v1.layers, "dense", _split_lowering("dense")),
+    (keras_dense.Dense, "__call__", _dense_layer_call),
     (tf.compat.v1.losses, "sparse_softmax_cross_entropy",
      _split_lowering("losses_sparse_softmax_cross_entropy")),
     (tf.nn, "sparse_softmax_cross_entropy_with_logits",
@@ -352,7 +373,8 @@ def install():
     if key in _originals:
       continue
     original = getattr(owner, attribute)
-    _originals[key] = owner.__dict__.get(attribute, original)
+    # An inherited attribute is deleted again, not set on the class.
+    _originals[key] = owner.__dict__.get(attribute, _INHERITED)
     if key in _STATIC:
       replacement = staticmethod(
           functools.wraps(original)(functools.partial(wrapper, original)))
@@ -374,5 +396,8 @@ def _as_method(original, wrapper):
 def uninstall():
   """Restores every wrapped entry point."""
   for (owner, attribute), original in list(_originals.items()):
-    setattr(owner, attribute, original)
+    if original is _INHERITED:
+      delattr(owner, attribute)
+    else:
+      setattr(owner, attribute, original)
     del _originals[(owner, attribute)]

@@ -1,5 +1,8 @@
 """epl.split: a sharded dense + softmax cross-entropy head next to a
 data-parallel backbone trains to the weights of single-device TF."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,8 +28,19 @@ def _classification_batch(batch_size, classes):
   return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
-def _head(hidden, labels, classes, loss_kind):
-  logits = tf.compat.v1.layers.dense(
+# The ways a script builds the head's dense layer.
+DENSE_KINDS = {
+    "function": lambda hidden, classes, **settings: (
+        tf.compat.v1.layers.dense(hidden, classes, **settings)),
+    "v1_layer": lambda hidden, classes, **settings: (
+        tf.compat.v1.layers.Dense(classes, **settings)(hidden)),
+    "keras_layer": lambda hidden, classes, **settings: (
+        tf.keras.layers.Dense(classes, **settings)(hidden)),
+}
+
+
+def _head(hidden, labels, classes, loss_kind, dense_kind="function"):
+  logits = DENSE_KINDS[dense_kind](
       hidden, classes, name="head",
       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2),
       bias_initializer=tf.compat.v1.random_normal_initializer(seed=3))
@@ -42,7 +56,7 @@ def _head(hidden, labels, classes, loss_kind):
 
 
 def run(classes=10, split_count=None, optimizer="momentum", config=None,
-        loss_kind="losses", steps=STEPS):
+        loss_kind="losses", steps=STEPS, dense_kind="function"):
   """Trains the model; returns (variables by name, losses, accuracies).
 
   With `split_count`, under EPL on DEVICES devices: the backbone is data
@@ -68,14 +82,15 @@ def run(classes=10, split_count=None, optimizer="momentum", config=None,
             kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
                 seed=1))
       with epl.split(split_count):
-        loss, accuracy = _head(hidden, labels, classes, loss_kind)
+        loss, accuracy = _head(hidden, labels, classes, loss_kind,
+                               dense_kind)
       epl.add_to_collection(accuracy, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
       epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
     else:
       hidden = tf.compat.v1.layers.dense(
           x, 16, activation=tf.nn.tanh, name="backbone",
           kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-      loss, accuracy = _head(hidden, labels, classes, loss_kind)
+      loss, accuracy = _head(hidden, labels, classes, loss_kind, dense_kind)
     train_op = training.OPTIMIZERS[optimizer]().minimize(loss)
     init = tf.compat.v1.global_variables_initializer()
     names = [v.op.name for v in tf.compat.v1.trainable_variables()]
@@ -123,6 +138,15 @@ def test_split_in_two_data_parallel_groups(optimizer):
   # shards' gradients are averaged over the groups, never within one.
   expected, expected_losses, _ = run(10, optimizer=optimizer)
   actual, losses, _ = run(10, 2, optimizer=optimizer)
+  training.assert_close(_trim(actual, 10), expected)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dense_kind", ["v1_layer", "keras_layer"])
+def test_split_dense_layer_objects(dense_kind):
+  # The Dense classes behind tf.compat.v1.layers.dense, called as objects.
+  expected, expected_losses, _ = run(10, dense_kind=dense_kind)
+  actual, losses, _ = run(10, DEVICES, dense_kind=dense_kind)
   training.assert_close(_trim(actual, 10), expected)
   np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
 
@@ -369,7 +393,8 @@ def test_split_with_pipeline_stages_is_not_built():
         session.run(train_op)
 
 
-def test_split_without_a_count_shards_over_every_device():
+def _one_split_step(split_count=None):
+  """Builds a backbone and a split head, trains one step; the graph."""
   epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
                        "cluster.colocate_split_and_replicate": True}))
   graph = tf.Graph()
@@ -377,12 +402,17 @@ def test_split_without_a_count_shards_over_every_device():
     x, labels = _classification_batch(LOCAL_BATCH, 10)
     with epl.replicate(DEVICES):
       hidden = tf.compat.v1.layers.dense(x, 16, name="backbone")
-    with epl.split():
+    with epl.split(split_count):
       loss = _dense_and_loss(hidden, labels)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       session.run(train_op)
+  return graph
+
+
+def test_split_without_a_count_shards_over_every_device():
+  graph = _one_split_step()
   # 10 classes over 4 shards: 3 columns each.
   assert graph.get_operation_by_name("EPL_REPLICA_3/head/kernel").get_attr(
       "shape").dim[1].size == 3
@@ -404,3 +434,11 @@ def test_plan_of_a_split_model():
   assert plan.split_groups(1) == [[0, 1], [2, 3]]
   assert plan.split_groups(2) == [[0, 1, 2, 3]]
   assert "TaskGraph 1" in plan.describe()
+
+
+def test_dropped_split_graphs_are_freed():
+  # What the split lowerings record lives on the graph, not in a table
+  # that would keep every split graph of the process alive.
+  dropped = weakref.ref(_one_split_step(DEVICES))
+  gc.collect()
+  assert dropped() is None

@@ -40,6 +40,21 @@ class ApplyRecord:
   global_step: object = None
 
 
+@dataclasses.dataclass
+class SplitRecords:
+  """What the lowerings under `epl.split` recorded while the user built the
+  graph (epl/ops/split_lowering.py), and what the rewrite sharded."""
+  # Tensor name -> ShardedLogits of each split dense output.
+  logits: dict = dataclasses.field(default_factory=dict)
+  # Tensor name -> group size of each split argmax's predictions.
+  predictions: dict = dataclasses.field(default_factory=dict)
+  # Variable op name -> ShardedVariable of each variable built sharded.
+  variables: dict = dataclasses.field(default_factory=dict)
+  # The sharded variables the rewrite initialised, for checkpoints of
+  # Savers built after it (epl/parallel/split.py).
+  rewritten: dict = dataclasses.field(default_factory=dict)
+
+
 class GraphState:
   """TaskGraphs, op tags and gradient records of one graph."""
 
@@ -55,6 +70,7 @@ class GraphState:
     self._op_micro_batch = {}
     self.gradient_records: List[GradientRecord] = []
     self.apply_records: List[ApplyRecord] = []
+    self.split = SplitRecords()
     # Set once the rewrite has run; the engine keeps its result here.
     self.rewrite_result = None
     # The graph version at which gradients were found without updates.

@@ -24,13 +24,13 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import collective_ops
 
+from epl.ir import graph_state
 from epl.ops import collective_gradients
 
 logger = logging.getLogger("epl")
@@ -63,14 +63,13 @@ def _lowering(logits, info):
       op.name for op in logits.consumers() if op.name not in before)
 
 
-# Per graph: tensor name -> ShardedLogits, and split predictions' names ->
-# their group size.
-_sharded = weakref.WeakKeyDictionary()
-_predictions = weakref.WeakKeyDictionary()
-
-
-def _graph_key():
-  return tf.compat.v1.get_default_graph()
+def _records(graph=None, create=False):
+  """The SplitRecords of `graph` (the default graph). They live on the
+  graph, so a dropped graph is freed with them; empty ones when nothing was
+  recorded and not `create`."""
+  state = graph_state.state_of(graph or tf.compat.v1.get_default_graph(),
+                               create=create)
+  return state.split if state is not None else graph_state.SplitRecords()
 
 
 @dataclasses.dataclass
@@ -83,29 +82,26 @@ class ShardedVariable:
   group_size: int
 
 
-_variables = weakref.WeakKeyDictionary()
-
-
 def sharded_variables_in(graph):
   """{variable op name: ShardedVariable} of the split variables of `graph`."""
-  return _variables.get(graph, {})
+  return _records(graph).variables
 
 
 def record_variable(variable, axis, full_size, columns, group_size):
   """Marks `variable` as sharded (see ShardedVariable)."""
-  _variables.setdefault(_graph_key(), {})[variable.op.name] = ShardedVariable(
+  _records(create=True).variables[variable.op.name] = ShardedVariable(
       axis, full_size, columns, group_size)
 
 
 def sharded_logits_in(graph):
   """{tensor name: ShardedLogits} of the split dense outputs of `graph`."""
-  return _sharded.get(graph, {})
+  return _records(graph).logits
 
 
 def sharded_logits_of(tensor):
   if not isinstance(tensor, tf.Tensor):
     return None
-  return _sharded.get(_graph_key(), {}).get(tensor.name)
+  return _records().logits.get(tensor.name)
 
 
 def split_strategy():
@@ -305,8 +301,36 @@ def dense(original, inputs, units, activation=None, use_bias=True,
   logger.debug("split dense %s: %d classes over %d shards of %d columns",
                scope.name, units, group_size, columns)
   info = ShardedLogits(units, columns, group_size, start, valid)
-  _sharded.setdefault(_graph_key(), {})[logits.name] = info
+  _records(create=True).logits[logits.name] = info
   return logits
+
+
+def dense_layer_call(call, layer, inputs, *args, **kwargs):
+  """Calling a Dense layer object (Keras' or tf.compat.v1.layers'): inside
+  a split scope, the sharded `dense` above with the layer's settings; its
+  variables are made there, not by the layer. `call` is the layer's own
+  __call__."""
+  strategy = split_strategy()
+  if strategy is None:
+    return call(inputs, *args, **kwargs)
+  if args or kwargs:
+    raise ValueError(
+        "%s(name=%r) inside %r: call arguments %s are not supported on a "
+        "split dense layer; call it with the inputs only." % (
+            type(layer).__name__, layer.name, strategy,
+            sorted(kwargs) or "given by position"))
+  if layer.built or getattr(layer, "_epl_split_lowered", False):
+    raise ValueError(
+        "%s(name=%r) inside %r: a split dense layer cannot be reused or "
+        "built before; call a new layer once inside the split scope." % (
+            type(layer).__name__, layer.name, strategy))
+  layer._epl_split_lowered = True  # pylint: disable=protected-access
+  return dense(None, inputs, layer.units, activation=layer.activation,
+               use_bias=layer.use_bias,
+               kernel_initializer=layer.kernel_initializer,
+               bias_initializer=layer.bias_initializer,
+               trainable=layer.trainable, name=layer.name,
+               **{k: getattr(layer, k, None) for k in _DENSE_UNSUPPORTED})
 
 
 def _sharded_or_raise(logits, what):
@@ -379,7 +403,7 @@ def nn_sparse_softmax_cross_entropy_with_logits(original, labels=None,
 
 
 def _prediction(tensor, group_size):
-  _predictions.setdefault(_graph_key(), {})[tensor.name] = group_size
+  _records(create=True).predictions[tensor.name] = group_size
   return tensor
 
 
@@ -437,7 +461,7 @@ def top_kv2(original, input, k, sorted=True, index_type=tf.int32, name=None):  #
 def equal(original, x, y, incompatible_shape_error=True, name=None):
   """gen_math_ops.equal with split predictions on one side: the other side
   (labels of the local batch) is gathered over the shard group."""
-  graph_predictions = _predictions.get(_graph_key(), {})
+  graph_predictions = _records().predictions
   names = [getattr(t, "name", None) for t in (x, y)]
   if not any(n in graph_predictions for n in names):
     return original(x, y, incompatible_shape_error=incompatible_shape_error,

@@ -6,7 +6,6 @@ r % k of shard group r // k (k = the split's device count; the groups'
 replicas are consecutive). See `lower_split`.
 """
 import logging
-import weakref
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -28,8 +27,6 @@ _COLLECTIVE_TYPES = frozenset(
     ["CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"])
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
-# The sharded variables of each rewritten graph, for update_checkpoints.
-_sharded_by_graph = weakref.WeakKeyDictionary()
 
 
 def _is_lowered_collective(op):
@@ -243,7 +240,7 @@ def update_checkpoints(ctx):
   full tensors (`full_tensor_checkpoints`; ops already rewritten are
   left as they are). The engine calls it again for ops built after the
   rewrite."""
-  sharded = _sharded_by_graph.get(ctx.graph)
+  sharded = ctx.state.split.rewritten
   if not sharded:
     return
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
@@ -289,7 +286,7 @@ def lower_split(ctx):
       split_points.extend((g, v) for g, v in points if v.name in names)
       points[:] = [(g, v) for g, v in points if v.name not in names]
     _reduce_split_gradients(ctx, split_points, sharded)
-    _sharded_by_graph[ctx.graph] = sharded
+    ctx.state.split.rewritten = sharded
     update_checkpoints(ctx)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
