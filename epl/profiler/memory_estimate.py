@@ -1,0 +1,249 @@
+"""Estimated memory per device of a rewritten training step, before it runs.
+
+    from epl.profiler import memory_estimate
+    estimates = memory_estimate.estimate(rewrite_context)
+    for device in estimates: print(device.device, device.total)
+
+Everything is counted from the rewritten graph itself (static shapes and
+dtypes of its tensors, the devices the rewrite placed its ops on), so the
+memory savers the rewrite applied are in the figures without a model of
+each: AMP's half-precision activations have half-precision dtypes, ZeRO's
+optimizer slots exist only on their owner, offloaded variables sit on the
+host, gradient checkpointing leaves the backward pass reading recomputed
+tensors instead of the forward ones.
+
+Per device:
+
+- parameters: the trained variables placed there;
+- optimizer state: the variables `Optimizer.apply_gradients` created there
+  (slots: Adam's m and v, momentum), counted from the graph;
+- other state: every other variable (global step, loss scale, ...);
+- gradients: the gradient tensors the update reads (accumulated over
+  micro-batches), plus one more set while a micro-batch's gradients are
+  added into the sum when there are several micro-batches;
+- activations: the forward tensors of one micro-batch that the backward
+  pass reads (buffers shared by views such as Reshape counted once), times
+  the micro-batches in flight on that stage: all M for GPipe
+  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward);
+- working memory: the largest one op of the step allocates at once (its
+  outputs), which is live on top of the rest at the peak.
+
+Tensors whose static shape is not fully known cannot be counted; they are
+reported in `DeviceEstimate.unknown_tensors` rather than guessed.
+"""
+import collections
+import dataclasses
+from typing import List
+
+import tensorflow as tf
+
+from epl.ir.phase import Phase
+from epl.parallel import schedule
+from epl.parallel.training_subgraph import tensors_of
+
+_VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2"])
+# Ops whose output is a view of an input's buffer (no new memory).
+_VIEWS = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze",
+                    "StopGradient", "Snapshot", "ReadVariableOp",
+                    "IdentityN", "Bitcast"])
+# Ops that read only the shape of their input: they keep nothing alive.
+_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
+
+
+def tensor_bytes(tensor):
+  """Bytes of `tensor` from its static shape and dtype; None when the
+  shape is not fully known (or the dtype has no fixed size)."""
+  shape = tensor.shape
+  if shape.rank is None or not shape.is_fully_defined():
+    return None
+  dtype = tensor.dtype.base_dtype
+  if dtype in (tf.resource, tf.variant, tf.string):
+    return None
+  return dtype.size * shape.num_elements()
+
+
+def variable_bytes(op):
+  """Bytes of the variable made by variable op `op` (0 if its shape is
+  not fully known)."""
+  shape = tf.TensorShape(op.get_attr("shape"))
+  if not shape.is_fully_defined():
+    return 0
+  return tf.as_dtype(op.get_attr("dtype")).size * shape.num_elements()
+
+
+def in_flight_micro_batches(schedule_name, num_stages, stage,
+                            num_micro_batch):
+  """Micro-batches whose activations stage `stage` holds at once."""
+  if schedule_name == schedule.PREFER_FORWARD:
+    return num_micro_batch
+  return min(num_stages - stage, num_micro_batch)
+
+
+def bubble_fraction(num_stages, num_micro_batch):
+  """Idle fraction of a pipeline step, (p - 1) / (m + p - 1), for GPipe
+  and 1F1B alike."""
+  return (num_stages - 1) / float(num_micro_batch + num_stages - 1)
+
+
+@dataclasses.dataclass
+class DeviceEstimate:
+  """Estimated memory of one device at the step's peak, in bytes."""
+  device: str
+  stages: List[int] = dataclasses.field(default_factory=list)
+  parameters: int = 0
+  optimizer_state: int = 0
+  other_state: int = 0
+  gradients: int = 0
+  activations_per_micro_batch: int = 0
+  in_flight: int = 0
+  recomputed: int = 0
+  working: int = 0
+  unknown_tensors: int = 0
+
+  @property
+  def persistent(self):
+    return self.parameters + self.optimizer_state + self.other_state
+
+  @property
+  def activations(self):
+    return self.activations_per_micro_batch * self.in_flight
+
+  @property
+  def total(self):
+    return (self.persistent + self.gradients + self.activations +
+            self.recomputed + self.working)
+
+
+def _canonical(device):
+  return tf.DeviceSpec.from_string(device).to_string() if device else ""
+
+
+def _root(tensor):
+  """The tensor whose buffer `tensor` shares (through views)."""
+  while tensor.op.type in _VIEWS and tensor.op.inputs:
+    tensor = tensor.op.inputs[0]
+  return tensor
+
+
+class _Devices:
+  """DeviceEstimate per device, made on first use."""
+
+  def __init__(self):
+    self.by_name = collections.OrderedDict()
+
+  def __getitem__(self, device):
+    device = _canonical(device)
+    if device not in self.by_name:
+      self.by_name[device] = DeviceEstimate(device)
+    return self.by_name[device]
+
+
+def _count_variables(ctx, devices):
+  trained = set()
+  for points in ctx.gradient_points:
+    for _, variable in points:
+      for local in range(len(ctx.replicas)):
+        trained.add(ctx.op(local, variable).name)
+  for op in ctx.graph.get_operations():
+    if op.type not in _VARIABLE_TYPES:
+      continue
+    estimate = devices[op.device]
+    size = variable_bytes(op)
+    if op.name in trained:
+      estimate.parameters += size
+    elif ctx.state.phase_of(op) is Phase.APPLY:
+      estimate.optimizer_state += size
+    else:
+      estimate.other_state += size
+
+
+def _count_gradients(ctx, devices):
+  extra = ctx.plan.num_micro_batch > 1
+  for points in ctx.gradient_points:
+    for grad, _ in points:
+      for local in range(len(ctx.replicas)):
+        for tensor in tensors_of(grad):
+          tensor = ctx.tensor(local, tensor)
+          size = tensor_bytes(tensor)
+          estimate = devices[tensor.op.device]
+          if size is None:
+            estimate.unknown_tensors += 1
+            continue
+          estimate.gradients += size * (2 if extra else 1)
+
+
+def _kept_activations(ctx, devices):
+  """Per device, bytes of the forward tensors of micro-batch 0 that the
+  backward pass reads."""
+  state = ctx.state
+  kept = collections.defaultdict(set)
+  for op in ctx.graph.get_operations():
+    if (state.phase_of(op) is not Phase.BACKWARD or
+        op.type in _SHAPE_READERS):
+      continue
+    for tensor in op.inputs:
+      root = _root(tensor)
+      producer = root.op
+      if (state.phase_of(producer) is not Phase.FORWARD or
+          state.micro_batch_of(producer) != 0 or
+          producer.type in _VARIABLE_TYPES or producer.type == "Const"):
+        continue
+      kept[_canonical(producer.device)].add(root)
+  for device, tensors in kept.items():
+    estimate = devices[device]
+    for tensor in tensors:
+      size = tensor_bytes(tensor)
+      if size is None:
+        estimate.unknown_tensors += 1
+      else:
+        estimate.activations_per_micro_batch += size
+
+
+def _count_recomputed(ctx, devices):
+  """Per device, the largest segment of recomputed tensors that backward
+  reads (gradient checkpointing recomputes one segment at a time)."""
+  for segment in ctx.recomputed_segments:
+    names = {op.name for op in segment}
+    size = 0
+    for op in segment:
+      for tensor in op.outputs:
+        if any(c.name not in names and c.type not in _SHAPE_READERS
+               for c in tensor.consumers()):
+          size += tensor_bytes(tensor) or 0
+    for local in range(len(ctx.replicas)):
+      estimate = devices[ctx.op(local, segment[0]).device]
+      estimate.recomputed = max(estimate.recomputed, size)
+
+
+def _count_working(ctx, devices):
+  for op in ctx.graph.get_operations():
+    if ctx.state.phase_of(op) is Phase.OTHER:
+      continue
+    sizes = [tensor_bytes(t) for t in op.outputs]
+    size = sum(s for s in sizes if s)
+    estimate = devices[op.device]
+    estimate.working = max(estimate.working, size)
+
+
+def estimate(ctx):
+  """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`, one
+  per device of this worker's replicas, in plan order."""
+  plan = ctx.plan
+  devices = _Devices()
+  order = []
+  for local, replica in enumerate(ctx.replicas):
+    for stage in range(len(plan.devices[replica])):
+      estimate_ = devices[plan.devices[replica][stage]]
+      estimate_.stages.append(stage)
+      estimate_.in_flight = max(estimate_.in_flight, in_flight_micro_batches(
+          plan.schedule, len(plan.devices[replica]), stage,
+          plan.num_micro_batch))
+      order.append(estimate_.device)
+  _count_variables(ctx, devices)
+  _count_gradients(ctx, devices)
+  _kept_activations(ctx, devices)
+  _count_recomputed(ctx, devices)
+  _count_working(ctx, devices)
+  known = list(dict.fromkeys(order))
+  others = [d for d in devices.by_name if d not in known and d]
+  return [devices.by_name[d] for d in known + others]
