@@ -42,6 +42,7 @@ Later, before each run, VariableSync handles ops built since.
 import collections
 import logging
 
+from epl import dry_run
 from epl.env import Env
 from epl.ir import capture
 from epl.ir.graph_state import state_of
@@ -152,6 +153,7 @@ def ensure_rewritten(graph):
       state.version_without_step = graph.version
       return None
     state.rewrite_result = rewrite(graph, state, subgraph)
+    dry_run.after_rewrite(state.rewrite_result)
   return state.rewrite_result
 
 

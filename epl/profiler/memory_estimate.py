@@ -19,12 +19,13 @@ Per device:
   (slots: Adam's m and v, momentum), counted from the graph;
 - other state: every other variable (global step, loss scale, ...);
 - gradients: the gradient tensors the update reads (accumulated over
-  micro-batches), plus one more set while a micro-batch's gradients are
-  added into the sum when there are several micro-batches;
+  micro-batches), one set; two sets live when there are several
+  micro-batches (the sum so far and the micro-batch's being added);
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), times
   the micro-batches in flight on that stage: all M for GPipe
-  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward);
+  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), M
+  with split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -62,13 +63,17 @@ def tensor_bytes(tensor):
   return dtype.size * shape.num_elements()
 
 
+def variable_elements(op):
+  """Elements of the variable made by variable op `op` (0 if its shape
+  is not fully known)."""
+  shape = tf.TensorShape(op.get_attr("shape"))
+  return shape.num_elements() if shape.is_fully_defined() else 0
+
+
 def variable_bytes(op):
   """Bytes of the variable made by variable op `op` (0 if its shape is
   not fully known)."""
-  shape = tf.TensorShape(op.get_attr("shape"))
-  if not shape.is_fully_defined():
-    return 0
-  return tf.as_dtype(op.get_attr("dtype")).size * shape.num_elements()
+  return tf.as_dtype(op.get_attr("dtype")).size * variable_elements(op)
 
 
 def in_flight_micro_batches(schedule_name, num_stages, stage,
@@ -94,6 +99,7 @@ class DeviceEstimate:
   optimizer_state: int = 0
   other_state: int = 0
   gradients: int = 0
+  gradient_sets: int = 1
   activations_per_micro_batch: int = 0
   in_flight: int = 0
   recomputed: int = 0
@@ -110,12 +116,20 @@ class DeviceEstimate:
 
   @property
   def total(self):
-    return (self.persistent + self.gradients + self.activations +
+    return (self.persistent + self.gradients * self.gradient_sets +
+            self.activations +
             self.recomputed + self.working)
 
 
 def _canonical(device):
-  return tf.DeviceSpec.from_string(device).to_string() if device else ""
+  """One spelling per device; "/device:CPU" (any CPU) is CPU:0, where
+  TensorFlow puts it."""
+  if not device:
+    return ""
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.device_type and spec.device_index is None:
+    spec = spec.replace(device_index=0)
+  return spec.to_string()
 
 
 def _root(tensor):
@@ -126,13 +140,15 @@ def _root(tensor):
 
 
 class _Devices:
-  """DeviceEstimate per device, made on first use."""
+  """DeviceEstimate per device, made on first use; ops without a device
+  count on this worker's host CPU, where TensorFlow places them."""
 
-  def __init__(self):
+  def __init__(self, host):
     self.by_name = collections.OrderedDict()
+    self._host = _canonical(host)
 
   def __getitem__(self, device):
-    device = _canonical(device)
+    device = _canonical(device) or self._host
     if device not in self.by_name:
       self.by_name[device] = DeviceEstimate(device)
     return self.by_name[device]
@@ -158,7 +174,6 @@ def _count_variables(ctx, devices):
 
 
 def _count_gradients(ctx, devices):
-  extra = ctx.plan.num_micro_batch > 1
   for points in ctx.gradient_points:
     for grad, _ in points:
       for local in range(len(ctx.replicas)):
@@ -169,12 +184,14 @@ def _count_gradients(ctx, devices):
           if size is None:
             estimate.unknown_tensors += 1
             continue
-          estimate.gradients += size * (2 if extra else 1)
+          estimate.gradients += size
+          if ctx.plan.num_micro_batch > 1:
+            estimate.gradient_sets = 2
 
 
 def _kept_activations(ctx, devices):
   """Per device, bytes of the forward tensors of micro-batch 0 that the
-  backward pass reads."""
+  backward pass on that device reads."""
   state = ctx.state
   kept = collections.defaultdict(set)
   for op in ctx.graph.get_operations():
@@ -188,7 +205,9 @@ def _kept_activations(ctx, devices):
           state.micro_batch_of(producer) != 0 or
           producer.type in _VARIABLE_TYPES or producer.type == "Const"):
         continue
-      kept[_canonical(producer.device)].add(root)
+      # A tensor read on another device is kept there too (the copy
+      # TensorFlow received).
+      kept[devices[op.device].device].add(root)
   for device, tensors in kept.items():
     estimate = devices[device]
     for tensor in tensors:
@@ -217,7 +236,9 @@ def _count_recomputed(ctx, devices):
 
 def _count_working(ctx, devices):
   for op in ctx.graph.get_operations():
-    if ctx.state.phase_of(op) is Phase.OTHER:
+    # Constants and variables are allocated once, not by each step.
+    if (ctx.state.phase_of(op) is Phase.OTHER or op.type == "Const" or
+        op.type in _VARIABLE_TYPES):
       continue
     sizes = [tensor_bytes(t) for t in op.outputs]
     size = sum(s for s in sizes if s)
@@ -229,21 +250,23 @@ def estimate(ctx):
   """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`, one
   per device of this worker's replicas, in plan order."""
   plan = ctx.plan
-  devices = _Devices()
+  devices = _Devices(ctx.cluster.host_device(ctx.cluster.worker_index))
   order = []
-  for local, replica in enumerate(ctx.replicas):
+  for replica in ctx.replicas:
     for stage in range(len(plan.devices[replica])):
-      estimate_ = devices[plan.devices[replica][stage]]
-      estimate_.stages.append(stage)
-      estimate_.in_flight = max(estimate_.in_flight, in_flight_micro_batches(
-          plan.schedule, len(plan.devices[replica]), stage,
-          plan.num_micro_batch))
-      order.append(estimate_.device)
+      device = devices[plan.devices[replica][stage]]
+      device.stages.append(stage)
+      in_flight = (plan.num_micro_batch if plan.has_split else
+                   in_flight_micro_batches(
+                       plan.schedule, len(plan.devices[replica]), stage,
+                       plan.num_micro_batch))
+      device.in_flight = max(device.in_flight, in_flight)
+      order.append(device.device)
   _count_variables(ctx, devices)
   _count_gradients(ctx, devices)
   _kept_activations(ctx, devices)
   _count_recomputed(ctx, devices)
   _count_working(ctx, devices)
   known = list(dict.fromkeys(order))
-  others = [d for d in devices.by_name if d not in known and d]
+  others = [d for d in devices.by_name if d not in known]
   return [devices.by_name[d] for d in known + others]
