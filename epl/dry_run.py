@@ -33,7 +33,6 @@ from epl.profiler import memory_estimate
 logger = logging.getLogger("epl")
 
 ENV_VAR = "EPL_DRY_RUN"
-_MIB = 2.0 ** 20
 _SCHEDULE_NAMES = {schedule.PREFER_BACKWARD: "1F1B",
                    schedule.PREFER_FORWARD: "GPipe"}
 # Set once a plan was printed (epl-plan tells a planned exit from the
@@ -46,18 +45,27 @@ def enabled():
   return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes")
 
 
-def _mib(size):
-  return "%.2f" % (size / _MIB)
+_UNITS = (("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20), ("KiB", 2.0 ** 10),
+          ("B", 1.0))
 
 
-def _batch_size(ctx):
+def _unit(largest):
+  """(name, bytes) of the unit that shows `largest` bytes best."""
+  for name, size in _UNITS:
+    if largest >= size:
+      return name, size
+  return _UNITS[-1]
+
+
+def _batch_size(ctx, estimates):
   """Examples of one micro-batch, from the static shape of the first
-  input read; None when it is not known."""
+  input read or the batch size the estimate assumed; None when neither
+  is known."""
   for read in ctx.subgraph.input_reads:
     for tensor in read.outputs:
       if tensor.shape.rank and tensor.shape[0] is not None:
         return int(tensor.shape[0])
-  return None
+  return estimates[0].batch_size_assumed if estimates else None
 
 
 def _taskgraph_lines(ctx):
@@ -122,27 +130,40 @@ def _communication_line(ctx, gradient_bytes):
     text += ", sparse gradients as dense"
   if comm.clip_after_allreduce:
     text += ", clipping after the all-reduce"
-  text += ("; a ring all-reduce moves about %s MiB per device and step" %
-           _mib(ring * size))
+  name, unit = _unit(ring * size)
+  text += ("; a ring all-reduce moves about %.2f %s per device and step" %
+           (ring * size / unit, name))
   return text
 
 
 def _memory_lines(estimates):
+  unit_name, unit = _unit(max([e.total for e in estimates] or [0]))
+
+  def size(value):
+    return "%.2f" % (value / unit)
+  lines = ["  estimated memory per device at the step's peak (%s; gradients: "
+           "one set x sets live while micro-batches are summed; "
+           "activations: per micro-batch x in flight):" % unit_name]
   header = ("device", "stages", "params", "optimizer", "other", "gradients",
             "activations", "recomputed", "working", "total")
   rows = [header]
   for e in estimates:
     rows.append((e.device, ",".join(str(s) for s in e.stages) or "-",
-                 _mib(e.parameters), _mib(e.optimizer_state),
-                 _mib(e.other_state),
-                 "%s x %d" % (_mib(e.gradients), e.gradient_sets),
-                 "%s x %d" % (_mib(e.activations_per_micro_batch),
+                 size(e.parameters), size(e.optimizer_state),
+                 size(e.other_state),
+                 "%s x %d" % (size(e.gradients), e.gradient_sets),
+                 "%s x %d" % (size(e.activations_per_micro_batch),
                               e.in_flight),
-                 _mib(e.recomputed), _mib(e.working), _mib(e.total)))
+                 size(e.recomputed), size(e.working), size(e.total)))
   widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-  lines = ["    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
-                              for i, (cell, w) in enumerate(zip(row, widths)))
-           for row in rows]
+  lines.extend("    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
+                                  for i, (cell, w) in enumerate(zip(row,
+                                                                    widths)))
+               for row in rows)
+  if estimates and estimates[0].batch_size_assumed:
+    lines.append("    (the input's batch dimension is not static: shapes "
+                 "inferred with the input pipeline's batch size %d)" %
+                 estimates[0].batch_size_assumed)
   unknown = sum(e.unknown_tensors for e in estimates)
   if unknown:
     lines.append("    WARNING: %d tensor(s) have no fully known static shape "
@@ -157,7 +178,7 @@ def describe(ctx, estimates=None):
   if estimates is None:
     estimates = memory_estimate.estimate(ctx)
   stages = 1 if plan.has_split else plan.num_stages
-  micro_batch = _batch_size(ctx)
+  micro_batch = _batch_size(ctx, estimates)
   lines = ["EPL plan (dry run: nothing was initialised, no step ran)",
            "  cluster: %d worker(s) x %d %s device(s)" % (
                cluster.worker_num, cluster.devices_per_worker,
@@ -183,9 +204,6 @@ def describe(ctx, estimates=None):
   lines.append("  communication:")
   gradient_bytes = max([e.gradients for e in estimates] or [0])
   lines.append(_communication_line(ctx, gradient_bytes))
-  lines.append("  estimated memory per device at the step's peak (MiB; "
-               "gradients: one set x sets live while micro-batches are "
-               "summed; activations: per micro-batch x in flight):")
   lines.extend(_memory_lines(estimates))
   return "\n".join(lines)
 

@@ -103,7 +103,7 @@ def _assert_plan_without_step(result):
          "PreferBackward (1F1B)" in out
   assert "pipeline bubble: (p-1)/(m+p-1) = 1/3 = 33.3%" in out
   assert "0 'stage_0'" in out and "1 'stage_1'" in out
-  assert "estimated memory per device" in out
+  assert "estimated memory per device at the step's peak (KiB" in out
   assert re.search(r"/device:CPU:0\s+0\s", out)
   assert re.search(r"/device:CPU:1\s+1\s", out)
 
@@ -155,9 +155,10 @@ def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
   assert "ended without building a training step" in err
 
 
-def _pipeline_context(schedule="PreferBackward"):
+def _pipeline_context(schedule="PreferBackward", static_batch=True):
   """The rewrite context of a 2-stage MLP (8 -> 16 tanh -> 1, Adam), 2
-  micro-batches of 16 examples, on 2 logical CPU devices."""
+  micro-batches of 16 examples, on 2 logical CPU devices; the input's
+  batch dimension is static or not."""
   epl.init(epl.Config({"cluster.num_cpu_devices": 2,
                        "pipeline.num_micro_batch": 2,
                        "pipeline.strategy": schedule}))
@@ -165,7 +166,7 @@ def _pipeline_context(schedule="PreferBackward"):
   with graph.as_default():
     x, y = training.dataset_arrays()
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-        16, drop_remainder=True)
+        16, drop_remainder=static_batch)
     x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
     loss = tf.reduce_mean(tf.square(training.staged_model((16, 1))(x) - y))
     tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
@@ -174,8 +175,10 @@ def _pipeline_context(schedule="PreferBackward"):
   return state_of(graph).rewrite_result.context
 
 
-def test_estimate_of_small_mlp_matches_hand_count():
-  stage_0, stage_1 = memory_estimate.estimate(_pipeline_context())
+@pytest.mark.parametrize("static_batch", [True, False])
+def test_estimate_of_small_mlp_matches_hand_count(static_batch):
+  stage_0, stage_1 = memory_estimate.estimate(
+      _pipeline_context(static_batch=static_batch))
   assert (stage_0.device, stage_1.device) == ("/device:CPU:0",
                                               "/device:CPU:1")
   float32 = 4
@@ -197,6 +200,9 @@ def test_estimate_of_small_mlp_matches_hand_count():
   # 1F1B: stage s keeps min(p - s, M) micro-batches.
   assert (stage_0.in_flight, stage_1.in_flight) == (2, 1)
   assert stage_0.unknown_tensors == stage_1.unknown_tensors == 0
+  # Without a static batch dimension, shapes are inferred again with the
+  # dataset's batch size.
+  assert stage_0.batch_size_assumed == (None if static_batch else 16)
   assert stage_0.total == (stage_0.persistent + 2 * layer_0 +
                            2 * stage_0.activations_per_micro_batch +
                            stage_0.working)

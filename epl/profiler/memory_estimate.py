@@ -29,11 +29,16 @@ Per device:
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
-Tensors whose static shape is not fully known cannot be counted; they are
+When the input's batch dimension is not static (a batch without
+`drop_remainder=True`), shapes are inferred again, by TensorFlow's shape
+functions on a copy of the graph, with the batch size of the input
+pipeline's batching dataset (`DeviceEstimate.batch_size_assumed`). Tensors
+whose static shape is still not fully known cannot be counted; they are
 reported in `DeviceEstimate.unknown_tensors` rather than guessed.
 """
 import collections
 import dataclasses
+import logging
 from typing import List
 
 import tensorflow as tf
@@ -41,6 +46,8 @@ import tensorflow as tf
 from epl.ir.phase import Phase
 from epl.parallel import schedule
 from epl.parallel.training_subgraph import tensors_of
+
+logger = logging.getLogger("epl")
 
 _VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2"])
 # Ops whose output is a view of an input's buffer (no new memory).
@@ -105,6 +112,9 @@ class DeviceEstimate:
   recomputed: int = 0
   working: int = 0
   unknown_tensors: int = 0
+  # The input pipeline's batch size, when shapes had to be inferred again
+  # with it (the input's batch dimension is not static); else None.
+  batch_size_assumed: object = None
 
   @property
   def persistent(self):
@@ -154,6 +164,67 @@ class _Devices:
     return self.by_name[device]
 
 
+_BATCH_DATASETS = frozenset(["BatchDataset", "BatchDatasetV2",
+                             "PaddedBatchDataset", "PaddedBatchDatasetV2",
+                             "ParallelBatchDataset"])
+
+
+def _dataset_batch_size(graph):
+  """The batch size of the graph's batching datasets when they all agree
+  on one constant; else None."""
+  found = set()
+  for op in graph.get_operations():
+    if op.type in _BATCH_DATASETS:
+      value = tf.get_static_value(op.inputs[1])
+      found.add(None if value is None else int(value))
+  if len(found) != 1 or None in found:
+    return None
+  return found.pop()
+
+
+def _with_batch_size(graph, input_reads, batch_size):
+  """A copy of `graph` whose static shapes TensorFlow inferred again with
+  the input reads' unknown leading dimension set to `batch_size`."""
+  graph_def = graph.as_graph_def()
+  reads = {op.name for op in input_reads}
+  for node in graph_def.node:
+    if node.name not in reads or "output_shapes" not in node.attr:
+      continue
+    for shape in node.attr["output_shapes"].list.shape:
+      if shape.dim and shape.dim[0].size == -1:
+        shape.dim[0].size = batch_size
+  inferred = tf.Graph()
+  with inferred.as_default():
+    tf.graph_util.import_graph_def(graph_def, name="")
+  return inferred
+
+
+class _TensorSizes:
+  """tensor -> bytes (None if unknown). When the input's batch dimension
+  is not static, shapes come from a copy of the graph inferred again with
+  the batch size of the input pipeline."""
+
+  def __init__(self, ctx):
+    self.batch_size = None
+    self._inferred = None
+    reads = ctx.subgraph.input_reads
+    if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
+      return
+    batch_size = _dataset_batch_size(ctx.graph)
+    if batch_size is None:
+      return
+    logger.info("Memory estimate: the input's batch dimension is not "
+                "static; shapes inferred again with the input pipeline's "
+                "batch size %d", batch_size)
+    self.batch_size = batch_size
+    self._inferred = _with_batch_size(ctx.graph, reads, batch_size)
+
+  def __call__(self, tensor):
+    if self._inferred is not None and not tensor.shape.is_fully_defined():
+      tensor = self._inferred.get_tensor_by_name(tensor.name)
+    return tensor_bytes(tensor)
+
+
 def _count_variables(ctx, devices):
   trained = set()
   for points in ctx.gradient_points:
@@ -173,13 +244,13 @@ def _count_variables(ctx, devices):
       estimate.other_state += size
 
 
-def _count_gradients(ctx, devices):
+def _count_gradients(ctx, devices, sizes):
   for points in ctx.gradient_points:
     for grad, _ in points:
       for local in range(len(ctx.replicas)):
         for tensor in tensors_of(grad):
           tensor = ctx.tensor(local, tensor)
-          size = tensor_bytes(tensor)
+          size = sizes(tensor)
           estimate = devices[tensor.op.device]
           if size is None:
             estimate.unknown_tensors += 1
@@ -189,7 +260,7 @@ def _count_gradients(ctx, devices):
             estimate.gradient_sets = 2
 
 
-def _kept_activations(ctx, devices):
+def _kept_activations(ctx, devices, sizes):
   """Per device, bytes of the forward tensors of micro-batch 0 that the
   backward pass on that device reads."""
   state = ctx.state
@@ -211,14 +282,14 @@ def _kept_activations(ctx, devices):
   for device, tensors in kept.items():
     estimate = devices[device]
     for tensor in tensors:
-      size = tensor_bytes(tensor)
+      size = sizes(tensor)
       if size is None:
         estimate.unknown_tensors += 1
       else:
         estimate.activations_per_micro_batch += size
 
 
-def _count_recomputed(ctx, devices):
+def _count_recomputed(ctx, devices, sizes):
   """Per device, the largest segment of recomputed tensors that backward
   reads (gradient checkpointing recomputes one segment at a time)."""
   for segment in ctx.recomputed_segments:
@@ -228,20 +299,19 @@ def _count_recomputed(ctx, devices):
       for tensor in op.outputs:
         if any(c.name not in names and c.type not in _SHAPE_READERS
                for c in tensor.consumers()):
-          size += tensor_bytes(tensor) or 0
+          size += sizes(tensor) or 0
     for local in range(len(ctx.replicas)):
       estimate = devices[ctx.op(local, segment[0]).device]
       estimate.recomputed = max(estimate.recomputed, size)
 
 
-def _count_working(ctx, devices):
+def _count_working(ctx, devices, sizes):
   for op in ctx.graph.get_operations():
     # Constants and variables are allocated once, not by each step.
     if (ctx.state.phase_of(op) is Phase.OTHER or op.type == "Const" or
         op.type in _VARIABLE_TYPES):
       continue
-    sizes = [tensor_bytes(t) for t in op.outputs]
-    size = sum(s for s in sizes if s)
+    size = sum(sizes(t) or 0 for t in op.outputs)
     estimate = devices[op.device]
     estimate.working = max(estimate.working, size)
 
@@ -263,10 +333,13 @@ def estimate(ctx):
       device.in_flight = max(device.in_flight, in_flight)
       order.append(device.device)
   _count_variables(ctx, devices)
-  _count_gradients(ctx, devices)
-  _kept_activations(ctx, devices)
-  _count_recomputed(ctx, devices)
-  _count_working(ctx, devices)
+  sizes = _TensorSizes(ctx)
+  _count_gradients(ctx, devices, sizes)
+  _kept_activations(ctx, devices, sizes)
+  _count_recomputed(ctx, devices, sizes)
+  _count_working(ctx, devices, sizes)
+  for device in devices.by_name.values():
+    device.batch_size_assumed = sizes.batch_size
   known = list(dict.fromkeys(order))
   others = [d for d in devices.by_name if d not in known]
   return [devices.by_name[d] for d in known + others]
