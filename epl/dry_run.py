@@ -35,6 +35,8 @@ logger = logging.getLogger("epl")
 ENV_VAR = "EPL_DRY_RUN"
 _SCHEDULE_NAMES = {schedule.PREFER_BACKWARD: "1F1B",
                    schedule.PREFER_FORWARD: "GPipe"}
+# Replicas whose devices are listed by name (the first ones and the last).
+_LISTED_REPLICAS = 4
 # Set once a plan was printed (epl-plan tells a planned exit from the
 # script's own).
 _planned = []
@@ -83,8 +85,11 @@ def _taskgraph_lines(ctx):
       forward_ops[index] += 1
   lines = []
   for index, taskgraph in enumerate(plan.taskgraphs):
-    devices = ", ".join("%s (replica %d)" % (plan.device(r, index), r)
-                        for r in range(plan.num_replicas))
+    devices = ["%s (replica %d)" % (plan.device(r, index), r)
+               for r in range(plan.num_replicas)]
+    if len(devices) > _LISTED_REPLICAS:
+      devices[_LISTED_REPLICAS - 1:-1] = ["..."]
+    devices = ", ".join(devices)
     lines.append("    %d %r: %s, %d device(s) per replica; %s parameters, "
                  "%d forward ops; on %s" % (
                      index, taskgraph.name, taskgraph.kind,

@@ -227,3 +227,22 @@ def test_in_flight_micro_batches(schedule, expected):
           for s in range(4)] == expected
   assert memory_estimate.in_flight_micro_batches(
       "PreferBackward", 4, 0, 2) == 2
+
+
+@pytest.mark.parametrize("zero_level", ["", "v0"])
+def test_estimate_counts_zero_slots_on_their_owner(zero_level):
+  """Data parallel over 2 devices: each replica has its own Adam slots;
+  with ZeRO v0 w1's slots live on replica 0's device, b1's and w2's on
+  replica 1's (the partition EPL logs)."""
+  _, _, graph = training.train(
+      model=training.get_variable_model, optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 2, "zero.level": zero_level})
+  estimates = memory_estimate.estimate(state_of(graph).rewrite_result.context)
+  w1, b1, w2 = 8 * 16 * 4, 16 * 4, 16 * 1 * 4
+  assert [e.parameters for e in estimates] == [w1 + b1 + w2] * 2
+  beta_powers = 2 * 4  # each replica's
+  if zero_level:
+    expected = [2 * w1 + beta_powers, 2 * (b1 + w2) + beta_powers]
+  else:
+    expected = [2 * (w1 + b1 + w2) + beta_powers] * 2
+  assert [e.optimizer_state for e in estimates] == expected

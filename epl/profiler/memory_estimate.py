@@ -127,8 +127,7 @@ class DeviceEstimate:
   @property
   def total(self):
     return (self.persistent + self.gradients * self.gradient_sets +
-            self.activations +
-            self.recomputed + self.working)
+            self.activations + self.recomputed + self.working)
 
 
 def _canonical(device):
@@ -317,8 +316,9 @@ def _count_working(ctx, devices, sizes):
 
 
 def estimate(ctx):
-  """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`, one
-  per device of this worker's replicas, in plan order."""
+  """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`: one
+  per device of this worker's replicas in plan order, then any other
+  device the step uses (the host, with offload)."""
   plan = ctx.plan
   devices = _Devices(ctx.cluster.host_device(ctx.cluster.worker_index))
   order = []
