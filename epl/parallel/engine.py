@@ -37,7 +37,9 @@ The passes, in order (each a function with its own docstring):
                                      the schedule's order
  24. merge_global_objects          - merged fetches
  25. VariableSync.update           - init / restore reach every replica
-Later, before each run, VariableSync handles ops built since.
+Later, before each run, VariableSync handles ops built since. In a dry run
+(`EPL_DRY_RUN`, `epl-plan`) the process prints the plan and exits once the
+rewrite is done (`epl.dry_run`).
 """
 import collections
 import logging
