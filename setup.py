@@ -31,6 +31,7 @@ setup(
         "plot": ["matplotlib==3.8.4"],
     },
     entry_points={
-        "console_scripts": ["epl-launch=epl.launcher:main"],
+        "console_scripts": ["epl-launch=epl.launcher:main",
+                            "epl-plan=epl.dry_run:main"],
     },
 )

@@ -35,6 +35,9 @@ class RewriteContext:
   micro_batches: List[Dict[str, object]] = dataclasses.field(
       default_factory=list)
   gradient_points: List[list] = dataclasses.field(default_factory=list)
+  # Gradient checkpointing: replica 0's recomputed ops, one list per
+  # segment that backward recomputes at once (memory estimate).
+  recomputed_segments: List[list] = dataclasses.field(default_factory=list)
   _step_counter: object = dataclasses.field(default=None, repr=False)
   # replica_op_names cache: local -> (size of clones[local], names).
   _op_names: Dict[int, tuple] = dataclasses.field(default_factory=dict,

@@ -37,11 +37,14 @@ The passes, in order (each a function with its own docstring):
                                      the schedule's order
  24. merge_global_objects          - merged fetches
  25. VariableSync.update           - init / restore reach every replica
-Later, before each run, VariableSync handles ops built since.
+Later, before each run, VariableSync handles ops built since. In a dry run
+(`EPL_DRY_RUN`, `epl-plan`) the process prints the plan and exits once the
+rewrite is done (`epl.dry_run`).
 """
 import collections
 import logging
 
+from epl import dry_run
 from epl.env import Env
 from epl.ir import capture
 from epl.ir.graph_state import state_of
@@ -152,6 +155,7 @@ def ensure_rewritten(graph):
       state.version_without_step = graph.version
       return None
     state.rewrite_result = rewrite(graph, state, subgraph)
+    dry_run.after_rewrite(state.rewrite_result)
   return state.rewrite_result
 
 

@@ -250,7 +250,8 @@ def recompute_activations(ctx):
     state.copy_tags(ctx.clones[0][name], copy)
     state.set_phase(copy, Phase.BACKWARD)
     ctx.user_devices[copy.name] = ctx.user_devices.get(name, "")
-  for segment in _segments(forward, checkpoint_ops, copies):
+  ctx.recomputed_segments = _segments(forward, checkpoint_ops, copies)
+  for segment in ctx.recomputed_segments:
     _order_just_in_time(
         ctx, segment, [r for op in segment for r in readers[op.name]])
   ctx.subgraph.add_cloned(copies.values())

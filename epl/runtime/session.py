@@ -13,6 +13,7 @@ and a dead peer outside them cannot stall the session's creation.
 """
 import tensorflow as tf
 
+from epl import dry_run
 from epl import io_slicing
 from epl.parallel import engine
 from epl.runtime import coverage
@@ -85,6 +86,8 @@ def _substitute(fetch, substitutes):
 def before_run(graph, fetches):
   """Rewrites the graph if needed; returns the fetches to really run."""
   substitutes = engine.before_run(graph)
+  if dry_run.enabled() and engine.ensure_rewritten(graph) is None:
+    dry_run.refuse_run()
   io_slicing.check_rewritten(graph)
   coverage.check_run(graph, fetches)
   if not substitutes:

@@ -1,0 +1,248 @@
+"""epl-plan / EPL_DRY_RUN: the plan is printed and nothing runs; the memory
+estimate counts parameters, optimizer state and activations right."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import epl
+from epl import dry_run
+from epl.ir.graph_state import state_of
+from epl.profiler import memory_estimate
+
+import training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 240
+
+# A two-stage pipeline (2 micro-batches) on 2 logical CPU devices. Its
+# variable `flag` is initialised by a py_func that writes the file
+# "initialised"; after its first training step the script writes
+# "stepped". With "run_first" it runs a session before building a step.
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import tensorflow as tf
+    import epl
+
+    tf.compat.v1.disable_eager_execution()
+    mode, markers = sys.argv[1], sys.argv[2]
+
+    def mark(name):
+      def write():
+        open(os.path.join(markers, name), "w").close()
+        return np.float32(1)
+      return write
+
+    epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                         "pipeline.num_micro_batch": 2}))
+    if mode == "run_first":
+      with tf.compat.v1.Session() as session:
+        session.run(tf.constant(1.0))
+    rng = np.random.RandomState(0)
+    data = tf.data.Dataset.from_tensor_slices(
+        (rng.normal(size=(64, 8)).astype(np.float32),
+         rng.normal(size=(64, 1)).astype(np.float32)))
+    x, y = tf.compat.v1.data.make_one_shot_iterator(
+        data.repeat().batch(16, drop_remainder=True)).get_next()
+    with epl.replicate(device_count=1, name="stage_0"):
+      flag_value = tf.compat.v1.py_func(mark("initialised"), [], tf.float32)
+      flag_value.set_shape([])
+      flag = tf.compat.v1.get_variable("flag", initializer=flag_value,
+                                       trainable=False)
+      hidden = tf.compat.v1.layers.dense(x, 16, activation=tf.nn.tanh)
+    with epl.replicate(device_count=1, name="stage_1"):
+      loss = tf.reduce_mean(tf.square(
+          tf.compat.v1.layers.dense(hidden, 1) - y)) * flag
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+        loss, global_step=step)
+    if mode == "monitored":
+      with tf.compat.v1.train.MonitoredTrainingSession() as session:
+        session.run(train_op)
+    else:
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(train_op)
+    mark("stepped")()
+    print("trained")
+""")
+
+
+@pytest.fixture(name="script")
+def _script(tmp_path):
+  path = tmp_path / "train_small.py"
+  path.write_text(SCRIPT)
+  markers = tmp_path / "markers"
+  markers.mkdir()
+  return path, markers
+
+
+def _run(command, dry, markers):
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  env.pop(dry_run.ENV_VAR, None)
+  if dry:
+    env[dry_run.ENV_VAR] = "1"
+  process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=TIMEOUT, check=False)
+  return (process.returncode, process.stdout, process.stderr,
+          sorted(os.listdir(markers)))
+
+
+def _assert_plan_without_step(result):
+  code, out, err, markers = result
+  assert code == 0, err[-3000:]
+  assert markers == [], "the dry run initialised or stepped: %s" % markers
+  assert "trained" not in out
+  assert "EPL plan (dry run" in out
+  assert "pipeline: 2 stage(s), 2 micro-batch(es) per step, schedule " \
+         "PreferBackward (1F1B)" in out
+  assert "pipeline bubble: (p-1)/(m+p-1) = 1/3 = 33.3%" in out
+  assert "0 'stage_0'" in out and "1 'stage_1'" in out
+  assert "estimated memory per device at the step's peak (KiB" in out
+  assert re.search(r"/device:CPU:0\s+0\s", out)
+  assert re.search(r"/device:CPU:1\s+1\s", out)
+
+
+@pytest.mark.parametrize("mode", ["session", "monitored"])
+def test_dry_run_prints_plan_and_runs_no_step(script, mode):
+  path, markers = script
+  command = [sys.executable, str(path), mode, str(markers)]
+  # Without the dry run the script initialises and trains (the markers
+  # work).
+  code, out, err, written = _run(command, False, markers)
+  assert code == 0, err[-3000:]
+  assert written == ["initialised", "stepped"] and "trained" in out
+  for name in written:
+    os.remove(os.path.join(markers, name))
+  _assert_plan_without_step(_run(command, True, markers))
+
+
+def test_epl_plan_entry_point(script):
+  path, markers = script
+  with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as setup:
+    assert '"epl-plan=epl.dry_run:main"' in setup.read()
+  # What the console script runs: sys.exit(main()) with the arguments.
+  entry = [sys.executable, "-c",
+           "import sys; from epl.dry_run import main; sys.exit(main())"]
+  _assert_plan_without_step(
+      _run(entry + [str(path), "session", str(markers)], False, markers))
+  _assert_plan_without_step(_run(
+      [sys.executable, "-m", "epl.dry_run", str(path), "session",
+       str(markers)], False, markers))
+
+
+def test_dry_run_refuses_a_run_before_the_training_step(script):
+  path, markers = script
+  code, _, err, written = _run(
+      [sys.executable, str(path), "run_first", str(markers)], True, markers)
+  assert code == 1
+  assert "runs its session before building a training step" in err
+  assert written == []
+
+
+def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
+  path = tmp_path / "no_epl.py"
+  path.write_text("print('no model here')\n")
+  code, out, err, _ = _run(
+      [sys.executable, "-m", "epl.dry_run", str(path)], False, tmp_path)
+  assert code == 1
+  assert "no model here" in out
+  assert "ended without building a training step" in err
+
+
+def _pipeline_context(schedule="PreferBackward", static_batch=True):
+  """The rewrite context of a 2-stage MLP (8 -> 16 tanh -> 1, Adam), 2
+  micro-batches of 16 examples, on 2 logical CPU devices; the input's
+  batch dimension is static or not."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                       "pipeline.num_micro_batch": 2,
+                       "pipeline.strategy": schedule}))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.dataset_arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        16, drop_remainder=static_batch)
+    x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
+    loss = tf.reduce_mean(tf.square(training.staged_model((16, 1))(x) - y))
+    tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+  return state_of(graph).rewrite_result.context
+
+
+@pytest.mark.parametrize("static_batch", [True, False])
+def test_estimate_of_small_mlp_matches_hand_count(static_batch):
+  stage_0, stage_1 = memory_estimate.estimate(
+      _pipeline_context(static_batch=static_batch))
+  assert (stage_0.device, stage_1.device) == ("/device:CPU:0",
+                                              "/device:CPU:1")
+  float32 = 4
+  layer_0 = (8 * 16 + 16) * float32
+  layer_1 = (16 * 1 + 1) * float32
+  assert (stage_0.parameters, stage_1.parameters) == (layer_0, layer_1)
+  # Adam: two slots per variable; beta1_power and beta2_power sit with
+  # the first variable.
+  assert stage_0.optimizer_state == 2 * layer_0 + 2 * float32
+  assert stage_1.optimizer_state == 2 * layer_1
+  assert (stage_0.gradients, stage_1.gradients) == (layer_0, layer_1)
+  assert stage_0.gradient_sets == stage_1.gradient_sets == 2
+  # Exact: what backward reads. Stage 0: the input x [16, 8] (kernel
+  # gradient) and tanh's output [16, 16] (TanhGrad). Stage 1: tanh's
+  # output as received (kernel gradient) and prediction - y [16, 1]
+  # (Square's gradient).
+  assert stage_0.activations_per_micro_batch == (16 * 8 + 16 * 16) * float32
+  assert stage_1.activations_per_micro_batch == (16 * 16 + 16) * float32
+  # 1F1B: stage s keeps min(p - s, M) micro-batches.
+  assert (stage_0.in_flight, stage_1.in_flight) == (2, 1)
+  assert stage_0.unknown_tensors == stage_1.unknown_tensors == 0
+  # Without a static batch dimension, shapes are inferred again with the
+  # dataset's batch size.
+  assert stage_0.batch_size_assumed == (None if static_batch else 16)
+  assert stage_0.total == (stage_0.persistent + 2 * layer_0 +
+                           2 * stage_0.activations_per_micro_batch +
+                           stage_0.working)
+
+
+def test_gpipe_keeps_every_micro_batch():
+  estimates = memory_estimate.estimate(_pipeline_context("PreferForward"))
+  assert [e.in_flight for e in estimates] == [2, 2]
+
+
+@pytest.mark.parametrize("stages, micro_batches, expected", [
+    (1, 8, 0.0), (2, 4, 1 / 5.0), (4, 8, 3 / 11.0), (4, 1, 3 / 4.0)])
+def test_bubble_fraction(stages, micro_batches, expected):
+  assert memory_estimate.bubble_fraction(stages, micro_batches) == \
+      pytest.approx(expected)
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ("PreferBackward", [4, 3, 2, 1]), ("PreferForward", [8, 8, 8, 8])])
+def test_in_flight_micro_batches(schedule, expected):
+  assert [memory_estimate.in_flight_micro_batches(schedule, 4, s, 8)
+          for s in range(4)] == expected
+  assert memory_estimate.in_flight_micro_batches(
+      "PreferBackward", 4, 0, 2) == 2
+
+
+@pytest.mark.parametrize("zero_level", ["", "v0"])
+def test_estimate_counts_zero_slots_on_their_owner(zero_level):
+  """Data parallel over 2 devices: each replica has its own Adam slots;
+  with ZeRO v0 w1's slots live on replica 0's device, b1's and w2's on
+  replica 1's (the partition EPL logs)."""
+  _, _, graph = training.train(
+      model=training.get_variable_model, optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 2, "zero.level": zero_level})
+  estimates = memory_estimate.estimate(state_of(graph).rewrite_result.context)
+  w1, b1, w2 = 8 * 16 * 4, 16 * 4, 16 * 1 * 4
+  assert [e.parameters for e in estimates] == [w1 + b1 + w2] * 2
+  beta_powers = 2 * 4  # each replica's
+  if zero_level:
+    expected = [2 * w1 + beta_powers, 2 * (b1 + w2) + beta_powers]
+  else:
+    expected = [2 * (w1 + b1 + w2) + beta_powers] * 2
+  assert [e.optimizer_state for e in estimates] == expected
