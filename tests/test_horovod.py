@@ -7,6 +7,8 @@ namespace (tests/multiworker.py); the tests compare each case with plain
 single-device TensorFlow on the same global batch of 32 rows.
 """
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -152,3 +154,23 @@ def test_pipeline_across_processes_is_an_error_at_plan_time():
                            epl.Config())
   assert plan.local_replicas == [1]
   assert plan.devices[1] == ["/device:CPU:0", "/device:CPU:1"]
+
+
+def test_make_test_builds_horovod_of_the_extra_with_gloo(tmp_path):
+  if shutil.which("make") is None:
+    pytest.skip("make is not installed")
+  plan = subprocess.run(
+      ["make", "-n", "test", "VENV=%s" % (tmp_path / "venv")],
+      cwd=multiworker.ROOT, capture_output=True, text=True, timeout=60,
+      check=True).stdout
+  build = [line for line in plan.splitlines() if "--no-build-isolation" in line]
+  assert build, plan
+  for flag in ("HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_GLOO=1",
+               "HOROVOD_WITHOUT_MPI=1", "HOROVOD_WITHOUT_PYTORCH=1",
+               "HOROVOD_WITHOUT_MXNET=1"):
+    assert flag in build[0]
+  assert "'horovod==0.28.1'" in plan
+  # The version built is the one of setup.py's `horovod` extra.
+  setup = open(os.path.join(multiworker.ROOT, "setup.py")).read()
+  assert '"horovod": ["horovod==0.28.1"]' in setup
+  assert plan.index("import horovod.tensorflow") < plan.index("-m pytest")
