@@ -9,6 +9,7 @@ single-device TensorFlow on the same global batch of 32 rows.
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -174,3 +175,15 @@ def test_make_test_builds_horovod_of_the_extra_with_gloo(tmp_path):
   setup = open(os.path.join(multiworker.ROOT, "setup.py")).read()
   assert '"horovod": ["horovod==0.28.1"]' in setup
   assert plan.index("import horovod.tensorflow") < plan.index("-m pytest")
+
+
+def test_backend_without_horovod_says_how_to_install(monkeypatch):
+  monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+  with pytest.raises(ImportError, match="make horovod"):
+    epl.init(epl.Config({"communication.backend": "horovod"}))
+
+
+def test_backend_with_tf_config_is_an_error(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}}')
+  with pytest.raises(ValueError, match="horovodrun starts the workers"):
+    epl.init(epl.Config({"communication.backend": "horovod"}))

@@ -176,11 +176,11 @@ class HorovodCommunicator(Communicator):
         results.append(tf.identity(value))
     return results
 
-  def _sum_across(self, local_sum, op=None):
-    hvd = horovod_api()
-    return _kept(hvd.allreduce(local_sum, op=op or hvd.Sum,
-                               name=self._name("allreduce"),
-                               ignore_name_scope=True))
+  def _allreduce(self, tensor, op, kind="allreduce"):
+    """One Horovod all-reduce across the processes, `op` a Horovod op
+    (hvd.Sum, hvd.Max)."""
+    return _kept(horovod_api().allreduce(
+        tensor, op=op, name=self._name(kind), ignore_name_scope=True))
 
   def _local_sum(self, tensors):
     return tensors[0] if len(tensors) == 1 else tf.add_n(tensors)
@@ -195,7 +195,7 @@ class HorovodCommunicator(Communicator):
     with tf.device(self._device):
       total = self._local_sum(tensors)
       if self._across:
-        total = self._sum_across(total)
+        total = self._allreduce(total, horovod_api().Sum)
       return self._spread(self._finish(total, reduce_op))
 
   def all_reduce_where(self, tensors, conditions, reduce_op):
@@ -212,15 +212,12 @@ class HorovodCommunicator(Communicator):
       if not self._across:
         reduced = total
       else:
-        agreed = self._sum_across(tf.cast(condition, tf.int32),
-                                  op=horovod_api().Max)
-        condition = agreed > 0
-        name = self._name("allreduce_where")
+        hvd = horovod_api()
+        condition = self._allreduce(tf.cast(condition, tf.int32), hvd.Max,
+                                    "agree") > 0
         reduced = tf.cond(
             condition,
-            lambda: _kept(horovod_api().allreduce(
-                total, op=horovod_api().Sum, name=name,
-                ignore_name_scope=True)),
+            lambda: self._allreduce(total, hvd.Sum, "allreduce_where"),
             lambda: tf.zeros_like(total))
       result = tf.where(condition, self._finish(reduced, reduce_op),
                         tf.zeros_like(total))
