@@ -92,7 +92,7 @@ def _arrays(values):
 
 @pytest.mark.parametrize("case", ["dense_momentum", "dense_adam",
                                   "sparse_momentum", "sparse_adam",
-                                  "pipeline"])
+                                  "pipeline", "zero_v1"])
 def test_two_processes_match_single_device(job, case):
   results, _ = job
   plain, losses, labels = _plain_run(case)

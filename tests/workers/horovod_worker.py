@@ -50,6 +50,8 @@ CASES = {
     "fp16_overflow": ("dense", "momentum", {"communication.fp16": True,
                                             "communication.fp16_scale": 1e6}),
     "pipeline": ("pipeline", "momentum", {"pipeline.num_micro_batch": 2}),
+    # ZeRO: gradients reduced to their owners, across processes too.
+    "zero_v1": ("dense", "adam", {"zero.level": "v1"}),
 }
 
 
