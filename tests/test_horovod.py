@@ -16,6 +16,8 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl import horovod_launch
+from epl import launcher
 from epl.communicators.horovod import HorovodCluster
 from epl.ir.taskgraph import TaskGraph
 from epl.parallel import planner
@@ -187,3 +189,17 @@ def test_backend_with_tf_config_is_an_error(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}}')
   with pytest.raises(ValueError, match="horovodrun starts the workers"):
     epl.init(epl.Config({"communication.backend": "horovod"}))
+
+
+def test_epl_launch_horovod_runs_horovodrun_over_every_machine():
+  def command(*extra):
+    args = launcher._parser().parse_args(  # pylint: disable=protected-access
+        ["--backend", "horovod", "--num_workers", "4"] + list(extra) +
+        ["train.py"])
+    return horovod_launch.horovodrun_command(args, ["python", "train.py"])
+  assert command("--machine_list", "h1,h2:99", "--log_dir", "logs")[1:] == [
+      "-m", "horovod.runner.launch", "-np", "4", "-H", "h1:2,h2:2", "--gloo",
+      "--output-filename", "logs", "python", "train.py"]
+  assert command()[5:8] == ["-H", "localhost:4", "--gloo"]
+  with pytest.raises(ValueError, match="first machine"):
+    command("--machine_list", "h1,h2", "--machine_rank", "1")
