@@ -203,3 +203,23 @@ def test_epl_launch_horovod_runs_horovodrun_over_every_machine():
   assert command()[5:8] == ["-H", "localhost:4", "--gloo"]
   with pytest.raises(ValueError, match="first machine"):
     command("--machine_list", "h1,h2", "--machine_rank", "1")
+
+
+def test_processes_of_one_machine_share_its_gpus_by_local_rank(monkeypatch):
+  from epl.communicators import horovod  # pylint: disable=import-outside-toplevel
+
+  class FakeHorovod:
+    @staticmethod
+    def local_size():
+      return 2
+
+    @staticmethod
+    def local_rank():
+      return 1
+
+  monkeypatch.setattr(horovod, "_visible_gpu_count", lambda devices: 4)
+  config = epl.Config()
+  assert horovod._local_gpus(config, FakeHorovod) == 2  # pylint: disable=protected-access
+  assert config.cluster.run_visible_devices == "2,3"
+  chosen = epl.Config({"cluster.run_visible_devices": "0,1,2,3"})
+  assert horovod._local_gpus(chosen, FakeHorovod) == 4  # pylint: disable=protected-access
