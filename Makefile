@@ -12,7 +12,7 @@ EXTRAS ?= cpu,test,plot
 # this tree if the package existed when it was installed.
 STAMP := $(VENV)/.epl-installed
 
-.PHONY: venv tools test demo quick-start clean distclean
+.PHONY: venv horovod tools test demo quick-start clean distclean
 
 venv: $(STAMP)
 
@@ -24,6 +24,26 @@ $(STAMP): setup.py $(wildcard epl/__init__.py) | $(VENV_PY)
 	$(VENV_PY) -m pip install --use-pep517 -e '.[$(EXTRAS)]'
 	touch $@
 
+# Horovod (the `horovod` extra of setup.py, 0.28.1), built from source
+# against the venv's TensorFlow (no build isolation; setup.py bdist_wheel
+# needs `wheel`) with Gloo and without MPI, PyTorch and MXNet: about 15
+# minutes on 2 cores the first time. pip keeps the wheel it built in its
+# cache, so later installs (a new venv) reuse it without building.
+WHEEL_VERSION := 0.48.0
+HOROVOD_REQUIREMENT := $(shell grep -o '"horovod==[^"]*"' setup.py | tr -d '"')
+HOROVOD_STAMP := $(VENV)/.horovod-installed
+HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
+  HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+
+horovod: $(HOROVOD_STAMP)
+
+$(HOROVOD_STAMP): setup.py | $(STAMP)
+	$(VENV_PY) -m pip install wheel==$(WHEEL_VERSION)
+	$(HOROVOD_BUILD_ENV) $(VENV_PY) -m pip install --no-build-isolation \
+	  '$(HOROVOD_REQUIREMENT)'
+	$(VENV_PY) -c "import horovod.tensorflow"
+	touch $@
+
 # The multi-worker tests run each job in private network and PID namespaces:
 # they need `unshare` (util-linux) and `ip` (iproute2). Installed with apt
 # when missing; without them those tests skip and say why.
@@ -32,7 +52,7 @@ tools:
 	  { apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || \
 	  echo "iproute2/util-linux could not be installed: multi-worker tests will skip"
 
-test: venv tools
+test: venv horovod tools
 	$(VENV_PY) -m pytest -q tests
 
 # Tiny BERT, 2 pipeline stages x 2 data-parallel replicas on 4 logical CPU

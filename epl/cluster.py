@@ -69,7 +69,11 @@ class Cluster:
 
   @classmethod
   def from_environment(cls, config):
-    """Reads TF_CONFIG (absent: one local worker) and counts devices."""
+    """Reads TF_CONFIG (absent: one local worker) and counts devices; with
+    communication.backend "horovod", Horovod's processes are the workers."""
+    if config.communication.backend == "horovod":
+      from epl.communicators import horovod  # pylint: disable=import-outside-toplevel
+      return horovod.HorovodCluster.from_horovod(config)
     raw = os.environ.get("TF_CONFIG", "").strip()
     addresses, index = _parse_tf_config(raw) if raw else ([], 0)
     gpus = _visible_gpu_count(config.cluster.run_visible_devices)
@@ -87,6 +91,12 @@ class Cluster:
     return len(self.worker_addresses) > 1
 
   @property
+  def runs_tf_server(self):
+    """True when workers talk through TensorFlow's gRPC runtime: each runs
+    a tf.distribute.Server and device names carry the worker's task."""
+    return self.is_distributed
+
+  @property
   def total_devices(self):
     return self.worker_num * self.devices_per_worker
 
@@ -94,18 +104,22 @@ class Cluster:
     """The TF device of the `global_index`-th device, workers in order."""
     worker, local = divmod(global_index, self.devices_per_worker)
     device = "/device:%s:%d" % (self.device_type, local)
-    if self.is_distributed:
+    if self.runs_tf_server:
       return "/job:worker/replica:0/task:%d%s" % (worker, device)
     return device
 
   def host_device(self, worker):
     """The CPU of `worker`, where input pipelines run."""
-    if self.is_distributed:
+    if self.runs_tf_server:
       return "/job:worker/replica:0/task:%d/device:CPU:0" % worker
     return "/device:CPU:0"
 
   def worker_of(self, global_index):
     return global_index // self.devices_per_worker
+
+  def check_plan(self, plan):
+    """Returns `plan` when this cluster can run it, else raises."""
+    return plan
 
   # The original EPL's names, read by its published scripts. They count
   # the devices EPL uses, GPUs or logical CPU devices.

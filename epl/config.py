@@ -303,6 +303,11 @@ _KEYS = (
        built=True),
     _k("communication", "gradients_reduce_method", _Choice(["mean", "sum"]),
        "mean", "How gradients are combined across replicas.", built=True),
+    _k("communication", "backend", _Choice(["collective", "horovod"]),
+       "collective",
+       "How replicas communicate: \"collective\" (TensorFlow collective ops;"
+       " workers from TF_CONFIG) or \"horovod\" (Horovod ops; one worker "
+       "per process started by horovodrun).", built=True),
     # optimizer
     _k("optimizer", "num_apply_group", _Int(minimum=1), 1,
        "Apply the gradients in this many groups, one after another, to "

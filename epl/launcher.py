@@ -19,6 +19,9 @@ workers stop within `cluster.collective_timeout_seconds` of losing a peer),
 then they are stopped; Ctrl-C or SIGTERM stops them all at once. Workers are
 stopped by process group (each runs in its own), by pid. The exit status is
 0 when every worker succeeded, else the first failed worker's status.
+
+`--backend horovod` runs the job with horovodrun instead
+(`epl.horovod_launch`).
 """
 import argparse
 import json
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from epl import horovod_launch
 
 _PREFIX = "[epl-launch] "
 
@@ -65,6 +70,11 @@ def _parser():
   parser.add_argument("--grace_period", type=float, default=5.0,
                       help="seconds the other workers get to finish after "
                            "one fails, before they are stopped (default 5)")
+  parser.add_argument("--backend", choices=("collective", "horovod"),
+                      default="collective",
+                      help="collective (default): one process per worker "
+                           "with TF_CONFIG; horovod: run horovodrun, each "
+                           "process one worker (see epl/horovod_launch.py)")
   parser.add_argument("command", nargs=argparse.REMAINDER,
                       help="script.sh, script.py or a command, with its "
                            "arguments")
@@ -312,6 +322,14 @@ class Launcher:
 
 def main(argv=None):
   args = _parser().parse_args(argv)
+  if args.backend == "horovod":
+    try:
+      command = command_line(args.command)
+      horovod_launch.horovodrun_command(args, command)
+    except ValueError as error:
+      _parser().error(str(error))
+    sys.exit(horovod_launch.run(args, command,
+                                0 if args.cpu else gpu_count()))
   try:
     launcher = Launcher(args)
   except ValueError as error:

@@ -38,6 +38,7 @@ EXPECTED_DEFAULTS = {
     "communication.fp16_scale": 128.0,
     "communication.clip_after_allreduce": False,
     "communication.gradients_reduce_method": "mean",
+    "communication.backend": "collective",
     "optimizer.num_apply_group": 1,
     "cluster.device_place_prefer_intra_node": True,
     "cluster.run_visible_devices": "",

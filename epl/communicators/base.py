@@ -4,7 +4,8 @@ A communicator connects the members of one replica group (one device per
 member). The rewrite calls it with one tensor per *local* member (the
 members on this worker) and gets one result per local member, each placed
 on that member's device. Backends: TensorFlow collectives
-(`collective.CollectiveCommunicator`); Horovod can implement the same.
+(`collective.CollectiveCommunicator`) and Horovod
+(`horovod.HorovodCommunicator`); `backend.new_communicator` picks one.
 """
 
 

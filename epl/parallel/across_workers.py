@@ -17,7 +17,7 @@ so every worker must build the same graph in the same order.
 """
 import tensorflow as tf
 
-from epl.communicators.collective import CollectiveCommunicator
+from epl.communicators.backend import new_communicator
 
 
 def peers(plan, local):
@@ -46,9 +46,7 @@ def peer_communicator(ctx, local, taskgraph_index):
   """
   replicas = peers(ctx.plan, local)
   devices = [ctx.plan.device(r, taskgraph_index) for r in replicas]
-  return CollectiveCommunicator(
-      devices, [replicas.index(ctx.replicas[local])], ctx.keys,
-      ctx.config.cluster.collective_timeout_seconds, ctx.cluster.device_type)
+  return new_communicator(ctx, devices, [replicas.index(ctx.replicas[local])])
 
 
 def leader_communicator(ctx, taskgraph_index):

@@ -4,7 +4,8 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.communicators.collective import CollectiveCommunicator, CollectiveKeys
+from epl.communicators.backend import new_communicator
+from epl.communicators.collective import CollectiveKeys
 
 
 @dataclasses.dataclass
@@ -108,9 +109,6 @@ class RewriteContext:
       return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
                for r in range(self.plan.num_replicas)]
-    communicator = CollectiveCommunicator(
-        devices, self.replicas, self.keys,
-        self.config.cluster.collective_timeout_seconds,
-        self.cluster.device_type)
+    communicator = new_communicator(self, devices, self.replicas)
     self.communicators[key] = communicator
     return communicator

@@ -88,7 +88,7 @@ def make_plan(cluster, taskgraphs, config):
   for taskgraph in taskgraphs:
     assert isinstance(taskgraph.strategy, (Replicate, Split)), taskgraph
   if any(isinstance(t.strategy, Split) for t in taskgraphs):
-    return _split_plan(cluster, taskgraphs, config)
+    return cluster.check_plan(_split_plan(cluster, taskgraphs, config))
   wanted_stages = config.pipeline.num_stages
   if wanted_stages != -1 and wanted_stages != len(taskgraphs):
     raise ValueError(
@@ -127,7 +127,7 @@ def make_plan(cluster, taskgraphs, config):
                for stage in range(slots)]
     devices.append([cluster.device_name(i) for i in indices])
     workers.append([cluster.worker_of(i) for i in indices])
-  return Plan(
+  return cluster.check_plan(Plan(
       taskgraphs=[TaskGraphPlan(t.name, t.strategy.kind, t.device_count)
                   for t in taskgraphs],
       num_replicas=num_replicas,
@@ -135,7 +135,7 @@ def make_plan(cluster, taskgraphs, config):
       device_workers=workers,
       worker_index=cluster.worker_index,
       num_micro_batch=config.pipeline.num_micro_batch,
-      schedule=config.pipeline.strategy)
+      schedule=config.pipeline.strategy))
 
 
 def _split_plan(cluster, taskgraphs, config):

@@ -44,7 +44,7 @@ def base_config(cluster, config):
 def get_or_start(env):
   """This worker's server, started on first use; None for one worker."""
   cluster = env.cluster
-  if not cluster.is_distributed:
+  if not cluster.runs_tf_server:
     return None
   key = (tuple(cluster.worker_addresses), cluster.worker_index,
          cluster.device_type, cluster.devices_per_worker)

@@ -46,7 +46,7 @@ def _plan_without_local_replicas(env, graph):
 
 def maybe_serve(env, graph):
   """Serves and exits if this worker holds no replica's first stage."""
-  if not env.cluster.is_distributed:
+  if not env.cluster.runs_tf_server:
     return
   plan = _plan_without_local_replicas(env, graph)
   if plan is not None:

@@ -46,7 +46,7 @@ def session_settings(env, target, config, graph=None):
   if config is not None:
     merged.CopyFrom(config)
   cluster = env.cluster
-  if cluster.is_distributed:
+  if cluster.runs_tf_server:
     target = _distributed_settings(
         env, target, graph or tf.compat.v1.get_default_graph(), merged)
   if cluster.device_type == "CPU":

@@ -1,0 +1,235 @@
+"""Data-parallel examples/s with Horovod: EPL's horovod backend against
+Horovod alone, same model, optimizer and global batch G per step.
+
+  EPL horovod 2x2    EPL (communication.backend "horovod"), horovodrun -np 2,
+                     2 logical CPU devices per process: 4 replicas of G/4,
+                     reduced in each process, then across with Horovod
+  EPL horovod 4x1    the same with 4 processes of one device each
+  Horovod alone 4x1  hand-written plain TF + hvd.DistributedOptimizer,
+                     horovodrun -np 4, G/4 examples per process
+
+Models: `bert_tiny` (examples/bert_large, tiny config, AdamW, synthetic
+input, sequence length 64) and `resnet` (a small ResNet-style conv net on
+synthetic 32x32 images, Momentum). Every job runs on this machine over Gloo
+(inside a private network namespace when `unshare -rn` works); each process
+times its steps after a warm-up and rank 0 reports G / median step time.
+The processes share this machine's cores: on a 2-core machine the figures
+compare how each way of splitting the work costs, not a speed-up.
+
+    python benchmarks/horovod_data_parallel.py [--models bert_tiny,resnet]
+        [--global_batch 32] [--steps 10]
+
+`run(model_name, global_batch, steps)` returns {row name: examples/s}.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+# name -> (launcher: "epl" or "horovod", processes, devices per process)
+ROWS = {
+    "EPL horovod 2x2": ("epl", 2, 2),
+    "EPL horovod 4x1": ("epl", 4, 1),
+    "Horovod alone 4x1": ("horovod", 4, 1),
+}
+WARMUP = 3
+IMAGE, CLASSES = 32, 10
+
+
+def _resnet(images, labels):
+  """A small ResNet-style net: a stem, 3 residual blocks, pooled logits."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  layers = tf.layers
+  init = tf.glorot_uniform_initializer(seed=1)
+  net = layers.conv2d(images, 32, 3, padding="same", activation=tf.nn.relu,
+                      kernel_initializer=init)
+  for block, width in enumerate((32, 64, 64)):
+    strides = 1 if block == 0 else 2
+    shortcut = net if strides == 1 and net.shape[-1] == width else \
+        layers.conv2d(net, width, 1, strides=strides, kernel_initializer=init)
+    net = layers.conv2d(net, width, 3, strides=strides, padding="same",
+                        activation=tf.nn.relu, kernel_initializer=init)
+    net = layers.conv2d(net, width, 3, padding="same", kernel_initializer=init)
+    net = tf.nn.relu(net + shortcut)
+  logits = layers.dense(tf.reduce_mean(net, [1, 2]), CLASSES,
+                        kernel_initializer=init)
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+
+
+def _resnet_loss(batch):
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  images = tf.random.stateless_uniform([batch, IMAGE, IMAGE, 3], [1, 2])
+  labels = tf.random.stateless_uniform([batch], [3, 4], maxval=CLASSES,
+                                       dtype=tf.int32)
+  dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+  return _resnet(*tf.data.make_one_shot_iterator(dataset).get_next())
+
+
+def _bert_flags(batch, parallel, devices):
+  from examples.bert_large import train  # pylint: disable=import-outside-toplevel
+  return train.resolve_flags(train.make_flags(
+      config="tiny", batch_size=batch, parallel=parallel,
+      num_cpu_devices=devices if parallel != "none" else 0, steps=100000,
+      warmup_steps=10, learning_rate=1e-4, seed=1))
+
+
+def _build_epl(model, batch, devices):
+  """EPL data parallel (the backend and devices come from horovodrun's
+  environment); returns (train op, loss)."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  if model == "bert_tiny":
+    from examples.bert_large import train  # pylint: disable=import-outside-toplevel
+    handles = train.build_graph(_bert_flags(batch, "data", devices))
+    return handles["train_op"], handles["loss"]
+  import epl  # pylint: disable=import-outside-toplevel
+  epl.init(epl.Config({"communication.backend": "horovod",
+                       "cluster.num_cpu_devices": devices}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  loss = _resnet_loss(batch)
+  step = tf.train.get_or_create_global_step()
+  return tf.train.MomentumOptimizer(0.01, 0.9).minimize(
+      loss, global_step=step), loss
+
+
+def _build_horovod(model, batch, hvd):
+  """Plain TF with hvd.DistributedOptimizer; returns (train op, loss)."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  step = tf.train.get_or_create_global_step()
+  if model == "bert_tiny":
+    from examples.bert_large import input_pipeline  # pylint: disable=import-outside-toplevel
+    from examples.bert_large import modeling  # pylint: disable=import-outside-toplevel
+    from examples.bert_large import optimization  # pylint: disable=import-outside-toplevel
+    from examples.bert_large import train  # pylint: disable=import-outside-toplevel
+    flags = _bert_flags(batch, "none", 1)
+    config = train.bert_config_from_flags(flags)
+    tf.set_random_seed(flags.seed)
+    features = input_pipeline.get_next(input_pipeline.pretraining_dataset(
+        "", batch, flags.seq_length, flags.max_predictions_per_seq,
+        vocab_size=config.vocab_size, seed=flags.seed,
+        num_shards=hvd.size(), shard_index=hvd.rank()))
+    loss = modeling.build_pretraining_model(config, features,
+                                            is_training=True)["total_loss"]
+    optimizer = optimization.AdamWeightDecayOptimizer(
+        learning_rate=optimization.learning_rate_schedule(
+            step, flags.learning_rate, flags.steps, flags.warmup_steps),
+        weight_decay_rate=flags.weight_decay)
+  else:
+    loss = _resnet_loss(batch)
+    optimizer = tf.train.MomentumOptimizer(0.01, 0.9)
+  return hvd.DistributedOptimizer(optimizer).minimize(
+      loss, global_step=step), loss
+
+
+def worker(args):
+  """One process of a job: builds, warms up, times; rank 0 writes
+  examples/s to args.out."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+  tf.disable_eager_execution()
+  hvd.init()
+  processes, devices = hvd.size(), args.devices
+  batch = args.global_batch // (processes * devices)
+  graph = tf.Graph()
+  with graph.as_default():
+    if args.worker == "epl":
+      train_op, loss = _build_epl(args.model, batch, devices)
+      broadcast = None
+    else:
+      train_op, loss = _build_horovod(args.model, batch, hvd)
+      broadcast = hvd.broadcast_global_variables(0)
+    init = tf.global_variables_initializer()
+    config = tf.ConfigProto(device_count={"CPU": devices},
+                            allow_soft_placement=True)
+    with tf.Session(config=config) as session:
+      session.run(init)
+      if broadcast is not None:
+        session.run(broadcast)
+      for _ in range(WARMUP):
+        session.run([train_op, loss])
+      times = []
+      for _ in range(args.steps):
+        start = time.perf_counter()
+        session.run([train_op, loss])
+        times.append(time.perf_counter() - start)
+  if hvd.rank() == 0:
+    with open(args.out, "w") as f:
+      json.dump({"examples_per_s": args.global_batch /
+                 statistics.median(times), "step_s": times}, f)
+
+
+def _isolated(command):
+  """`command` in a private network namespace when one can be made."""
+  if shutil.which("unshare") and shutil.which("ip") and subprocess.run(
+      ["unshare", "-rn", "true"], capture_output=True, check=False
+  ).returncode == 0:
+    return ["unshare", "-rn", "sh", "-c",
+            'ip link set lo up && exec "$0" "$@"'] + command
+  return command
+
+
+def _job(model, row, global_batch, steps):
+  kind, processes, devices = ROWS[row]
+  with tempfile.TemporaryDirectory() as directory:
+    out = os.path.join(directory, "result.json")
+    command = [sys.executable, "-m", "horovod.runner.launch", "-np",
+               str(processes), "-H", "localhost:%d" % processes, "--gloo",
+               sys.executable, os.path.abspath(__file__), "--worker", kind,
+               "--model", model, "--global_batch", str(global_batch),
+               "--steps", str(steps), "--devices", str(devices), "--out", out]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=ROOT, EPL_COMMUNICATION_BACKEND="horovod")
+    finished = subprocess.run(_isolated(command), env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=1200,
+                              check=False)
+    if finished.returncode != 0 or not os.path.exists(out):
+      raise RuntimeError("%s / %s failed:\n%s" % (
+          model, row, (finished.stdout + finished.stderr)[-4000:]))
+    with open(out) as f:
+      return json.load(f)["examples_per_s"]
+
+
+def run(model_name, global_batch, steps):
+  """{row name: examples/s} of every row of ROWS for `model_name`."""
+  return {row: _job(model_name, row, global_batch, steps) for row in ROWS}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default="bert_tiny,resnet")
+  parser.add_argument("--global_batch", type=int, default=32)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--worker", choices=("epl", "horovod"), default=None,
+                      help=argparse.SUPPRESS)
+  parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--devices", type=int, default=1,
+                      help=argparse.SUPPRESS)
+  parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    worker(args)
+    return
+  print("global batch %d, %d timed steps after %d warm-up, Gloo on this "
+        "machine (%d cores)" % (args.global_batch, args.steps, WARMUP,
+                                os.cpu_count()))
+  print("%-10s %-20s %12s %10s" % ("model", "run", "examples/s",
+                                   "vs Horovod"))
+  for model in args.models.split(","):
+    figures = run(model, args.global_batch, args.steps)
+    reference = figures["Horovod alone 4x1"]
+    for row, value in figures.items():
+      print("%-10s %-20s %12.1f %9.2fx" % (model, row, value,
+                                           value / reference), flush=True)
+
+
+if __name__ == "__main__":
+  main()
