@@ -28,7 +28,7 @@ pipeline, not a speed-up.
     python benchmarks/auto_parallel.py [--configs tiny,base] [--steps 10]
 """
 import argparse
-import logging
+import functools
 import os
 import sys
 import time
@@ -42,12 +42,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-import epl  # noqa: E402
 from benchmarks import bert_throughput  # noqa: E402
 from epl.ir import graph_editor  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.phase import Phase  # noqa: E402
-from epl.parallel import engine  # noqa: E402
 from epl.profiler import flops  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
@@ -74,48 +72,16 @@ class Run(bert_throughput.Run):
     return max(self.stage_flops) / max(min(self.stage_flops), 1)
 
 
-def _forward_flops_per_stage(graph, loss):
-  """Static forward FLOPs of each TaskGraph for one micro-batch: the ops
-  the loss computes from, before the rewrite copies them."""
+def _record_stage_flops(run, graph, handles):
+  """Keeps the static forward FLOPs of each TaskGraph for one micro-batch
+  on `run`: the ops the loss computes from, before the rewrite copies
+  them."""
   state = state_of(graph)
-  forward = [op for op in graph_editor.ancestors([loss.op])
+  forward = [op for op in graph_editor.ancestors([handles["loss"].op])
              if state.phase_of(op) is Phase.FORWARD]
   costs = flops.taskgraph_costs(graph, forward)
-  return [costs[index].flops for index in sorted(
+  run.stage_flops = [costs[index].flops for index in sorted(
       i for i in costs if i is not None)]
-
-
-def start(args, size, run):
-  """Builds, rewrites, initialises and warms up `run`; EPL is shut down
-  afterwards (the session keeps the rewritten graph)."""
-  micro_batch = args.micro_batch or SIZES[size]["micro_batch"]
-  graph = tf.Graph()
-  try:
-    with graph.as_default():
-      begin = time.perf_counter()
-      handles = train.build_graph(bert_throughput._flags(  # pylint: disable=protected-access
-          args, size, run, micro_batch))
-      run.build_s = time.perf_counter() - begin
-      run.stage_flops = _forward_flops_per_stage(graph, handles["loss"])
-      begin = time.perf_counter()
-      result = engine.ensure_rewritten(graph)
-      run.rewrite_s = time.perf_counter() - begin
-      run.train_op = handles["train_op"]
-      run.loss = result.substitutes.get(handles["loss"].name, handles["loss"])
-      init = tf.global_variables_initializer()
-      run.session = tf.Session(config=bert_throughput._session_config(  # pylint: disable=protected-access
-          args, DEVICES))
-      begin = time.perf_counter()
-      run.session.run(init)
-      run.init_s = time.perf_counter() - begin
-      logging.getLogger("epl").setLevel(logging.WARNING)
-      for step in range(args.warmup):
-        loss = run.session.run([run.train_op, run.loss])[1]
-        if step == 0:
-          run.first_loss = float(loss)
-  finally:
-    epl.shutdown()
-    logging.getLogger("epl").setLevel(logging.INFO)
 
 
 def runs_for(args, size):
@@ -135,7 +101,8 @@ def measure(args, size):
   runs = runs_for(args, size)
   sequential = args.sequential or (args.sequential is None and size != "tiny")
   for run in runs:
-    start(args, size, run)
+    bert_throughput.start_run(args, size, run, functools.partial(
+        _record_stage_flops, run))
     print("  built %-7s build %6.1fs  rewrite %6.1fs  init %5.1fs" % (
         run.name, run.build_s, run.rewrite_s, run.init_s), flush=True)
     if sequential:
@@ -143,19 +110,13 @@ def measure(args, size):
         bert_throughput.time_step(run)
       run.session.close()
   if not sequential:
-    for _ in range(args.steps):
-      for run in runs:
-        bert_throughput.time_step(run)
-    for run in runs:
-      run.session.close()
+    bert_throughput.time_in_turn(runs, args.steps)
   return runs, sequential
 
 
 def report(args, size, runs, sequential):
   g = args.global_batch or SIZES[size]["global_batch"]
-  print("%s: global batch %d, runs timed %s" % (
-      size, g, "one after the other (--sequential)" if sequential
-      else "step by step in turn"))
+  bert_throughput.print_timing(size, g, sequential)
   header = ("run", "repl x stg x mb", "bubble bound", "fwd GFLOPs/stage",
             "max/min", "step ms", "examples/s", "auto/hand")
   print(" | ".join(["%-7s" % header[0], "%15s" % header[1], "%12s" %
@@ -174,41 +135,9 @@ def report(args, size, runs, sequential):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--configs", default="tiny",
-                      help="comma separated: tiny, base")
-  parser.add_argument("--steps", type=int, default=10,
-                      help="timed steps per run")
-  parser.add_argument("--warmup", type=int, default=3,
-                      help="steps before timing (the first runs Grappler)")
-  parser.add_argument("--global_batch", type=int, default=0,
-                      help="examples per step, G (0: 32 tiny, 8 base)")
-  parser.add_argument("--micro_batch", type=int, default=0,
-                      help="examples per device and micro-batch, b (0: 8 "
-                           "tiny, 2 base)")
-  parser.add_argument("--seq_length", type=int, default=0,
-                      help="0: 64 tiny, 32 base")
-  parser.add_argument("--tiny_layers", type=int, default=4,
-                      help="encoder layers of the tiny model")
-  parser.add_argument("--schedule", default="PreferBackward",
-                      choices=["PreferBackward", "PreferForward"])
-  parser.add_argument("--sequential", dest="sequential", action="store_true",
-                      default=None, help="build and time one run at a time "
-                      "(default for base)")
-  parser.add_argument("--interleaved", dest="sequential",
-                      action="store_false", help="time all runs in turn "
-                      "(default for tiny)")
-  parser.add_argument("--intra_op_threads", type=int, default=0,
-                      help="0: TensorFlow's default")
-  parser.add_argument("--inter_op_threads", type=int, default=0,
-                      help="0: TensorFlow's default")
+  bert_throughput.add_arguments(parser)
   args = parser.parse_args(argv)
-  tf.disable_eager_execution()
-  tf.logging.set_verbosity(tf.logging.ERROR)
-  sizes = [s.strip() for s in args.configs.split(",") if s.strip()]
-  for size in sizes:
-    if size not in SIZES:
-      raise SystemExit("--configs: %r is not one of %s" % (size,
-                                                          sorted(SIZES)))
+  sizes = bert_throughput.configured_sizes(args)
   print("Auto parallel vs hand-annotated BERT pipelines on %d logical CPU "
         "devices; %d CPU cores; TensorFlow %s; %d timed steps (median) after "
         "%d warm-up steps; schedule %s" % (
