@@ -85,9 +85,9 @@ class Stage:
     return ("stage %d %r: %d ops (%s), %d parameters (%s), %s FLOPs, "
             "activations %s" % (
                 self.index, STAGE_NAME % self.index, self.cost.ops, span,
-                self.parameters, flops._size(self.cost.parameter_bytes),  # pylint: disable=protected-access
-                flops._count(self.cost.flops),  # pylint: disable=protected-access
-                flops._size(self.cost.activation_bytes)))  # pylint: disable=protected-access
+                self.parameters, flops.human_bytes(self.cost.parameter_bytes),
+                flops.human_count(self.cost.flops),
+                flops.human_bytes(self.cost.activation_bytes)))
 
 
 @dataclasses.dataclass
@@ -387,10 +387,15 @@ def _cleanest_cuts(prefix, allowed, weights, num_stages, cap):
 
 
 def _log(choice, replicas):
-  logger.info(
-      "Auto parallel: %d stage(s) x %d replica(s), cut at %s%s; most/fewest "
-      "stage FLOPs %.2f", len(choice.stages), replicas, choice.method,
-      " (%d repeated blocks under %s)" % (len(choice.blocks), ", ".join(
-          choice.blocks[:3])) if choice.blocks else "", choice.flops_ratio)
+  if len(choice.stages) == 1:
+    logger.info("Auto parallel: data parallel, %d replica(s) of the whole "
+                "model", replicas)
+  else:
+    logger.info(
+        "Auto parallel: %d stages x %d replica(s), cut at %s%s; most/fewest "
+        "stage FLOPs %.2f", len(choice.stages), replicas, choice.method,
+        " (%d repeated blocks: %s)" % (len(choice.blocks), ", ".join(
+            choice.blocks[:3] + ["..."] * (len(choice.blocks) > 3)))
+        if choice.blocks else "", choice.flops_ratio)
   for stage in choice.stages:
     logger.info("Auto parallel: %s", stage.describe())

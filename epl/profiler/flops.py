@@ -35,10 +35,9 @@ from tensorflow.python.framework import graph_util
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.profiler.internal import flops_registry  # pylint: disable=unused-import  (registers TF's FLOPs statistics)
 
+from epl.ir.capture import VARIABLE_TYPES
+
 logger = logging.getLogger("epl")
-
-_VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
-
 
 # ------------------------------------------------------------------ shapes
 
@@ -49,10 +48,6 @@ def static_shape(tensor, unknown_dim=1):
   if tensor.shape.rank is None:
     return None
   return [unknown_dim if d is None else d for d in tensor.shape.as_list()]
-
-
-def _static(tensor):
-  return static_shape(tensor)
 
 
 class _ShapeView:
@@ -205,7 +200,7 @@ _register_missing_statistics()
 # ------------------------------------------------------------------ counts
 
 
-def op_flops(op, shape_of=_static):
+def op_flops(op, shape_of=static_shape):
   """FLOPs of one run of `op`, with tensor shapes from `shape_of(tensor)`
   (a list of ints, or None when unknown); 0 for op types without a
   statistic and for unknown shapes."""
@@ -228,7 +223,7 @@ class _UnknownShape(Exception):
   pass
 
 
-def tensor_bytes(tensor, shape_of=_static):
+def tensor_bytes(tensor, shape_of=static_shape):
   """Bytes of `tensor` (0 for resource, variant and string tensors, whose
   size a shape does not tell, and for unknown shapes)."""
   dtype = tensor.dtype.base_dtype
@@ -255,10 +250,10 @@ def variable_bytes(variable_op):
   return dtype.size * variable_elements(variable_op)
 
 
-def activation_bytes(op, shape_of=_static):
+def activation_bytes(op, shape_of=static_shape):
   """Bytes of `op`'s floating-point outputs: what a forward op hands on,
   and what the backward pass may keep of it."""
-  if op.type in _VARIABLE_TYPES:
+  if op.type in VARIABLE_TYPES:
     return 0
   return sum(tensor_bytes(t, shape_of) for t in op.outputs
              if t.dtype.base_dtype.is_floating)
@@ -280,18 +275,18 @@ class Cost:
 
   def describe(self):
     return ("%d ops, %s FLOPs, parameters %s, activations %s" % (
-        self.ops, _count(self.flops), _size(self.parameter_bytes),
-        _size(self.activation_bytes)))
+        self.ops, human_count(self.flops), human_bytes(self.parameter_bytes),
+        human_bytes(self.activation_bytes)))
 
 
-def op_cost(op, shape_of=_static):
+def op_cost(op, shape_of=static_shape):
   """The Cost of one op."""
-  if op.type in _VARIABLE_TYPES:
+  if op.type in VARIABLE_TYPES:
     return Cost(1, 0, variable_bytes(op), 0)
   return Cost(1, op_flops(op, shape_of), 0, activation_bytes(op, shape_of))
 
 
-def summarize(ops, shape_of=_static):
+def summarize(ops, shape_of=static_shape):
   """The Cost of `ops` together."""
   total = Cost()
   for op in ops:
@@ -311,7 +306,7 @@ def profile_flops(graph=None, ops=None, unknown_dim=1):
   return {op.name: op_flops(op, shape_of) for op in ops}
 
 
-def taskgraph_costs(graph, ops, shape_of=_static):
+def taskgraph_costs(graph, ops, shape_of=static_shape):
   """{TaskGraph index: Cost} of `ops` by the TaskGraph capture gave each
   (None for ops without one)."""
   from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
@@ -324,15 +319,17 @@ def taskgraph_costs(graph, ops, shape_of=_static):
   return dict(costs)
 
 
-def _count(value):
+def human_count(value):
+  """`value` with a K/M/G/T suffix: 1.23G."""
   for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
     if abs(value) >= scale:
       return "%.2f%s" % (value / scale, unit)
   return "%d" % value
 
 
-def _size(value):
-  return _count(value) + "B"
+def human_bytes(value):
+  """Bytes with a K/M/G/T suffix: 4.80MB."""
+  return human_count(value) + "B"
 
 
 # ------------------------------------------------------------------ hook
@@ -417,17 +414,17 @@ class FlopsProfilerHook(tf.compat.v1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     elapsed = time.time() - self._start
     if self._step == self._trace_step:
-      self._count(run_context, run_values.run_metadata)
+      self._profile(run_context, run_values.run_metadata)
     elif self.flops_per_step is not None:
       self.step_times.append(elapsed)
       if len(self.step_times) % self._log_steps == 0:
         recent = self.step_times[-self._log_steps:]
         mean = sum(recent) / len(recent)
         logger.info("FLOPs profiler: %s FLOPs per step, %.4f s per step, "
-                    "%sFLOP/s", _count(self.flops_per_step), mean,
-                    _count(self.flops_per_step / mean))
+                    "%sFLOP/s", human_count(self.flops_per_step), mean,
+                    human_count(self.flops_per_step / mean))
 
-  def _count(self, run_context, run_metadata):
+  def _profile(self, run_context, run_metadata):
     from epl.ir import graph_editor  # pylint: disable=import-outside-toplevel
     from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
     graph = run_context.session.graph
@@ -449,4 +446,4 @@ class FlopsProfilerHook(tf.compat.v1.train.SessionRunHook):
     for index, count in sorted(per_taskgraph.items(),
                                key=lambda kv: (kv[0] is None, kv[0] or 0)):
       logger.info("FLOPs profiler: TaskGraph %s: %s FLOPs per step",
-                  "-" if index is None else index, _count(count))
+                  "-" if index is None else index, human_count(count))
