@@ -124,6 +124,22 @@ def test_stages_follow_flops_not_op_counts():
       "auto_stage_0", "auto_stage_1"}
 
 
+def test_cuts_are_balanced_then_clean():
+  # Eight ops of cost 1; a cut before op 4 is "dirty" (many bytes cross).
+  prefix = list(range(9))
+  weights = [0.0] * 9
+  weights[4] = 1.0
+  positions = list(range(1, 8))
+  assert auto._min_max_cost(prefix, positions, 2) == pytest.approx(4)  # pylint: disable=protected-access
+  assert auto._min_max_cost(prefix, positions, 3) == pytest.approx(3)  # pylint: disable=protected-access
+  # Within the balance cap the clean cut wins; past it, balance does.
+  assert auto._cleanest_cuts(prefix, positions, weights, 2, 5) in ([3], [5])  # pylint: disable=protected-access
+  assert auto._cleanest_cuts(prefix, positions, weights, 2, 4.2) == [4]  # pylint: disable=protected-access
+  cuts = auto._cleanest_cuts(prefix, positions, weights, 3, 3)  # pylint: disable=protected-access
+  assert len(cuts) == 2 and 4 not in cuts
+  assert all(end - start <= 3 for start, end in zip([0] + cuts, cuts + [8]))
+
+
 # ------------------------------------------------------------ BERT
 
 BERT = dict(config="tiny", num_layers=4, seq_length=32,
