@@ -140,6 +140,16 @@ def test_cuts_are_balanced_then_clean():
   assert all(end - start <= 3 for start, end in zip([0] + cuts, cuts + [8]))
 
 
+def test_no_near_empty_stage_when_cuts_share_the_bottleneck():
+  # Six equal layers in four stages: some stage holds two layers whatever
+  # the cut; the last stage must still get a layer, not only the output
+  # unit and the loss.
+  def model(x):
+    return mlp(x, widths=(32,) * 6)
+  _, choice = _build_only(model, 4, 4)
+  assert choice.flops_ratio <= 2.2, [s.cost.flops for s in choice.stages]
+
+
 # ------------------------------------------------------------ BERT
 
 BERT = dict(config="tiny", num_layers=4, seq_length=32,

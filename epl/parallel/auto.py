@@ -26,15 +26,19 @@ How the forward pass is cut:
    `layer_1`, ...; `epl.runtime.checkpoint_search.repeated_blocks`) are
    never cut inside when the best balance with cuts at block boundaries
    only is within BLOCK_SLACK of the best balance at any point.
-4. Among the cuts whose most expensive stage is within BALANCE_SLACK of the
-   best, the cleanest are taken: fewest bytes of activations crossing the
-   cut (every later op depends on earlier ones through few tensors), then
-   the shallowest name-scope boundary (between layers rather than inside
-   one).
+4. Balance: the most expensive stage (the bottleneck) costs within
+   BALANCE_SLACK of the least it can; the cheapest stage at most
+   BALANCE_SLACK times the bottleneck less than the most it can under that
+   cap (no near-empty stage when several cuts share one bottleneck).
+5. Among the balanced cuts, the cleanest are taken: fewest bytes of
+   activations crossing the cut (every later op depends on earlier ones
+   through few tensors), then the shallowest name-scope boundary (between
+   layers rather than inside one).
 
 The choice is logged at INFO, one line per stage (ops, parameters, FLOPs,
 activation bytes), and kept for inspection: `stages_of(graph)`.
 """
+import bisect
 import collections
 import dataclasses
 import logging
@@ -58,7 +62,8 @@ STAGE_NAME = "auto_stage_%d"
 # most this much more than the best cut anywhere.
 BLOCK_SLACK = 0.2
 # Cuts are chosen for cleanness among those whose most expensive stage is
-# within this of the best.
+# within this of the least possible, and whose cheapest is less than the
+# most possible by at most this times the most expensive.
 BALANCE_SLACK = 0.05
 # FLOPs one output byte counts as in an op's cost.
 FLOPS_PER_BYTE = 1.0 / 8
@@ -238,8 +243,10 @@ def _cut(forward, num_stages):
     best_outside = _min_max_cost(prefix, outside, num_stages)
     if best_outside <= (1 + BLOCK_SLACK) * best_anywhere:
       method, allowed, best = "block boundaries", outside, best_outside
-  cuts = _cleanest_cuts(prefix, allowed, weights, num_stages,
-                        best * (1 + BALANCE_SLACK))
+  cap = best * (1 + BALANCE_SLACK)
+  floor = max(_max_min_cost(prefix, allowed, num_stages, cap) -
+              BALANCE_SLACK * cap, 0.0)
+  cuts = _cleanest_cuts(prefix, allowed, weights, num_stages, cap, floor)
   bounds = [0] + cuts + [len(compute)]
   stage_of = {}
   for stage in range(num_stages):
@@ -313,77 +320,104 @@ def _cut_weights(compute):
           for p in range(count + 1)]
 
 
-def _feasible(prefix, allowed, num_stages, cap):
-  """Whether `num_stages` stages cut at positions of `allowed` (sorted)
-  can each cost at most `cap` (greedy: each stage as long as it can be)."""
-  end = len(prefix) - 1
-  start = 0
-  for _ in range(num_stages - 1):
-    if prefix[end] - prefix[start] <= cap:
-      return True
-    reachable = [p for p in allowed
-                 if p > start and prefix[p] - prefix[start] <= cap]
-    if not reachable:
-      return False
-    start = reachable[-1]
-  return prefix[end] - prefix[start] <= cap
+def _points(prefix, allowed):
+  """The possible stage ends (0, the allowed cuts, the end) and the cost
+  of the ops before each."""
+  points = [0] + list(allowed) + [len(prefix) - 1]
+  return points, [prefix[p] for p in points]
 
 
-def _min_max_cost(prefix, allowed, num_stages):
-  """The least cost of the most expensive stage over the cuts at
-  positions of `allowed` (binary search over the cap)."""
-  low, high = 0.0, prefix[-1]
-  for _ in range(60):
-    if high - low <= 1e-9 * max(high, 1.0):
+def _windows(values, cap, floor):
+  """For each point j, the range [lo, hi] of points i < j after which a
+  stage ending at j costs between `floor` and `cap` (empty when hi < lo)."""
+  lo = [bisect.bisect_left(values, v - cap) for v in values]
+  hi = [min(bisect.bisect_right(values, v - floor), j) - 1
+        for j, v in enumerate(values)]
+  return lo, hi
+
+
+def _feasible(values, num_stages, cap, floor):
+  """Whether num_stages stages ending at the points can each cost between
+  `floor` and `cap`."""
+  lo, hi = _windows(values, cap, floor)
+  reach = [True] + [False] * (len(values) - 1)
+  for _ in range(num_stages):
+    counts = [0]
+    for reached in reach:
+      counts.append(counts[-1] + reached)
+    reach = [hi[j] >= lo[j] and counts[hi[j] + 1] > counts[lo[j]]
+             for j in range(len(values))]
+  return reach[-1]
+
+
+def _bisect_cost(low, high, feasible):
+  """The boundary between infeasible and feasible costs in [low, high]
+  (`feasible` monotone), to a relative 1e-9."""
+  for _ in range(100):
+    if high - low <= 1e-9 * max(abs(high), 1.0):
       break
     middle = (low + high) / 2
-    if _feasible(prefix, allowed, num_stages, middle):
+    if feasible(middle):
       high = middle
     else:
       low = middle
   return high
 
 
-def _cleanest_cuts(prefix, allowed, weights, num_stages, cap):
+def _min_max_cost(prefix, allowed, num_stages):
+  """The least cost of the most expensive stage over the cuts at
+  positions of `allowed` (sorted)."""
+  _, values = _points(prefix, allowed)
+  return _bisect_cost(0.0, values[-1], lambda cap: _feasible(
+      values, num_stages, cap, 0.0))
+
+
+def _max_min_cost(prefix, allowed, num_stages, cap):
+  """The greatest cost of the cheapest stage over the cuts at positions
+  of `allowed` whose stages each cost at most `cap`."""
+  _, values = _points(prefix, allowed)
+  return -_bisect_cost(-cap, 0.0, lambda floor: _feasible(
+      values, num_stages, cap, -floor))
+
+
+def _cleanest_cuts(prefix, allowed, weights, num_stages, cap, floor=0.0):
   """The num_stages - 1 positions of `allowed` with the least total weight
-  whose stages each cost at most `cap` (dynamic programming over the
-  positions, a sliding-window minimum per stage)."""
-  end = len(prefix) - 1
-  points = [0] + list(allowed) + [end]
+  whose stages each cost between `floor` and `cap` (dynamic programming
+  over the points, a sliding-window minimum per stage)."""
+  points, values = _points(prefix, allowed)
+  lo, hi = _windows(values, cap, floor)
+  last = len(points) - 1
   inf = float("inf")
-  best = [0.0] + [inf] * (len(points) - 1)
+  best = [0.0] + [inf] * last
   parents = []
   for _ in range(num_stages):
     current = [inf] * len(points)
     parent = [-1] * len(points)
     window = collections.deque()
-    low = 0
+    pushed = 0
     for j in range(1, len(points)):
-      # Candidates i < j, in order; drop those too far to reach j.
-      i = j - 1
-      while window and best[window[-1]] >= best[i]:
-        window.pop()
-      window.append(i)
-      while low < j and prefix[points[j]] - prefix[points[low]] > cap:
-        low += 1
-      while window and window[0] < low:
+      while pushed <= hi[j]:
+        while window and best[window[-1]] >= best[pushed]:
+          window.pop()
+        window.append(pushed)
+        pushed += 1
+      while window and window[0] < lo[j]:
         window.popleft()
       if window and best[window[0]] < inf:
-        current[j] = best[window[0]] + (weights[points[j]] if j < len(
-            points) - 1 else 0.0)
+        current[j] = best[window[0]] + (weights[points[j]] if j < last
+                                        else 0.0)
         parent[j] = window[0]
     parents.append(parent)
     best = current
-  if best[-1] == inf:
+  if best[last] == inf:
     raise ValueError("auto.auto_parallel found no cut into %d stages" %
                      num_stages)
   cuts = []
-  j = len(points) - 1
+  j = last
   for parent in reversed(parents):
     j = parent[j]
     cuts.append(points[j])
-  cuts = sorted(cuts)[1:]
-  return cuts
+  return sorted(cuts)[1:]
 
 
 def _log(choice, replicas):
