@@ -86,6 +86,7 @@ def _flags(args, size, run, batch):
   epl_run = run.parallel not in ("none", "mirrored")
   return train.make_flags(
       config=size, num_layers=args.tiny_layers if size == "tiny" else 0,
+      vocab_size=args.vocab_size,
       seq_length=args.seq_length or SIZES[size]["seq_length"],
       batch_size=batch, parallel=run.parallel if epl_run else "none",
       num_cpu_devices=DEVICES if epl_run else 0,
@@ -322,6 +323,8 @@ def add_arguments(parser):
                       help="0: 64 tiny, 32 base")
   parser.add_argument("--tiny_layers", type=int, default=4,
                       help="encoder layers of the tiny model")
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="vocabulary size (0: the preset's)")
   parser.add_argument("--schedule", default="PreferBackward",
                       choices=["PreferBackward", "PreferForward"])
   parser.add_argument("--sequential", dest="sequential", action="store_true",
