@@ -145,16 +145,18 @@ def test_costs_per_taskgraph():
 
 
 def test_flops_hook_counts_the_traced_step_per_taskgraph(caplog):
-  batch = 32
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
+  # Two pipeline stages (one dense layer each) x 2 replicas, 2 micro-batches
+  # of 16 rows.
+  micro_batch = 16
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4,
+                       "pipeline.num_micro_batch": 2}))
   hook = flops.FlopsProfilerHook(log_steps=2)
   logger = logging.getLogger("epl")
   logger.addHandler(caplog.handler)
   try:
     with tf.Graph().as_default():
-      x, y = training.input_batch(batch)
-      loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+      x, y = training.input_batch(micro_batch)
+      loss = tf.reduce_mean(tf.square(training.staged_model()(x) - y))
       step = tf.compat.v1.train.get_or_create_global_step()
       train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
           loss, global_step=step)
@@ -165,21 +167,27 @@ def test_flops_hook_counts_the_traced_step_per_taskgraph(caplog):
   finally:
     logger.removeHandler(caplog.handler)
   # The batch size is unknown statically ([None, 8]): the counts use the
-  # shapes the traced step had, for both replicas.
-  forward = 2 * batch * training.FEATURES * 16
-  assert hook.op_flops["dense/MatMul"] == forward
-  assert hook.op_flops["EPL_REPLICA_1/dense/MatMul"] == forward
+  # shapes the traced step had, for every replica and micro-batch.
+  forward = 2 * micro_batch * training.FEATURES * 16
+  for prefix in ("", "EPL_MICRO_BATCH_1/", "EPL_REPLICA_1/",
+                 "EPL_REPLICA_1/EPL_MICRO_BATCH_1/"):
+    assert hook.op_flops[prefix + "layer_0/MatMul"] == forward, prefix
+  # The input and kernel gradients: (16 x 16) (16 x 8) and (8 x 16) (16 x 16).
   kernel_grads = [n for n in hook.op_flops
-                  if n.startswith("gradients/dense/MatMul_grad/MatMul")]
-  # The input and kernel gradients: (32 x 16) (16 x 8) and (8 x 32) (32 x 16).
+                  if n.startswith("gradients/layer_0/MatMul_grad/MatMul")]
   assert sorted(hook.op_flops[n] for n in kernel_grads) == [forward] * 2
-  # Every op that counts is in TaskGraph 0 (the default strategy's).
-  assert hook.taskgraph_flops[0] == hook.flops_per_step
+  # Stage 0 (layer_0: 8 -> 16, tanh) computes more than stage 1 (16 -> 1
+  # and the loss); every op that counts is in one of them.
+  stages = hook.taskgraph_flops
+  assert stages[0] > stages[1] > 0
+  assert stages[0] + stages[1] == hook.flops_per_step
   assert hook.flops_per_step == sum(hook.op_flops.values())
-  assert hook.flops_per_step > 2 * 3 * forward
+  # Forward and two gradient products of layer_0, per replica and
+  # micro-batch, at least.
+  assert stages[0] > 4 * 3 * forward
   assert len(hook.step_times) == 4
   assert hook.flops_per_second > 0
-  assert "FLOPs profiler: TaskGraph 0" in caplog.text
+  assert "FLOPs profiler: TaskGraph 1" in caplog.text
   assert "FLOP/s" in caplog.text
 
 
