@@ -111,12 +111,6 @@ class AutoStages:
     values = [s.cost.flops for s in self.stages]
     return max(values) / min(values) if min(values) else float("inf")
 
-  def stage_of(self, op_name):
-    for stage in self.stages:
-      if op_name in stage.ops:
-        return stage.index
-    return None
-
 
 def stages_of(graph):
   """The AutoStages auto parallel chose for `graph`, or None."""
