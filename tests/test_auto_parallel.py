@@ -7,6 +7,8 @@ pipeline.num_stages stages by EPL (epl.parallel.auto).
 - Stages fall between layers (BERT: between encoder layers), variables
   live with the stage of their ops, and the stages' FLOPs are balanced
   (most/fewest bounded); the cut follows FLOPs, not op counts.
+- A Keras optimizer (gradients from a GradientTape, its own variables
+  made after the cut) trains too.
 - Strategy scopes (or a default strategy) with auto parallel are an error.
 """
 import os
@@ -93,6 +95,33 @@ def test_mlp_equals_single_device(mlp_single_device, num_stages, devices):
     assert kernel == graph.get_operation_by_name(scope + "/bias").device
   # Equal layers (the first and last are smaller): balanced FLOPs.
   assert choice.flops_ratio <= {2: 1.3, 4: 1.6}[stages], choice.flops_ratio
+
+
+def _train_keras(batch_size, config=None):
+  """The MLP under a Keras optimizer (minimize with a callable: the
+  gradients come from a GradientTape, and the optimizer makes its step
+  count variable after the cut)."""
+  if config is not None:
+    epl.init(epl.Config(config))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    optimizer = tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+    train_op = optimizer.minimize(
+        lambda: tf.reduce_mean(tf.square(mlp(x) - y)),
+        var_list=tf.compat.v1.trainable_variables)
+    values = training.run_steps(graph, train_op, STEPS)
+  epl.shutdown()
+  return values
+
+
+@pytest.mark.parametrize("num_stages", [None, 2])
+def test_keras_optimizer_through_a_gradient_tape(num_stages):
+  replicas = 2 // (num_stages or 1)
+  expected = _train_keras(GLOBAL_BATCH)
+  actual = _train_keras(GLOBAL_BATCH // (replicas * 2),
+                        _auto_config(num_stages, 2, micro_batches=2))
+  training.assert_close(actual, expected)
 
 
 def _build_only(model, num_stages, devices):

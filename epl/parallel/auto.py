@@ -35,6 +35,11 @@ How the forward pass is cut:
    through few tensors), then the shallowest name-scope boundary (between
    layers rather than inside one).
 
+Ops built with no scope after the cut (an optimizer's own variables,
+gradient clipping, summaries) belong to the last stage, as in a
+hand-written pipeline whose last stage is the default strategy; the
+gradient processing among them becomes backward work as usual.
+
 The choice is logged at INFO, one line per stage (ops, parameters, FLOPs,
 activation bytes), and kept for inspection: `stages_of(graph)`.
 """
@@ -116,6 +121,14 @@ def stages_of(graph):
   """The AutoStages auto parallel chose for `graph`, or None."""
   state = state_of(graph)
   return _choices.get(state) if state is not None else None
+
+
+def strategy_after_cut(state):
+  """The strategy of ops built with no scope once `state`'s graph is cut:
+  the last stage's (as a hand-written pipeline whose last stage is the
+  default strategy), so that an optimizer's own variables (a Keras
+  optimizer's step count) and later ops have a stage; None before."""
+  return state.taskgraphs[-1].strategy if state in _choices else None
 
 
 def before_gradients(env, targets):
