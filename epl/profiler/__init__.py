@@ -1,3 +1,3 @@
 """Profiling a training step: measured memory per device
-(`epl.profiler.memory_profiler_hook`); FLOPs profiling is not built yet
-(`epl.profiler.flops`)."""
+(`epl.profiler.memory_profiler_hook`); static FLOPs, tensor and parameter
+bytes per op and TaskGraph, and the FLOPs hook (`epl.profiler.flops`)."""
