@@ -86,6 +86,7 @@ def _flags(args, size, run, batch):
   epl_run = run.parallel not in ("none", "mirrored")
   return train.make_flags(
       config=size, num_layers=args.tiny_layers if size == "tiny" else 0,
+      vocab_size=args.vocab_size,
       seq_length=args.seq_length or SIZES[size]["seq_length"],
       batch_size=batch, parallel=run.parallel if epl_run else "none",
       num_cpu_devices=DEVICES if epl_run else 0,
@@ -102,12 +103,15 @@ def _session_config(args, devices):
   return config
 
 
-def build_train(args, size, run, batch):
-  """Plain TF (`none`) or EPL: the example's own build_graph."""
+def build_train(args, size, run, batch, inspect=None):
+  """Plain TF (`none`) or EPL: the example's own build_graph;
+  `inspect(graph, handles)` sees the graph before EPL rewrites it."""
   graph = tf.Graph()
   with graph.as_default():
     start = time.perf_counter()
     handles = train.build_graph(_flags(args, size, run, batch))
+    if inspect is not None:
+      inspect(graph, handles)
     run.build_s = time.perf_counter() - start
     run.train_op, run.loss = handles["train_op"], handles["loss"]
     if run.parallel != "none":
@@ -166,7 +170,7 @@ def build_mirrored(args, size, run, batch):
     run.init_s = time.perf_counter() - start
 
 
-def start_run(args, size, run):
+def start_run(args, size, run, inspect=None):
   """Builds, initialises and warms up `run`; EPL is shut down afterwards
   (the session keeps running the rewritten graph)."""
   g, b = args.global_batch or SIZES[size]["global_batch"], (
@@ -177,7 +181,7 @@ def start_run(args, size, run):
     elif run.parallel == "none":
       build_train(args, size, run, g)
     else:
-      build_train(args, size, run, b)
+      build_train(args, size, run, b, inspect)
     logging.getLogger("epl").setLevel(logging.WARNING)
     for step in range(args.warmup):
       loss = run.session.run([run.train_op, run.loss])[1]
@@ -260,19 +264,29 @@ def measure(args, size):
         "  (own process, peak RSS %.1f GiB)" % run.peak_rss_gib
         if sequential else ""), flush=True)
   if not sequential:
-    for _ in range(args.steps):
-      for run in runs:
-        time_step(run)
-    for run in runs:
-      run.session.close()
+    time_in_turn(runs, args.steps)
   return runs, sequential
+
+
+def time_in_turn(runs, steps):
+  """Times `steps` steps of every run, one step of each in turn (so that
+  load on the machine hits them alike); closes their sessions."""
+  for _ in range(steps):
+    for run in runs:
+      time_step(run)
+  for run in runs:
+    run.session.close()
+
+
+def print_timing(size, global_batch, sequential):
+  print("%s: global batch %d, runs timed %s" % (
+      size, global_batch, "one after the other (--sequential)" if sequential
+      else "step by step in turn"))
 
 
 def report(args, size, runs, sequential):
   g = args.global_batch or SIZES[size]["global_batch"]
-  print("%s: global batch %d, runs timed %s" % (
-      size, g, "one after the other (--sequential)" if sequential
-      else "step by step in turn"))
+  print_timing(size, g, sequential)
   header = ("run", "repl x stg x mb", "build s", "rewrite s", "step ms",
             "examples/s", "vs TF 1 dev", "vs Mirrored", "loss first/last")
   print(" | ".join(["%-15s" % header[0]] + ["%15s" % h for h in header[1:]]))
@@ -292,8 +306,8 @@ def report(args, size, runs, sequential):
           flush=True)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser):
+  """The options of the BERT benchmarks (this one and auto_parallel)."""
   parser.add_argument("--configs", default="tiny",
                       help="comma separated: tiny, base")
   parser.add_argument("--steps", type=int, default=10,
@@ -309,22 +323,26 @@ def main(argv=None):
                       help="0: 64 tiny, 32 base")
   parser.add_argument("--tiny_layers", type=int, default=4,
                       help="encoder layers of the tiny model")
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="vocabulary size (0: the preset's)")
   parser.add_argument("--schedule", default="PreferBackward",
                       choices=["PreferBackward", "PreferForward"])
   parser.add_argument("--sequential", dest="sequential", action="store_true",
-                      default=None, help="build and time each run in its "
-                      "own process, one after the other (default for base: "
-                      "one model in memory at a time)")
+                      default=None, help="build and time the runs one "
+                      "after the other, one model in memory at a time "
+                      "(default for base)")
   parser.add_argument("--interleaved", dest="sequential",
                       action="store_false", help="time all runs in turn "
                       "(default for tiny)")
-  parser.add_argument("--run_index", type=int, default=-1,
-                      help=argparse.SUPPRESS)  # child process of --sequential
   parser.add_argument("--intra_op_threads", type=int, default=0,
                       help="0: TensorFlow's default")
   parser.add_argument("--inter_op_threads", type=int, default=0,
                       help="0: TensorFlow's default")
-  args = parser.parse_args(argv)
+
+
+def configured_sizes(args):
+  """The BERT sizes of --configs (checked), with TensorFlow set up for the
+  graph-mode runs."""
   tf.disable_eager_execution()
   tf.logging.set_verbosity(tf.logging.ERROR)
   sizes = [s.strip() for s in args.configs.split(",") if s.strip()]
@@ -332,6 +350,16 @@ def main(argv=None):
     if size not in SIZES:
       raise SystemExit("--configs: %r is not one of %s" % (size,
                                                           sorted(SIZES)))
+  return sizes
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  add_arguments(parser)
+  parser.add_argument("--run_index", type=int, default=-1,
+                      help=argparse.SUPPRESS)  # child process of --sequential
+  args = parser.parse_args(argv)
+  sizes = configured_sizes(args)
   if args.run_index >= 0:
     _run_alone(args, sizes[0], runs_for(args, sizes[0])[args.run_index])
     return 0

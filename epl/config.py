@@ -249,7 +249,9 @@ def _k(section, name, kind, default, doc, built=False):
 _KEYS = (
     # auto
     _k("auto", "auto_parallel", _Bool(), False,
-       "Let EPL choose the parallel strategy itself."),
+       "Let EPL choose the parallel strategy itself: data parallel, cut "
+       "into pipeline.num_stages stages balanced by FLOPs when that is > 1; "
+       "the model has no strategy scope.", built=True),
     # amp
     _k("amp", "level", _Choice(["", "O1"]), "",
        "Automatic mixed precision level; \"\" is off, \"O1\" runs "
@@ -341,7 +343,8 @@ _KEYS = (
        "Micro-batches per step in pipeline parallelism (gradient "
        "accumulation without pipeline).", built=True),
     _k("pipeline", "num_stages", _Int(minimum=1, special={-1: "auto"}), -1,
-       "Number of pipeline stages when stages are made automatically.",
+       "Number of pipeline stages: auto.auto_parallel cuts the model into "
+       "this many; with stage scopes written by hand, their count (-1: any).",
        built=True),
     _k("pipeline", "strategy", _Choice(["PreferBackward", "PreferForward"]),
        "PreferBackward",

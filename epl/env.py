@@ -48,6 +48,12 @@ class Env:
     return getattr(self._scopes, "strategy", None)
 
   def enter_strategy(self, strategy):
+    if self.config.auto.auto_parallel:
+      raise ValueError(
+          "auto.auto_parallel is on, so EPL chooses the stages itself: the "
+          "model must not enter strategy scopes (%r was entered). Remove the "
+          "epl.replicate/epl.split scopes, or set auto.auto_parallel to "
+          "False to annotate the model by hand." % (strategy,))
     if self.active_strategy is not None:
       raise ValueError(
           "Strategies do not nest: %r was opened inside %r. Close the outer "

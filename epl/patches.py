@@ -7,8 +7,10 @@ code and calls the original:
   (`epl.ir.capture.on_op_created`).
 - `gradients_util._GradientsHelper` (behind `tf.gradients`,
   `Optimizer.compute_gradients` and `minimize`) and
-  `GradientTape.gradient` (Keras optimizers): ops built inside are
-  BACKWARD; the gradients of variables are recorded
+  `GradientTape.gradient` (Keras optimizers): with auto.auto_parallel,
+  the first call of a graph first cuts its forward pass into stages
+  (`epl.parallel.auto`); ops built inside are BACKWARD; the gradients of
+  variables are recorded
   (`epl.ir.capture.record_gradients`), dense when
   communication.sparse_as_dense.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
@@ -77,6 +79,7 @@ from tensorflow.python.util import nest
 
 from epl.ir import capture
 from epl.ir.phase import Phase
+from epl.parallel import auto
 from epl.parallel import grouped_apply
 
 _originals = {}
@@ -130,6 +133,7 @@ def _gradients_helper(original, ys, xs, *args, **kwargs):
   env = _env()
   if env is None:
     return original(ys, xs, *args, **kwargs)
+  auto.before_gradients(env, nest.flatten(ys))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(ys, xs, *args, **kwargs)
     if env.config.communication.sparse_as_dense and not getattr(
@@ -143,6 +147,7 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = _env()
   if env is None or ops.executing_eagerly_outside_functions():
     return original(tape, target, sources, *args, **kwargs)
+  auto.before_gradients(env, nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(tape, target, sources, *args, **kwargs)
   capture.record_gradients(nest.flatten(sources), nest.flatten(grads))

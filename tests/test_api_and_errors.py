@@ -161,10 +161,11 @@ def test_init_warns_about_settings_not_built_yet(caplog):
   logger = logging.getLogger("epl")
   logger.addHandler(caplog.handler)
   try:
-    epl.init({"auto.auto_parallel": True})
+    epl.init({"communication.num_communicators": 4})
   finally:
     logger.removeHandler(caplog.handler)
-  assert "auto.auto_parallel" in caplog.text and "not built yet" in caplog.text
+  assert "communication.num_communicators" in caplog.text and (
+      "not built yet" in caplog.text)
 
 
 def test_run_visible_devices_reach_a_single_worker_session():

@@ -54,7 +54,7 @@ EXPECTED_DEFAULTS = {
 }
 
 BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
-                  "optimizer", "gradient_checkpoint", "amp"}
+                  "optimizer", "gradient_checkpoint", "amp", "auto"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices",
@@ -101,9 +101,9 @@ def test_key_info():
 
 def test_unbuilt_settings():
   assert Config().unbuilt_settings() == {}
-  config = Config({"auto.auto_parallel": True, "zero.level": "v1",
+  config = Config({"communication.num_communicators": 4, "zero.level": "v1",
                    "pipeline.num_micro_batch": 4})
-  assert config.unbuilt_settings() == {"auto.auto_parallel": True}
+  assert config.unbuilt_settings() == {"communication.num_communicators": 4}
 
 
 # ----------------------------------------------------------------- sources

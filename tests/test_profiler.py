@@ -1,12 +1,14 @@
-"""epl.profiler: measured memory per device as a SessionRunHook; the FLOPs
-names of the original raise as not built."""
+"""epl.profiler: measured memory per device as a SessionRunHook; static
+FLOPs, bytes and per-TaskGraph costs; the FLOPs hook."""
 import csv
+import logging
 import os
 
 import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import graph_editor
 from epl.profiler import flops
 from epl.profiler.memory_profiler_hook import MemoryProfilerHook
 from tests import training
@@ -58,8 +60,137 @@ def test_hook_arguments_are_checked():
     MemoryProfilerHook(save_steps=6, max_steps=5)
 
 
-def test_flops_names_exist_and_say_they_are_not_built():
-  with pytest.raises(NotImplementedError, match="not built yet"):
-    flops.FlopsProfilerHook()
-  with pytest.raises(NotImplementedError, match="not built yet"):
-    flops.profile_flops()
+def _ops_by_type(graph, op_type):
+  return [op for op in graph.get_operations() if op.type == op_type]
+
+
+def test_flops_of_matrix_products_equal_hand_counts():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.zeros([10, 10])
+    tf.compat.v1.layers.dense(x, 16, activation=tf.nn.tanh, name="dense")
+    a, b = tf.zeros([4, 3, 5, 7]), tf.zeros([4, 3, 7, 2])
+    tf.matmul(a, b, name="batch_matmul")
+    tf.einsum("bst,th->bsh", tf.zeros([2, 5, 3]), tf.zeros([3, 8]),
+              name="einsum")
+    tf.einsum("...ij,...jk->...ik", a, b, name="einsum_ellipsis")
+    tf.einsum("bij->bi", tf.zeros([2, 3, 4]), name="einsum_sum")
+    tf.einsum("ij->ji", tf.zeros([3, 4]), name="einsum_transpose")
+    tf.nn.log_softmax(tf.zeros([4, 6]), name="log_softmax")
+    unknown = tf.compat.v1.placeholder(tf.float32, [None, 10])
+    tf.matmul(unknown, tf.zeros([10, 16]), name="unknown_batch")
+  counts = flops.profile_flops(graph)
+  assert counts["dense/MatMul"] == 10 * 10 * 16 * 2
+  assert counts["dense/BiasAdd"] == 10 * 16
+  assert counts["dense/Tanh"] == 10 * 16
+  assert _ops_by_type(graph, "BatchMatMulV2")
+  assert counts["batch_matmul"] == 4 * 3 * 5 * 7 * 2 * 2
+  einsum = {op.name: counts[op.name] for op in _ops_by_type(graph, "Einsum")}
+  assert sorted(einsum.values()) == sorted(
+      [2 * 5 * 3 * 8 * 2, 4 * 3 * 5 * 7 * 2 * 2, 2 * 3 * 4, 0])
+  assert counts["log_softmax"] == 5 * 4 * 6
+  # Unknown dimensions count as `unknown_dim` (the batch size).
+  assert counts["unknown_batch"] == 1 * 10 * 16 * 2
+  assert flops.profile_flops(graph, unknown_dim=32)["unknown_batch"] == (
+      32 * 10 * 16 * 2)
+  # Registered in TensorFlow's table: its own profiler counts einsums too.
+  einsum_graph = tf.Graph()
+  with einsum_graph.as_default():
+    tf.einsum("bst,th->bsh", tf.zeros([2, 5, 3]), tf.zeros([3, 8]))
+    profile = tf.compat.v1.profiler.profile(
+        einsum_graph, options=tf.compat.v1.profiler.ProfileOptionBuilder
+        .float_operation())
+  assert profile.total_float_ops == 2 * 5 * 3 * 8 * 2
+
+
+def test_einsum_flops_of_equations():
+  assert flops.einsum_flops("ij,jk->ik", [[2, 3], [3, 4]]) == 2 * 2 * 3 * 4
+  assert flops.einsum_flops("ij,ij->ij", [[2, 3], [2, 3]]) == 6
+  assert flops.einsum_flops("ij,jk", [[2, 3], [3, 4]]) == 2 * 2 * 3 * 4
+  assert flops.einsum_flops("...ij,jk->...ik", [[5, 2, 3], [3, 4]]) == (
+      2 * 5 * 2 * 3 * 4)
+  assert flops.einsum_flops("ii->i", [[3, 3]]) == 0
+
+
+def test_tensor_and_parameter_bytes():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.zeros([10, 10])
+    y = tf.compat.v1.layers.dense(x, 16, name="dense")
+    kernel = graph.get_operation_by_name("dense/kernel")
+  assert flops.variable_elements(kernel) == 10 * 16
+  assert flops.variable_bytes(kernel) == 10 * 16 * 4
+  assert flops.tensor_bytes(y) == 10 * 16 * 4
+  assert flops.tensor_bytes(tf.constant(1, tf.int64, shape=[3])) == 24
+  cost = flops.summarize([kernel, y.op])
+  assert (cost.ops, cost.flops, cost.parameter_bytes,
+          cost.activation_bytes) == (2, 10 * 16, 10 * 16 * 4, 10 * 16 * 4)
+
+
+def test_costs_per_taskgraph():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.zeros([10, 8])
+    with epl.replicate(device_count=1, name="first"):
+      hidden = tf.compat.v1.layers.dense(x, 16, name="one")
+    with epl.replicate(device_count=1, name="second"):
+      out = tf.compat.v1.layers.dense(hidden, 4, name="two")
+  forward = graph_editor.ancestors([out.op])
+  costs = flops.taskgraph_costs(graph, forward)
+  assert costs[0].flops == 10 * 8 * 16 * 2 + 10 * 16
+  assert costs[1].flops == 10 * 16 * 4 * 2 + 10 * 4
+  assert costs[0].parameter_bytes == (8 * 16 + 16) * 4
+  assert costs[1].parameter_bytes == (16 * 4 + 4) * 4
+
+
+def test_flops_hook_counts_the_traced_step_per_taskgraph(caplog):
+  # Two pipeline stages (one dense layer each) x 2 replicas, 2 micro-batches
+  # of 16 rows.
+  micro_batch = 16
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4,
+                       "pipeline.num_micro_batch": 2}))
+  hook = flops.FlopsProfilerHook(log_steps=2)
+  logger = logging.getLogger("epl")
+  logger.addHandler(caplog.handler)
+  try:
+    with tf.Graph().as_default():
+      x, y = training.input_batch(micro_batch)
+      loss = tf.reduce_mean(tf.square(training.staged_model()(x) - y))
+      step = tf.compat.v1.train.get_or_create_global_step()
+      train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+          loss, global_step=step)
+      with tf.compat.v1.train.MonitoredTrainingSession(hooks=[
+          hook, tf.compat.v1.train.StopAtStepHook(last_step=5)]) as sess:
+        while not sess.should_stop():
+          sess.run(train_op)
+  finally:
+    logger.removeHandler(caplog.handler)
+  # The batch size is unknown statically ([None, 8]): the counts use the
+  # shapes the traced step had, for every replica and micro-batch.
+  forward = 2 * micro_batch * training.FEATURES * 16
+  for prefix in ("", "EPL_MICRO_BATCH_1/", "EPL_REPLICA_1/",
+                 "EPL_REPLICA_1/EPL_MICRO_BATCH_1/"):
+    assert hook.op_flops[prefix + "layer_0/MatMul"] == forward, prefix
+  # The input and kernel gradients: (16 x 16) (16 x 8) and (8 x 16) (16 x 16).
+  kernel_grads = [n for n in hook.op_flops
+                  if n.startswith("gradients/layer_0/MatMul_grad/MatMul")]
+  assert sorted(hook.op_flops[n] for n in kernel_grads) == [forward] * 2
+  # Stage 0 (layer_0: 8 -> 16, tanh) computes more than stage 1 (16 -> 1
+  # and the loss); every op that counts is in one of them.
+  stages = hook.taskgraph_flops
+  assert stages[0] > stages[1] > 0
+  assert stages[0] + stages[1] == hook.flops_per_step
+  assert hook.flops_per_step == sum(hook.op_flops.values())
+  # Forward and two gradient products of layer_0, per replica and
+  # micro-batch, at least.
+  assert stages[0] > 4 * 3 * forward
+  assert len(hook.step_times) == 4
+  assert hook.flops_per_second > 0
+  assert "FLOPs profiler: TaskGraph 1" in caplog.text
+  assert "FLOP/s" in caplog.text
+
+
+def test_flops_hook_arguments_are_checked():
+  with pytest.raises(ValueError, match="log_steps"):
+    flops.FlopsProfilerHook(log_steps=0)

@@ -72,8 +72,9 @@ def on_op_created(env, op):
 
   Ops built by `tf.gradients` are BACKWARD and belong to the TaskGraph of
   the forward op they differentiate; ops built by `apply_gradients` are
-  APPLY; ops built under a strategy (a scope or the default) are FORWARD
-  work of its TaskGraph; ops built before the first strategy scope are
+  APPLY; ops built under a strategy (a scope or the default; with
+  auto.auto_parallel, after the cut, the last stage) are FORWARD work of
+  its TaskGraph; ops built before the first strategy scope are
   FORWARD work of the first TaskGraph; other ops are OTHER.
   """
   graph = op.graph
@@ -92,6 +93,9 @@ def on_op_created(env, op):
     state.tag(op, None, phase)
   else:
     strategy = env.current_strategy()
+    if strategy is None and env.config.auto.auto_parallel:
+      from epl.parallel import auto  # pylint: disable=import-outside-toplevel
+      strategy = auto.strategy_after_cut(state)
     if strategy is not None:
       state.tag(op, state.taskgraph_for(strategy), Phase.FORWARD)
     elif not state.taskgraphs:

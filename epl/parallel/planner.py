@@ -93,8 +93,9 @@ def make_plan(cluster, taskgraphs, config):
   if wanted_stages != -1 and wanted_stages != len(taskgraphs):
     raise ValueError(
         "pipeline.num_stages is %d but the model has %d stage scope(s) (%s). "
-        "EPL does not cut a model into stages by itself: set "
-        "pipeline.num_stages to -1 or to the number of scopes." % (
+        "Set pipeline.num_stages to -1 or to the number of scopes, or drop "
+        "the scopes and set auto.auto_parallel to True to have EPL cut the "
+        "stages itself." % (
             wanted_stages, len(taskgraphs),
             ", ".join(t.name for t in taskgraphs)))
   total = cluster.total_devices

@@ -40,7 +40,7 @@ except ImportError:  # run as a script
   import modeling  # pylint: disable=g-import-not-at-top
   import optimization  # pylint: disable=g-import-not-at-top
 
-PARALLEL_MODES = ("none", "data", "pipeline", "pipeline_data")
+PARALLEL_MODES = ("none", "data", "pipeline", "pipeline_data", "auto")
 DEFAULT_STAGES = 2
 SCHEDULES = ("PreferBackward", "PreferForward")
 
@@ -88,7 +88,8 @@ _FLAG_HELP = dict(
     model_dir="checkpoint and TensorBoard directory (empty: none)",
     save_checkpoints_steps="checkpoint every N steps (with --model_dir)",
     dropout="dropout on (use --nodropout for deterministic equivalence runs)",
-    parallel="none (plain TF), data, pipeline or pipeline_data",
+    parallel="none (plain TF), data, pipeline, pipeline_data, or auto (no "
+             "annotation: EPL cuts num_stages stages itself)",
     num_stages="pipeline stages (pipeline modes; 0: take pipeline.num_stages "
                "from the EPL config, e.g. EPL_PIPELINE_NUM_STAGES, else 2)",
     num_micro_batch="micro-batches per step (EPL modes; 0: take "
@@ -215,6 +216,11 @@ def make_stage_scope(num_layers, num_stages, scope_for_stage):
   return stage_scope
 
 
+def _staged(f):
+  """Whether the mode has pipeline stages (written here, or auto)."""
+  return f.parallel.startswith("pipeline") or f.parallel == "auto"
+
+
 def _total_devices(f):
   """Devices the job trains on (for the replica count in examples/s), from
   the flags, GPUs and TF_CONFIG (build_graph uses EPL's own count)."""
@@ -240,8 +246,7 @@ def num_replicas(f, total_devices=None):
     return 1
   if total_devices is None:
     total_devices = _total_devices(f)
-  per_replica = (f.num_stages or DEFAULT_STAGES) if f.parallel.startswith(
-      "pipeline") else 1
+  per_replica = (f.num_stages or DEFAULT_STAGES) if _staged(f) else 1
   return max(1, total_devices // per_replica)
 
 
@@ -263,7 +268,9 @@ def _epl_config(f):
     values["pipeline.num_micro_batch"] = f.num_micro_batch
   if f.schedule:
     values["pipeline.strategy"] = f.schedule
-  if f.num_stages and f.parallel.startswith("pipeline"):
+  if f.parallel == "auto":
+    values["auto.auto_parallel"] = True
+  if f.num_stages and _staged(f):
     # EPL checks that the model has this many stage scopes.
     values["pipeline.num_stages"] = f.num_stages
   if f.num_cpu_devices and f.num_cpu_devices > 0:
@@ -282,7 +289,7 @@ def _start_epl(f):
   if pipeline_config is not None:
     f.num_micro_batch = f.num_micro_batch or pipeline_config.num_micro_batch
     f.schedule = f.schedule or pipeline_config.strategy
-    if f.parallel.startswith("pipeline") and pipeline_config.num_stages > 0:
+    if _staged(f) and pipeline_config.num_stages > 0:
       f.num_stages = f.num_stages or pipeline_config.num_stages
   return epl, getattr(env, "cluster", None)
 
@@ -292,6 +299,7 @@ def build_graph(flags_like):
 
   For EPL modes this also calls epl.init and places the annotations:
     data:      epl.set_default_strategy(epl.replicate(device_count=1))
+    auto:      no annotation; auto.auto_parallel cuts num_stages stages
     pipeline*: input pipeline and embeddings in "stage_0", encoder layers
                split evenly over the stages, heads + loss in the last one;
                each model part enters epl.replicate(device_count=1,
@@ -400,9 +408,9 @@ def run(flags_like):
          " in %.1fs)"
          % (f.config, handles["bert_config"].num_hidden_layers,
             modeling.count_parameters(), f.parallel,
-            f.num_stages if f.parallel.startswith("pipeline") else "-",
+            f.num_stages if _staged(f) else "-",
             f.num_micro_batch,
-            f.schedule if f.parallel.startswith("pipeline") else "-",
+            f.schedule if _staged(f) else "-",
             handles["num_replicas"], batch, f.seq_length, build_seconds))
 
     model_dir = f.model_dir or None
