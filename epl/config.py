@@ -284,9 +284,10 @@ _KEYS = (
        "updates on the host CPU; \"\" is off.", built=True),
     # communication
     _k("communication", "num_communicators", _Int(minimum=1), 2,
-       "Number of communicators in the pool that run gradient all-reduces "
-       "(not built yet: each tf.gradients call's all-reduces run in one "
-       "chain)."),
+       "Number of independent collective groups the gradient buckets are "
+       "dealt to, round-robin in the order backward makes them; buckets of "
+       "one group run in order, groups may run at the same time.",
+       built=True),
     _k("communication", "sparse_as_dense", _Bool(), False,
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),

@@ -94,13 +94,15 @@ class RewriteContext:
     worker = self.plan.device_workers[self.replicas[local]][0]
     return self.cluster.host_device(worker)
 
-  def communicator(self, taskgraph_index, chain=0):
+  def communicator(self, taskgraph_index, chain=0, group=0):
     """A communicator over TaskGraph `taskgraph_index` of every replica.
 
     Collectives of one communicator run in the order they were built;
-    each `chain` has its own, independent of the others.
+    each `chain` has its own, independent of the others. Each `group` is a
+    collective group of its own (its own NCCL communicator on GPUs), so
+    that transfers of different groups may run at the same time.
     """
-    key = (taskgraph_index, chain)
+    key = (taskgraph_index, chain, group)
     if key in self.communicators:
       return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
@@ -108,6 +110,6 @@ class RewriteContext:
     communicator = CollectiveCommunicator(
         devices, self.replicas, self.keys,
         self.config.cluster.collective_timeout_seconds,
-        self.cluster.device_type)
+        self.cluster.device_type, group=group)
     self.communicators[key] = communicator
     return communicator
