@@ -288,6 +288,11 @@ _KEYS = (
        "dealt to, round-robin in the order backward makes them; buckets of "
        "one group run in order, groups may run at the same time.",
        built=True),
+    _k("communication", "local_cpu_reduce", _Bool(), True,
+       "When every replica is a CPU device of one process, all-reduce "
+       "gradients by a sum on one device that every replica reads (as "
+       "MirroredStrategy does there) instead of a ring of collective ops.",
+       built=True),
     _k("communication", "sparse_as_dense", _Bool(), False,
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),

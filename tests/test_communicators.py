@@ -72,30 +72,47 @@ def _instance_key(op):
   return int(tf.get_static_value(op.inputs[3]))
 
 
+def _local_sums(graph):
+  return [op for op in graph.get_operations()
+          if op.type == "AddN" and
+          op.name.startswith("EPL_GRADIENT_AGGREGATION")]
+
+
 def _gradient_all_reduces(graph):
   return [op for op in graph.get_operations()
           if op.type == "CollectiveReduceV2" and
           op.name.startswith("EPL_GRADIENT_AGGREGATION")]
 
 
+RING = {"communication.local_cpu_reduce": False}
+
+
 @pytest.mark.parametrize("config,atol", [
-    ({}, 1e-5),
-    ({"communication.fp16": True}, 2e-3),
+    (RING, 1e-5),
+    (dict(RING, **{"communication.fp16": True}), 2e-3),
     # float16 overflows at this scale: every replica sends the buckets
     # again as float32, so training stays exact.
+    (dict(RING, **{"communication.fp16": True,
+                   "communication.fp16_scale": 1e9}), 1e-5),
+    ({}, 1e-5),
     ({"communication.fp16": True, "communication.fp16_scale": 1e9}, 1e-5),
-], ids=["float32", "fp16", "fp16_overflow"])
+], ids=["float32", "fp16", "fp16_overflow", "local_float32",
+        "local_fp16_overflow"])
 def test_communicator_counts_give_identical_weights(config, atol):
   expected = single_device()
+  ring = config.get("communication.local_cpu_reduce") is False
   results = []
   for count in range(1, 5):
     # Small buckets: five of them, more than the communicators.
     settings = dict(config, **{"communication.num_communicators": count,
                                "communication.max_splits": 32})
     weights, others, graph = train_with_replicas(settings)
-    groups = {_group_key(op)
-              for op in _gradient_all_reduces(graph)}
-    assert len(groups) == count
+    groups = {_group_key(op) for op in _gradient_all_reduces(graph)}
+    if ring:
+      assert len(groups) == count
+    else:
+      # One sum per bucket on one replica's device, read by every replica.
+      assert len(_local_sums(graph)) == 5
     for replica in others:
       _assert_identical(replica, weights)
     training.assert_close(weights, expected, atol=atol)
@@ -106,7 +123,8 @@ def test_communicator_counts_give_identical_weights(config, atol):
 
 def test_buckets_start_with_the_last_layer_and_chain_per_group():
   _, _, graph = train_with_replicas(
-      {"communication.num_communicators": 2,
+      {"communication.local_cpu_reduce": False,
+       "communication.num_communicators": 2,
        "communication.max_splits": 8}, steps=1)
   replica_zero = [op for op in _gradient_all_reduces(graph)
                   if op.device.endswith("CPU:0")]

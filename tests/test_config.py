@@ -32,6 +32,7 @@ EXPECTED_DEFAULTS = {
     "zero.level": "",
     "offload.level": "",
     "communication.num_communicators": 2,
+    "communication.local_cpu_reduce": True,
     "communication.sparse_as_dense": False,
     "communication.max_splits": 5,
     "communication.fp16": False,

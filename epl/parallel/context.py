@@ -5,6 +5,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from epl.communicators.collective import CollectiveCommunicator, CollectiveKeys
+from epl.communicators.local import LocalCommunicator
 
 
 @dataclasses.dataclass
@@ -107,9 +108,18 @@ class RewriteContext:
       return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
                for r in range(self.plan.num_replicas)]
-    communicator = CollectiveCommunicator(
+    communicator = self._communicator_class()(
         devices, self.replicas, self.keys,
         self.config.cluster.collective_timeout_seconds,
         self.cluster.device_type, group=group)
     self.communicators[key] = communicator
     return communicator
+
+  def _communicator_class(self):
+    """LocalCommunicator when every replica is a CPU device of this process
+    and communication.local_cpu_reduce allows it; else collectives."""
+    if (self.config.communication.local_cpu_reduce and
+        self.cluster.device_type == "CPU" and
+        len(self.replicas) == self.plan.num_replicas):
+      return LocalCommunicator
+    return CollectiveCommunicator
