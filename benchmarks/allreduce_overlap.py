@@ -5,7 +5,7 @@ The step runs with a full trace (RunMetadata, FULL_TRACE). Each traced op is
 looked up in the rewrite: forward, backward or update op of a replica
 (epl.parallel.schedule.blocks), or an all-reduce of gradient aggregation
 (CollectiveReduceV2 under EPL_GRADIENT_AGGREGATION, with its communicator
-group). Printed, over the union of the all-reduce ops' spans (start to end,
+group; with --local_cpu_reduce the AddN that sums a bucket). Printed, over the union of the all-reduce ops' spans (start to end,
 waits for the peers included):
 
   before backward ends   the fraction that lies before the last backward op
@@ -37,6 +37,7 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
 
 import bert_throughput  # noqa: E402
 import epl  # noqa: E402
+from epl import timeline  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.phase import Phase  # noqa: E402
 from epl.parallel import schedule  # noqa: E402
@@ -79,12 +80,14 @@ def classify(graph):
   devices = [ctx.device(local, 0) for local in range(len(ctx.replicas))]
   groups = {}
   for op in graph.get_operations():
-    if (op.type == "CollectiveReduceV2" and
+    if (op.type in ("CollectiveReduceV2", "AddN") and
         op.name.startswith("EPL_GRADIENT_AGGREGATION")):
-      group_key = int(tf.get_static_value(op.inputs[2]))
+      group_key = (int(tf.get_static_value(op.inputs[2]))
+                   if op.type == "CollectiveReduceV2" else 0)
       group = groups.setdefault(group_key, len(groups))
-      replica = next(ctx.replicas[local] for local, device in
-                     enumerate(devices) if op.device.endswith(device[-5:]))
+      replica = next(
+          ctx.replicas[local] for local, device in enumerate(devices)
+          if timeline.device_key(op.device) == timeline.device_key(device))
       kinds[op.name] = (replica, ("all-reduce", group))
   return kinds
 
@@ -173,6 +176,11 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--communicators", type=int, default=2)
   parser.add_argument("--max_splits", type=int, default=5)
+  parser.add_argument("--local_cpu_reduce", action="store_true",
+                      help="EPL's default on one host's CPUs: each bucket "
+                      "summed on one device (the picture then shows those "
+                      "sums); without it, collective ring all-reduce as "
+                      "across workers and on GPUs")
   parser.add_argument("--traces", type=int, default=3,
                       help="traced steps; the one of median step time is "
                       "kept")
@@ -183,6 +191,8 @@ def main(argv=None):
   tf.logging.set_verbosity(tf.logging.ERROR)
   os.environ["EPL_COMMUNICATION_NUM_COMMUNICATORS"] = str(args.communicators)
   os.environ["EPL_COMMUNICATION_MAX_SPLITS"] = str(args.max_splits)
+  os.environ["EPL_COMMUNICATION_LOCAL_CPU_REDUCE"] = str(
+      args.local_cpu_reduce)
   run = bert_throughput.Run("EPL data", "data", bert_throughput.DEVICES, 1,
                             1)
   settings = argparse.Namespace(

@@ -297,7 +297,8 @@ _KEYS = (
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),
     _k("communication", "max_splits", _Int(minimum=1), 5,
-       "Most groups the gradients are fused into for all-reduce.",
+       "Most groups the gradients are fused into for all-reduce (not used "
+       "by the local sums of communication.local_cpu_reduce).",
        built=True),
     _k("communication", "fp16", _Bool(), False,
        "Cast gradients to float16 for communication.", built=True),

@@ -111,8 +111,9 @@ def test_communicator_counts_give_identical_weights(config, atol):
     if ring:
       assert len(groups) == count
     else:
-      # One sum per bucket on one replica's device, read by every replica.
-      assert len(_local_sums(graph)) == 5
+      # One sum per gradient (not fused) on one replica's device, read by
+      # every replica.
+      assert len(_local_sums(graph)) == 2 * len(WIDTHS)
     for replica in others:
       _assert_identical(replica, weights)
     training.assert_close(weights, expected, atol=atol)

@@ -7,8 +7,10 @@ chunk between the members and runs its rounds one after another, which on
 tiny BERT left ~35 ms of all-reduce after the last gradient (the word
 embedding's, most of the model). MirroredStrategy reduces to one device
 there; so does this communicator, rotating the member that sums from one
-all-reduce to the next so that the adds spread over the members. Gathers
-and broadcasts (and the float16 fallback) stay collectives.
+all-reduce to the next so that the adds spread over the members. Gradients
+are not fused for it: concatenating them only adds copies (BERT-Base's
+gradients: 155 ms unfused, 287 ms in 5 buckets; benchmarks/allreduce.py).
+Gathers and broadcasts (and the float16 fallback) stay collectives.
 """
 import tensorflow as tf
 
@@ -18,6 +20,8 @@ from epl.communicators.collective import CollectiveCommunicator
 class LocalCommunicator(CollectiveCommunicator):
   """CollectiveCommunicator whose all-reduce is a local sum; every member
   must be a CPU device of this process."""
+
+  fuses = False
 
   def __init__(self, devices, local_members, keys, timeout_seconds,
                device_type, group=0):

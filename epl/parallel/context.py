@@ -108,14 +108,14 @@ class RewriteContext:
       return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
                for r in range(self.plan.num_replicas)]
-    communicator = self._communicator_class()(
+    communicator = self.communicator_class()(
         devices, self.replicas, self.keys,
         self.config.cluster.collective_timeout_seconds,
         self.cluster.device_type, group=group)
     self.communicators[key] = communicator
     return communicator
 
-  def _communicator_class(self):
+  def communicator_class(self):
     """LocalCommunicator when every replica is a CPU device of this process
     and communication.local_cpu_reduce allows it; else collectives."""
     if (self.config.communication.local_cpu_reduce and

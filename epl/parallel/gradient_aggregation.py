@@ -197,8 +197,9 @@ def aggregate_gradients(ctx):
   each replica that read the gradient now read its mean (or sum, per
   communication.gradients_reduce_method) over all replicas. Dense gradients
   of one TaskGraph and dtype travel fused in at most
-  communication.max_splits buckets (optionally as float16 with
-  communication.fp16); IndexedSlices are all-gathered unless
+  communication.max_splits buckets (each alone where the communicator sums
+  locally), optionally as float16 with communication.fp16; IndexedSlices
+  are all-gathered unless
   communication.sparse_as_dense made them dense at capture. Transfers are
   built in the order backward makes their gradients and dealt round-robin
   to communication.num_communicators communicators (gradient_buckets), so
@@ -219,7 +220,9 @@ def aggregate_gradients(ctx):
         by_taskgraph.setdefault(
             ctx.taskgraph_index(tensors_of(grad)[0].op), []).append(grad)
       transfers = gradient_buckets.plan_transfers(
-          by_taskgraph, comm.max_splits, comm.num_communicators)
+          by_taskgraph,
+          comm.max_splits if ctx.communicator_class().fuses else None,
+          comm.num_communicators)
       logger.debug("EPL gradient transfers of gradients call %d: %s", chain,
                    [(t.group, len(t.gradients)) for t in transfers])
       for transfer in transfers:

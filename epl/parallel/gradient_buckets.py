@@ -54,8 +54,11 @@ def ready_order(grads):
 
 def dense_buckets(grads, max_splits):
   """Splits same-dtype dense gradients (in ready order) into at most
-  `max_splits` consecutive groups of about equal size. Gradients of unknown
-  size travel alone, after the others."""
+  `max_splits` consecutive groups of about equal size; with `max_splits`
+  None, one group per gradient. Gradients of unknown size travel alone,
+  after the others."""
+  if max_splits is None:
+    return [[g] for g in grads]
   known = [g for g in grads if g.shape.num_elements() is not None]
   unknown = [[g] for g in grads if g.shape.num_elements() is None]
   if not known:
@@ -82,7 +85,8 @@ def plan_transfers(grads_by_taskgraph, max_splits, num_communicators):
   """The transfers of one tf.gradients call, in the order they start.
 
   `grads_by_taskgraph`: {TaskGraph index: gradients}. Dense gradients of one
-  TaskGraph and dtype are fused into at most `max_splits` buckets; each
+  TaskGraph and dtype are fused into at most `max_splits` buckets (None:
+  not fused); each
   IndexedSlices travels alone. All transfers are ordered by when their last
   gradient is ready and dealt round-robin, per TaskGraph, to
   `num_communicators` groups.
