@@ -199,12 +199,11 @@ def aggregate_gradients(ctx):
   of one TaskGraph and dtype travel fused in at most
   communication.max_splits buckets (each alone where the communicator sums
   locally), optionally as float16 with communication.fp16; IndexedSlices
-  are all-gathered unless
-  communication.sparse_as_dense made them dense at capture. Transfers are
-  built in the order backward makes their gradients and dealt round-robin
-  to communication.num_communicators communicators (gradient_buckets), so
-  each starts as soon as its gradients exist. Nothing else changes; with a
-  single replica this pass does nothing.
+  are all-gathered unless communication.sparse_as_dense made them dense at
+  capture. Transfers are built in the order backward makes their gradients
+  and dealt round-robin to communication.num_communicators communicators
+  (gradient_buckets), so each starts as soon as its gradients exist.
+  Nothing else changes; with a single replica this pass does nothing.
   """
   if ctx.plan.num_replicas == 1:
     return

@@ -86,10 +86,9 @@ def plan_transfers(grads_by_taskgraph, max_splits, num_communicators):
 
   `grads_by_taskgraph`: {TaskGraph index: gradients}. Dense gradients of one
   TaskGraph and dtype are fused into at most `max_splits` buckets (None:
-  not fused); each
-  IndexedSlices travels alone. All transfers are ordered by when their last
-  gradient is ready and dealt round-robin, per TaskGraph, to
-  `num_communicators` groups.
+  not fused); each IndexedSlices travels alone. All transfers are ordered
+  by when their last gradient is ready and dealt round-robin, per
+  TaskGraph, to `num_communicators` groups.
   """
   transfers = []
   for taskgraph, grads in grads_by_taskgraph.items():
