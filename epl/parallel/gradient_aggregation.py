@@ -222,7 +222,13 @@ def aggregate_gradients(ctx):
           by_taskgraph,
           comm.max_splits if ctx.communicator_class().fuses else None,
           comm.num_communicators)
-      logger.debug("EPL gradient transfers of gradients call %d: %s", chain,
+      logger.info(
+          "EPL gradient aggregation (gradients call %d): %d transfers in "
+          "ready order over %d communicator(s), %s", chain, len(transfers),
+          min(comm.num_communicators, len(transfers)),
+          "fused collectives" if ctx.communicator_class().fuses
+          else "local sums")
+      logger.debug("EPL gradient transfers (communicator, gradients): %s",
                    [(t.group, len(t.gradients)) for t in transfers])
       for transfer in transfers:
         communicator = ctx.communicator(transfer.taskgraph, chain,
