@@ -10,6 +10,8 @@ the same global batch per step in five runs:
                   (call_for_each_replica; G/4 examples per replica)
   EPL data        EPL data parallelism, 4 replicas of G/4 examples (as
                   G/(4b) accumulated micro-batches of b when G > 4b)
+  EPL data ring   the same with collective ring all-reduce
+                  (communication.local_cpu_reduce off), as across workers
   EPL pipeline    EPL pipeline of 4 stages (encoder layers split evenly),
                   M = G/b micro-batches of b examples
   EPL pipe+data   EPL 2 stages x 2 replicas, M = G/(2b) micro-batches
@@ -67,8 +69,11 @@ SIZES = {
 class Run:
   """One way of training: built into its own graph and session."""
 
-  def __init__(self, name, parallel, replicas, stages, micro):
+  def __init__(self, name, parallel, replicas, stages, micro, epl_env=None):
     self.name, self.parallel = name, parallel
+    # EPL_* settings this run is built with (environment, as the example
+    # reads its EPL config from it).
+    self.epl_env = epl_env or {}
     self.replicas, self.stages, self.micro = replicas, stages, micro
     self.session = self.train_op = self.loss = None
     self.build_s = self.rewrite_s = self.init_s = 0.0
@@ -107,11 +112,21 @@ def build_train(args, size, run, batch, inspect=None):
   """Plain TF (`none`) or EPL: the example's own build_graph;
   `inspect(graph, handles)` sees the graph before EPL rewrites it."""
   graph = tf.Graph()
+  saved = {key: os.environ.get(key) for key in run.epl_env}
+  os.environ.update(run.epl_env)
+  try:
+    with graph.as_default():
+      start = time.perf_counter()
+      handles = train.build_graph(_flags(args, size, run, batch))
+      if inspect is not None:
+        inspect(graph, handles)
+  finally:
+    for key, value in saved.items():
+      if value is None:
+        del os.environ[key]
+      else:
+        os.environ[key] = value
   with graph.as_default():
-    start = time.perf_counter()
-    handles = train.build_graph(_flags(args, size, run, batch))
-    if inspect is not None:
-      inspect(graph, handles)
     run.build_s = time.perf_counter() - start
     run.train_op, run.loss = handles["train_op"], handles["loss"]
     if run.parallel != "none":
@@ -209,6 +224,8 @@ def runs_for(args, size):
   runs = [Run("TF 1 device", "none", 1, 1, 1),
           Run("TF Mirrored", "mirrored", DEVICES, 1, 1),
           Run("EPL data", "data", DEVICES, 1, g // (DEVICES * b)),
+          Run("EPL data ring", "data", DEVICES, 1, g // (DEVICES * b),
+              {"EPL_COMMUNICATION_LOCAL_CPU_REDUCE": "false"}),
           Run("EPL pipeline", "pipeline", 1, DEVICES, g // b),
           Run("EPL pipe+data", "pipeline_data", 2, 2, g // (2 * b))]
   return runs

@@ -286,14 +286,21 @@ _KEYS = (
        "updates on the host CPU; \"\" is off.", built=True),
     # communication
     _k("communication", "num_communicators", _Int(minimum=1), 2,
-       "Number of communicators in the pool that run gradient all-reduces "
-       "(not built yet: each tf.gradients call's all-reduces run in one "
-       "chain)."),
+       "Number of independent collective groups the gradient buckets are "
+       "dealt to, round-robin in the order backward makes them; buckets of "
+       "one group run in order, groups may run at the same time.",
+       built=True),
+    _k("communication", "local_cpu_reduce", _Bool(), True,
+       "When every replica is a CPU device of one process, all-reduce "
+       "gradients by a sum on one device that every replica reads (as "
+       "MirroredStrategy does there) instead of a ring of collective ops.",
+       built=True),
     _k("communication", "sparse_as_dense", _Bool(), False,
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),
     _k("communication", "max_splits", _Int(minimum=1), 5,
-       "Most groups the gradients are fused into for all-reduce.",
+       "Most groups the gradients are fused into for all-reduce (not used "
+       "by the local sums of communication.local_cpu_reduce).",
        built=True),
     _k("communication", "fp16", _Bool(), False,
        "Cast gradients to float16 for communication.", built=True),

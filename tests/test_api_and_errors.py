@@ -156,8 +156,10 @@ def test_plan_errors_name_both_numbers():
     _plan([])
 
 
-def test_init_warns_about_settings_not_built_yet(caplog):
+def test_init_warns_about_settings_not_built_yet(caplog, monkeypatch):
   import logging  # pylint: disable=import-outside-toplevel
+  from tests.test_config import mark_unbuilt  # pylint: disable=import-outside-toplevel
+  mark_unbuilt(monkeypatch, "communication.num_communicators")
   logger = logging.getLogger("epl")
   logger.addHandler(caplog.handler)
   try:

@@ -287,6 +287,14 @@ def test_outputs_merge_over_micro_batches_and_replicas():
   for previous, read in zip(reads, reads[1:]):
     assert previous in [op.name for op in
                         graph.get_operation_by_name(read).control_inputs]
+  # A micro-batch's computation starts after its last read (replica 1's),
+  # so that the reads run back to back rather than behind replica 0.
+  for first, last in ((reads[0], reads[1]), (reads[2], reads[3])):
+    for output in graph.get_operation_by_name(first).outputs:
+      for consumer in output.consumers():
+        if consumer.name.startswith("EPL_MERGED_OUTPUTS"):
+          continue  # built later, to fetch the batch
+        assert last in [op.name for op in consumer.control_inputs], consumer.name
 
 
 # --------------------------------------------------------------- schedules

@@ -12,6 +12,11 @@ on that member's device. Backends: TensorFlow collectives
 class Communicator:
   """Collectives over a fixed group of devices."""
 
+  # Whether gradients are worth concatenating into one all-reduce: a
+  # collective has a fixed cost per call, a local sum (LocalCommunicator)
+  # only gains copies from it.
+  fuses = True
+
   def __init__(self, devices, local_members):
     """`devices`: every member's device, in member order (all workers).
 

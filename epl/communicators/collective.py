@@ -24,8 +24,10 @@ class CollectiveKeys:
     self._next_instance = 1
     self._next_slot = 0
 
-  def group_key(self, devices):
-    key = tuple(devices)
+  def group_key(self, devices, group=0):
+    """The key of collective group `group` over `devices`: groups over the
+    same devices are independent of each other."""
+    key = (tuple(devices), group)
     if key not in self._group_keys:
       self._group_keys[key] = len(self._group_keys) + 1
     return self._group_keys[key]
@@ -58,10 +60,10 @@ class CollectiveCommunicator(Communicator):
   """Collectives over `devices` with tf collective ops."""
 
   def __init__(self, devices, local_members, keys, timeout_seconds,
-               device_type):
+               device_type, group=0):
     super().__init__(devices, local_members)
     self._keys = keys
-    self._group_key = keys.group_key(self.devices)
+    self._group_key = keys.group_key(self.devices, group)
     self._timeout = float(timeout_seconds)
     self._hint = "nccl" if device_type == "GPU" else "ring"
     # The last collective op of each local member: collectives on one device

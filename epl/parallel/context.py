@@ -4,7 +4,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.communicators.backend import new_communicator
+from epl.communicators import backend
 from epl.communicators.collective import CollectiveKeys
 
 
@@ -98,17 +98,25 @@ class RewriteContext:
     worker = self.plan.device_workers[self.replicas[local]][0]
     return self.cluster.host_device(worker)
 
-  def communicator(self, taskgraph_index, chain=0):
+  def communicator(self, taskgraph_index, chain=0, group=0):
     """A communicator over TaskGraph `taskgraph_index` of every replica.
 
     Collectives of one communicator run in the order they were built;
-    each `chain` has its own, independent of the others.
+    each `chain` has its own, independent of the others. Each `group` is a
+    collective group of its own (its own NCCL communicator on GPUs), so
+    that transfers of different groups may run at the same time.
     """
-    key = (taskgraph_index, chain)
+    key = (taskgraph_index, chain, group)
     if key in self.communicators:
       return self.communicators[key]
     devices = [self.plan.device(r, taskgraph_index)
                for r in range(self.plan.num_replicas)]
-    communicator = new_communicator(self, devices, self.replicas)
+    communicator = backend.new_communicator(self, devices, self.replicas,
+                                            group=group)
     self.communicators[key] = communicator
     return communicator
+
+  def communicator_class(self):
+    """The class of this rewrite's communicators
+    (`backend.communicator_class`)."""
+    return backend.communicator_class(self)

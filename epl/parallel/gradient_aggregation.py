@@ -7,6 +7,7 @@ import tensorflow as tf
 from epl.ir import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
+from epl.parallel import gradient_buckets
 from epl.parallel.training_subgraph import tensors_of
 
 logger = logging.getLogger("epl")
@@ -73,28 +74,6 @@ def gradient_points(config, state):
         pairs.append((point, variable))
     points.append(pairs)
   return points
-
-
-def _buckets(grads, max_splits):
-  """Splits same-dtype dense gradients into at most `max_splits` groups of
-  about equal size, keeping their order. Gradients of unknown size travel
-  alone."""
-  known = [g for g in grads if g.shape.num_elements() is not None]
-  unknown = [[g] for g in grads if g.shape.num_elements() is None]
-  if not known:
-    return unknown
-  total = sum(g.shape.num_elements() for g in known)
-  target = max(1, -(-total // max(1, max_splits)))
-  buckets, current, size = [], [], 0
-  for grad in known:
-    current.append(grad)
-    size += grad.shape.num_elements()
-    if size >= target:
-      buckets.append(current)
-      current, size = [], 0
-  if current:
-    buckets.append(current)
-  return buckets + unknown
 
 
 def _remap(ctx, local, old, new):
@@ -218,34 +197,47 @@ def aggregate_gradients(ctx):
   each replica that read the gradient now read its mean (or sum, per
   communication.gradients_reduce_method) over all replicas. Dense gradients
   of one TaskGraph and dtype travel fused in at most
-  communication.max_splits buckets (optionally as float16 with
-  communication.fp16); IndexedSlices are all-gathered unless
-  communication.sparse_as_dense made them dense at capture. Nothing else
-  changes; with a single replica this pass does nothing.
+  communication.max_splits buckets (each alone where the communicator sums
+  locally), optionally as float16 with communication.fp16; IndexedSlices
+  are all-gathered unless communication.sparse_as_dense made them dense at
+  capture. Transfers are built in the order backward makes their gradients
+  and dealt round-robin to communication.num_communicators communicators
+  (gradient_buckets), so each starts as soon as its gradients exist.
+  Nothing else changes; with a single replica this pass does nothing.
   """
   if ctx.plan.num_replicas == 1:
     return
-  reduce_op = ctx.config.communication.gradients_reduce_method
+  comm = ctx.config.communication
+  reduce_op = comm.gradients_reduce_method
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
-    # Each tf.gradients call's gradients reduce in a chain of their own, so
+    # Each tf.gradients call's gradients reduce in chains of their own, so
     # that a train op run alone never waits on another's all-reduce.
     for chain, points in enumerate(ctx.gradient_points):
-      groups = collections.OrderedDict()
-      sparse = []
-      for grad, var in points:
-        taskgraph = ctx.taskgraph_index(tensors_of(grad)[0].op)
-        if isinstance(grad, tf.IndexedSlices):
-          sparse.append((taskgraph, grad))
+      by_taskgraph = collections.OrderedDict()
+      for grad, _ in points:
+        by_taskgraph.setdefault(
+            ctx.taskgraph_index(tensors_of(grad)[0].op), []).append(grad)
+      transfers = gradient_buckets.plan_transfers(
+          by_taskgraph,
+          comm.max_splits if ctx.communicator_class().fuses else None,
+          comm.num_communicators)
+      logger.info(
+          "EPL gradient aggregation (gradients call %d): %d transfers in "
+          "ready order over %d communicator(s), %s", chain, len(transfers),
+          min(comm.num_communicators, len(transfers)),
+          "fused collectives" if ctx.communicator_class().fuses
+          else "local sums")
+      logger.debug("EPL gradient transfers (communicator, gradients): %s",
+                   [(t.group, len(t.gradients)) for t in transfers])
+      for transfer in transfers:
+        communicator = ctx.communicator(transfer.taskgraph, chain,
+                                        transfer.group)
+        devices = [ctx.device(l, transfer.taskgraph)
+                   for l in range(len(ctx.replicas))]
+        if transfer.sparse:
+          _reduce_sparse(ctx, communicator, transfer.gradients[0], reduce_op,
+                         devices)
         else:
-          groups.setdefault((taskgraph, grad.dtype), []).append(grad)
-      for (taskgraph, _), grads in groups.items():
-        communicator = ctx.communicator(taskgraph, chain)
-        devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
-        for bucket in _buckets(grads, ctx.config.communication.max_splits):
-          _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, devices)
-      for taskgraph, grad in sparse:
-        devices = [ctx.device(l, taskgraph) for l in range(len(ctx.replicas))]
-        _reduce_sparse(ctx, ctx.communicator(taskgraph, chain), grad,
-                       reduce_op,
-                       devices)
+          _reduce_dense_bucket(ctx, communicator, transfer.gradients,
+                               reduce_op, devices)
