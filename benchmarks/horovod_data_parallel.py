@@ -29,11 +29,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+
+from benchmarks import timing  # pylint: disable=wrong-import-position
 
 # name -> (launcher: "epl" or "horovod", processes, devices per process)
 ROWS = {
@@ -75,58 +76,66 @@ def _resnet_loss(batch):
   return _resnet(*tf.data.make_one_shot_iterator(dataset).get_next())
 
 
-def _bert_flags(batch, parallel, devices):
+def _bert_flags(batch):
   from examples.bert_large import train  # pylint: disable=import-outside-toplevel
   return train.resolve_flags(train.make_flags(
-      config="tiny", batch_size=batch, parallel=parallel,
-      num_cpu_devices=devices if parallel != "none" else 0, steps=100000,
-      warmup_steps=10, learning_rate=1e-4, seed=1))
+      config="tiny", batch_size=batch, parallel="none", num_cpu_devices=0,
+      steps=100000, warmup_steps=10, learning_rate=1e-4, seed=1))
+
+
+def model_loss(model, batch, num_shards=1, shard_index=0):
+  """The loss of `model` ("bert_tiny" or "resnet") on a batch of `batch`
+  synthetic examples (shard `shard_index` of `num_shards` of the input)."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  if model == "resnet":
+    return _resnet_loss(batch)
+  from examples.bert_large import input_pipeline  # pylint: disable=import-outside-toplevel
+  from examples.bert_large import modeling  # pylint: disable=import-outside-toplevel
+  from examples.bert_large import train  # pylint: disable=import-outside-toplevel
+  flags = _bert_flags(batch)
+  config = train.bert_config_from_flags(flags)
+  tf.set_random_seed(flags.seed)
+  features = input_pipeline.get_next(input_pipeline.pretraining_dataset(
+      "", batch, flags.seq_length, flags.max_predictions_per_seq,
+      vocab_size=config.vocab_size, seed=flags.seed, num_shards=num_shards,
+      shard_index=shard_index))
+  return modeling.build_pretraining_model(config, features,
+                                          is_training=True)["total_loss"]
+
+
+def model_optimizer(model, step):
+  """The optimizer `model` trains with: AdamW with BERT's warm-up, or
+  Momentum."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  if model == "resnet":
+    return tf.train.MomentumOptimizer(0.01, 0.9)
+  from examples.bert_large import optimization  # pylint: disable=import-outside-toplevel
+  flags = _bert_flags(1)
+  return optimization.AdamWeightDecayOptimizer(
+      learning_rate=optimization.learning_rate_schedule(
+          step, flags.learning_rate, flags.steps, flags.warmup_steps),
+      weight_decay_rate=flags.weight_decay)
 
 
 def _build_epl(model, batch, devices):
-  """EPL data parallel (the backend and devices come from horovodrun's
+  """EPL data parallel over Horovod (the processes come from horovodrun's
   environment); returns (train op, loss)."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  if model == "bert_tiny":
-    from examples.bert_large import train  # pylint: disable=import-outside-toplevel
-    handles = train.build_graph(_bert_flags(batch, "data", devices))
-    return handles["train_op"], handles["loss"]
   import epl  # pylint: disable=import-outside-toplevel
   epl.init(epl.Config({"communication.backend": "horovod",
                        "cluster.num_cpu_devices": devices}))
   epl.set_default_strategy(epl.replicate(device_count=1))
-  loss = _resnet_loss(batch)
+  loss = model_loss(model, batch)
   step = tf.train.get_or_create_global_step()
-  return tf.train.MomentumOptimizer(0.01, 0.9).minimize(
-      loss, global_step=step), loss
+  return model_optimizer(model, step).minimize(loss, global_step=step), loss
 
 
 def _build_horovod(model, batch, hvd):
   """Plain TF with hvd.DistributedOptimizer; returns (train op, loss)."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   step = tf.train.get_or_create_global_step()
-  if model == "bert_tiny":
-    from examples.bert_large import input_pipeline  # pylint: disable=import-outside-toplevel
-    from examples.bert_large import modeling  # pylint: disable=import-outside-toplevel
-    from examples.bert_large import optimization  # pylint: disable=import-outside-toplevel
-    from examples.bert_large import train  # pylint: disable=import-outside-toplevel
-    flags = _bert_flags(batch, "none", 1)
-    config = train.bert_config_from_flags(flags)
-    tf.set_random_seed(flags.seed)
-    features = input_pipeline.get_next(input_pipeline.pretraining_dataset(
-        "", batch, flags.seq_length, flags.max_predictions_per_seq,
-        vocab_size=config.vocab_size, seed=flags.seed,
-        num_shards=hvd.size(), shard_index=hvd.rank()))
-    loss = modeling.build_pretraining_model(config, features,
-                                            is_training=True)["total_loss"]
-    optimizer = optimization.AdamWeightDecayOptimizer(
-        learning_rate=optimization.learning_rate_schedule(
-            step, flags.learning_rate, flags.steps, flags.warmup_steps),
-        weight_decay_rate=flags.weight_decay)
-  else:
-    loss = _resnet_loss(batch)
-    optimizer = tf.train.MomentumOptimizer(0.01, 0.9)
-  return hvd.DistributedOptimizer(optimizer).minimize(
+  loss = model_loss(model, batch, hvd.size(), hvd.rank())
+  return hvd.DistributedOptimizer(model_optimizer(model, step)).minimize(
       loss, global_step=step), loss
 
 
@@ -154,13 +163,10 @@ def worker(args):
       session.run(init)
       if broadcast is not None:
         session.run(broadcast)
-      for _ in range(WARMUP):
+      # timing.step_seconds runs one more warm-up step.
+      for _ in range(WARMUP - 1):
         session.run([train_op, loss])
-      times = []
-      for _ in range(args.steps):
-        start = time.perf_counter()
-        session.run([train_op, loss])
-        times.append(time.perf_counter() - start)
+      times = timing.step_seconds(session, [train_op, loss], args.steps)
   if hvd.rank() == 0:
     with open(args.out, "w") as f:
       json.dump({"examples_per_s": args.global_batch /

@@ -69,6 +69,12 @@ SETTINGS = collections.OrderedDict([
                       {"zero.level": "v1"})),
     ("data_amp_bf16", (dict(parallel="data", num_cpu_devices=2),
                        {"amp.level": "O1", "amp.dtype": "bfloat16"})),
+    # Stages cut by auto parallel (4 layers), with automatic recomputation.
+    ("auto_2_stages", (dict(PIPELINE, parallel="auto", num_layers=4),
+                       {})),
+    ("auto_4_stages_gc_auto", (dict(PIPELINE, parallel="auto", num_stages=4,
+                                    num_layers=4, seq_length=128),
+                               {"gradient_checkpoint.type": "auto"})),
 ])
 MIB = 2.0 ** 20
 

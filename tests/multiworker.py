@@ -78,9 +78,10 @@ def launch(launcher_args, timeout=240, env=None):
 
 
 def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
-              limit=240, **options):
-  """Runs tests/workers/train_worker.py on `num_workers` workers; returns
-  (job, [each worker's result dict or None])."""
+              limit=240, env=None, **options):
+  """Runs tests/workers/train_worker.py on `num_workers` workers (with
+  `env` added to their environment); returns (job, [each worker's result
+  dict or None])."""
   out = tmp_path / name
   out.mkdir()
   args = ["--num_workers", str(num_workers), "--gpu_per_worker",
@@ -91,7 +92,7 @@ def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
       args.append("--" + key)
     elif value is not None and value is not False:
       args += ["--" + key, str(value)]
-  job = launch(args, timeout=limit)
+  job = launch(args, timeout=limit, env=env)
   results = []
   for worker in range(num_workers):
     path = out / ("worker_%d.json" % worker)

@@ -160,9 +160,13 @@ def test_checkpoints_kill_and_resume(tmp_path):
 
 
 def test_a_hung_worker_becomes_an_error_after_the_timeout(tmp_path):
+  # One collective group: in 1 of 9 runs on a loaded machine, TensorFlow
+  # 2.15 crashed (signal 11) while aborting the timed-out collectives of
+  # two groups at once, instead of raising (README, "Failures").
   job, results = multiworker.train_job(
       tmp_path, "hung", steps=4, devices=1, kill_at_step=2, stop=True,
-      collective_timeout=4, launcher=["--grace_period", "1"])
+      collective_timeout=4, launcher=["--grace_period", "1"],
+      env={"EPL_COMMUNICATION_NUM_COMMUNICATORS": "1"})
   assert job.returncode == 1, job.output[-6000:]
   assert results == [None, None]
   worker0 = "\n".join(job.lines(0))
