@@ -125,10 +125,13 @@ def _communication_line(ctx, gradient_bytes):
     return "    none (one model replica)"
   ring = 2.0 * (plan.num_replicas - 1) / plan.num_replicas
   size = gradient_bytes * (0.5 if comm.fp16 else 1.0)
-  text = ("    gradients all-reduced (%s) over %d replicas, in at most %d "
-          "fused bucket(s) per stage and dtype" % (
-              comm.gradients_reduce_method, plan.num_replicas,
-              comm.max_splits))
+  communicator = ctx.communicator_class()
+  text = "    gradients all-reduced (%s) over %d replicas by %s, " % (
+      comm.gradients_reduce_method, plan.num_replicas, communicator.__name__)
+  text += ("in at most %d fused bucket(s) per stage and dtype" %
+           comm.max_splits if communicator.fuses else "one per gradient")
+  text += (", in the order backward makes them, over %d collective "
+           "group(s)" % comm.num_communicators)
   if comm.fp16:
     text += ", as float16 (scale %g)" % comm.fp16_scale
   if comm.sparse_as_dense:
@@ -136,7 +139,7 @@ def _communication_line(ctx, gradient_bytes):
   if comm.clip_after_allreduce:
     text += ", clipping after the all-reduce"
   name, unit = _unit(ring * size)
-  text += ("; a ring all-reduce moves about %.2f %s per device and step" %
+  text += ("; as a ring all-reduce, about %.2f %s per device and step" %
            (ring * size / unit, name))
   return text
 
