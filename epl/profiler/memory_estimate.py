@@ -290,18 +290,24 @@ def _kept_activations(ctx, devices, sizes):
 
 def _count_recomputed(ctx, devices, sizes):
   """Per device, the largest segment of recomputed tensors that backward
-  reads (gradient checkpointing recomputes one segment at a time)."""
+  reads (gradient checkpointing recomputes one segment at a time). A
+  segment may span stages (an attention mask of the first stage that every
+  layer reads goes with the last layer's): each device counts its own
+  ops' part."""
   for segment in ctx.recomputed_segments:
     names = {op.name for op in segment}
-    size = 0
-    for op in segment:
-      for tensor in op.outputs:
-        if any(c.name not in names and c.type not in _SHAPE_READERS
-               for c in tensor.consumers()):
-          size += sizes(tensor) or 0
+    read_sizes = [sum(sizes(t) or 0 for t in op.outputs
+                      if any(c.name not in names and
+                             c.type not in _SHAPE_READERS
+                             for c in t.consumers()))
+                  for op in segment]
     for local in range(len(ctx.replicas)):
-      estimate = devices[ctx.op(local, segment[0]).device]
-      estimate.recomputed = max(estimate.recomputed, size)
+      per_device = collections.Counter()
+      for op, size in zip(segment, read_sizes):
+        per_device[ctx.op(local, op).device] += size
+      for device, size in per_device.items():
+        estimate = devices[device]
+        estimate.recomputed = max(estimate.recomputed, size)
 
 
 def _count_working(ctx, devices, sizes):
