@@ -325,20 +325,8 @@ def test_zero_v0_with_clipping_after_the_all_reduce():
     if config:
       epl.init(epl.Config(config))
       epl.set_default_strategy(epl.replicate(device_count=1))
-    graph = tf.Graph()
-    with graph.as_default():
-      x, y = training.input_batch(batch_size)
-      loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
-      optimizer = tf.compat.v1.train.AdamOptimizer(0.05)
-      grads, variables = zip(*optimizer.compute_gradients(loss))
-      clipped, _ = tf.clip_by_global_norm(grads, 0.1)
-      train_op = optimizer.apply_gradients(zip(clipped, variables))
-      with tf.compat.v1.Session() as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(5):
-          session.run(train_op)
-        return training.read_variables(session, graph,
-                                       [v.op.name for v in variables])
+    return training.clipped_training(
+        lambda: tf.compat.v1.train.AdamOptimizer(0.05), batch_size)
   expected = run(None, 4 * MICRO)
   training.assert_close(run({"cluster.num_cpu_devices": 4, "zero.level": "v0",
                              "communication.clip_after_allreduce": True},

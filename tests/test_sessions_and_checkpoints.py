@@ -200,20 +200,8 @@ def test_clip_after_allreduce_matches_single_device_clipping():
       epl.set_default_strategy(epl.replicate(device_count=1))
     else:
       epl.shutdown()
-    graph = tf.Graph()
-    with graph.as_default():
-      x, y = training.input_batch(batch_size)
-      loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
-      optimizer = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9)
-      grads, variables = zip(*optimizer.compute_gradients(loss))
-      clipped, _ = tf.clip_by_global_norm(grads, 0.1)
-      train_op = optimizer.apply_gradients(zip(clipped, variables))
-      with tf.compat.v1.Session() as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(5):
-          session.run(train_op)
-        return training.read_variables(session, graph,
-                                       [v.op.name for v in variables])
+    return training.clipped_training(
+        lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9), batch_size)
   expected = run(False, REPLICAS * MICRO)
   training.assert_close(run(True, MICRO), expected)
 

@@ -128,6 +128,21 @@ def run_steps(graph, fetches, steps):
       return read_variables(session, graph, names)
 
 
+def clipped_training(make_optimizer, batch_size, steps=5, clip_norm=0.1):
+  """Trains layers_model `steps` steps with `make_optimizer()`, clipping the
+  gradients to `clip_norm` global norm between compute_gradients and
+  apply_gradients; returns the trainable variables' values by name."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = input_batch(batch_size)
+    loss = tf.reduce_mean(tf.square(layers_model(x) - y))
+    optimizer = make_optimizer()
+    grads, variables = zip(*optimizer.compute_gradients(loss))
+    clipped, _ = tf.clip_by_global_norm(grads, clip_norm)
+    train_op = optimizer.apply_gradients(zip(clipped, variables))
+  return run_steps(graph, train_op, steps)
+
+
 def train(model=layers_model, optimizer="momentum", steps=5, batch_size=16,
           config=None, loss_scale=1.0, with_epl=True, global_step=True,
           default_strategy=True):
