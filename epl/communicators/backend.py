@@ -26,8 +26,6 @@ def new_communicator(ctx, devices, local_members, group=0):
   cls = communicator_class(ctx)
   if ctx.config.communication.backend == "horovod":
     return cls(devices, local_members, ctx.keys, ctx.cluster)
-  if cls is LocalCommunicator and len(local_members) != len(devices):
-    cls = CollectiveCommunicator
   return cls(devices, local_members, ctx.keys,
              ctx.config.cluster.collective_timeout_seconds,
              ctx.cluster.device_type, group=group)
