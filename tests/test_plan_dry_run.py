@@ -12,11 +12,16 @@ import tensorflow as tf
 import epl
 from epl import dry_run
 from epl.ir.graph_state import state_of
+from epl.parallel import engine
 from epl.profiler import memory_estimate
 
 import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from examples.bert_large import train as bert  # noqa: E402  pylint: disable=wrong-import-position
 TIMEOUT = 240
 
 # A two-stage pipeline (2 micro-batches) on 2 logical CPU devices. Its
@@ -246,3 +251,23 @@ def test_estimate_counts_zero_slots_on_their_owner(zero_level):
   else:
     expected = [2 * (w1 + b1 + w2) + beta_powers] * 2
   assert [e.optimizer_state for e in estimates] == expected
+
+
+def test_recomputed_segment_counts_on_every_stage_it_spans(monkeypatch):
+  """Auto parallel gives each of 4 BERT layers a stage and gradient
+  checkpointing recomputes each layer. The attention mask, built on stage
+  0 and read by every layer, goes with the last layer's segment: each
+  stage still counts its own layer's recomputed tensors (the last stage
+  counted none while a segment was charged to its first op's device)."""
+  monkeypatch.setenv("EPL_GRADIENT_CHECKPOINT_TYPE", "auto")
+  graph = tf.Graph()
+  with graph.as_default():
+    bert.build_graph(bert.make_flags(
+        config="tiny", num_layers=4, seq_length=32,
+        max_predictions_per_seq=2, parallel="auto", num_stages=4,
+        num_micro_batch=2, num_cpu_devices=4, batch_size=2, steps=1))
+    context = engine.ensure_rewritten(graph).context
+  estimates = memory_estimate.estimate(context)
+  assert len(estimates) == 4
+  assert all(e.recomputed > 0 for e in estimates), [
+      (e.device, e.recomputed) for e in estimates]
