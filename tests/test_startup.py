@@ -31,13 +31,16 @@ def _rewritten_graph():
 
 def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
   """Each op of a micro-batch's forward/backward pass is in the graph
-  replicas x micro-batches times, each other op of the training step once
-  per replica, each shared op once; what the rewrite adds besides the
+  replicas x micro-batches times, but for its constants (once per
+  replica), each other op of the training step once per replica, each
+  shared op once; what the rewrite adds besides the
   copies (accumulation, all-reduce, schedule, variable sync) stays within
   a few ops per gradient and micro-batch, per micro-batch, and per
   variable, in each replica."""
   graph, user_ops, ctx = _rewritten_graph()
-  per_micro_batch = set(ctx.micro_batches[0])
+  constants = {name for name, op in ctx.micro_batches[0].items()
+               if ctx.micro_batches[1][name] is op}
+  per_micro_batch = set(ctx.micro_batches[0]) - constants
   per_replica = {op.name for op in ctx.subgraph.cloned} & user_ops
   copies = collections.Counter()
   glue = 0
@@ -47,7 +50,10 @@ def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
       copies[original] += 1
     else:
       glue += 1
-  assert per_micro_batch and per_replica - per_micro_batch
+  assert per_micro_batch and constants and per_replica - per_micro_batch
+  assert all(graph.get_operation_by_name(name).type == "Const" and
+             ctx.micro_batches[m][name] is ctx.micro_batches[0][name]
+             for m in range(MICRO_BATCHES) for name in constants)
   for name in user_ops:
     expected = (REPLICAS * MICRO_BATCHES if name in per_micro_batch else
                 REPLICAS if name in per_replica else 1)

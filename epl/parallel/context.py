@@ -16,7 +16,8 @@ class RewriteContext:
   first uses the user's own ops. `clones[i]` maps an original op name of the
   training subgraph to that op in local replica `i` (identity for i = 0).
   `micro_batches[m]` maps an original op name of one micro-batch's forward
-  and backward pass to that op in micro-batch `m` of replica 0.
+  and backward pass to that op in micro-batch `m` of replica 0 (the
+  constants every micro-batch shares map to themselves).
   `gradient_points[k]` are the (gradient, variable) pairs of the k-th
   apply_gradients call that the replicas all-reduce; passes that put ops
   between gradient and update (micro-batch accumulation) keep them current.

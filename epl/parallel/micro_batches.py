@@ -49,6 +49,19 @@ def _micro_batch_ops(ctx, points):
   return selected
 
 
+def shared_constants(ops):
+  """{name: op} of the constants among `ops` that every micro-batch reads
+  as they are: those without control inputs (a constant that waits for
+  nothing holds the same value in every copy on the same device).
+
+  Copying them would add a third of a micro-batch's ops (shapes, axes,
+  gradient scales) for TensorFlow to place and optimise, only for
+  grappler's common-subexpression pass to merge them again.
+  """
+  return {op.name: op for op in ops
+          if op.type == "Const" and not op.control_inputs}
+
+
 def _accumulate(ctx, grad, copies, built):
   """Sum (or mean) of `grad` and its micro-batch `copies`, on grad's device.
 
@@ -105,7 +118,9 @@ def clone_micro_batches(ctx):
   ops up to the gradients; not variables, not the optimizer, not gradient
   post-processing) get M - 1 copies named `EPL_MICRO_BATCH_<m>/<name>`, on
   the same devices; each reads its own batch from the input pipeline (the
-  copies of an input read). Each gradient is then summed over the
+  copies of an input read). Constants that wait for nothing are not copied:
+  every micro-batch reads micro-batch 0's (`shared_constants`), and
+  `ctx.micro_batches[m]` maps them to themselves. Each gradient is then summed over the
   micro-batches on its stage's device (divided by M when
   communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
@@ -134,17 +149,20 @@ def clone_micro_batches(ctx):
   if count == 1:
     return
   selected_names = {op.name for op in selected}
-  cloner = graph_editor.Cloner(ctx.graph, selected)
+  constants = shared_constants(selected)
+  cloner = graph_editor.Cloner(
+      ctx.graph, [op for op in selected if op.name not in constants])
+  built = []
   for micro_batch in range(1, count):
     clones = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
                           lambda op: op.device)
+    state.copy_tags_to_copies(clones, MICRO_BATCH_PREFIX % micro_batch)
     for name, clone in clones.items():
-      original = ctx.clones[0][name]
-      state.copy_tags(original, clone)
       state.set_micro_batch(clone, micro_batch)
       ctx.user_devices[clone.name] = ctx.user_devices.get(name, "")
+    built.extend(clones.values())
+    clones.update(constants)
     ctx.micro_batches.append(clones)
-  built = [op for clones in ctx.micro_batches[1:] for op in clones.values()]
   accumulated = {}
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       ACCUMULATION_SCOPE), ctx.graph.control_dependencies(None):
