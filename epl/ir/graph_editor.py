@@ -105,7 +105,7 @@ def _import(graph, graph_def, prefix, input_map):
   Unlike tf.graph_util.import_graph_def, which then runs Python per op
   (device functions, colocation) and would double the cost of a copy, it
   only wraps the new nodes as tf.Operations. A name that exists already is
-  an error, never silently renamed.
+  an error, never silently renamed. Returns the new tf.Operations.
   """
   options = c_api_util.ScopedTFImportGraphDefOptions()
   importer._PopulateTFImportGraphDefOptions(  # pylint: disable=protected-access
@@ -124,7 +124,7 @@ def _import(graph, graph_def, prefix, input_map):
       except errors.InvalidArgumentError as e:
         raise ValueError("EPL could not copy ops under %r: %s" %
                          (prefix, e.message)) from e
-    _wrap_new_operations(graph)
+    return _wrap_new_operations(graph)
 
 
 def _wrap_new_operations(graph):
@@ -133,16 +133,20 @@ def _wrap_new_operations(graph):
   What Graph._add_new_tf_operations does, less what cannot apply to the
   copies the rewrite makes (no control-dependency, colocation, device or
   v1 control-flow context is open, capture is suspended), which was half
-  the cost of a copy.
+  the cost of a copy. Returns the new tf.Operations.
   """
   # pylint: disable=protected-access
   names_in_use = graph._names_in_use
   gradient_functions = graph._gradient_function_map
+  new_ops = []
   for c_op in graph.new_operations():
     op = ops.Operation._from_c_op(c_op=c_op, g=graph)
     names_in_use.setdefault(op.name.lower(), 1)
-    op._gradient_function = gradient_functions.get(op.type)
+    if gradient_functions:  # a gradient_override_map is open
+      op._gradient_function = gradient_functions.get(op.type)
+    new_ops.append(op)
   # pylint: enable=protected-access
+  return new_ops
 
 
 class Cloner:
@@ -219,9 +223,11 @@ class Cloner:
       node.attr["shared_name"].s = (prefix + node.name).encode()
     input_map = {key: tensor_map.get(key, tensor)
                  for key, tensor in self._outside_inputs.items()}
-    _import(self._graph, self._template, prefix, input_map)
-    clones = {op.name: self._graph.get_operation_by_name(prefix + op.name)
-              for op in self._ops}
+    new_ops = _import(self._graph, self._template, prefix, input_map)
+    clones = {op.name[len(prefix):]: op for op in new_ops}
+    if len(clones) != len(self._ops):
+      raise ValueError("EPL copied %d ops under %r, expected %d." %
+                       (len(clones), prefix, len(self._ops)))
     for name, controls in self._outside_controls.items():
       clones[name]._add_control_inputs(controls)  # pylint: disable=protected-access
     return clones

@@ -108,12 +108,17 @@ def _float16_all_reduce(communicator, flats, reduce_op, scale,
 
 
 def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
+  """All-reduces the gradients of `bucket`: one gradient as it is, several
+  flattened and concatenated into one tensor (then split and reshaped)."""
   comm = ctx.config.communication
   flats = []
   for local, device in enumerate(local_devices):
     with tf.device(device):
-      parts = [tf.reshape(ctx.tensor(local, g), [-1]) for g in bucket]
-      flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+      if len(bucket) == 1:
+        flats.append(ctx.tensor(local, bucket[0]))
+      else:
+        flats.append(tf.concat([tf.reshape(ctx.tensor(local, g), [-1])
+                                for g in bucket], 0))
   if comm.fp16 and bucket[0].dtype == tf.float32:
     reduced = _float16_all_reduce(communicator, flats, reduce_op,
                                   comm.fp16_scale, local_devices)
@@ -121,9 +126,11 @@ def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
     reduced = communicator.all_reduce(flats, reduce_op)
   sizes = [g.shape.num_elements() for g in bucket]
   for local, (device, flat) in enumerate(zip(local_devices, reduced)):
+    if len(bucket) == 1:
+      _remap(ctx, local, ctx.tensor(local, bucket[0]), flat)
+      continue
     with tf.device(device):
-      pieces = [flat] if len(bucket) == 1 else tf.split(flat, sizes)
-      for grad, piece in zip(bucket, pieces):
+      for grad, piece in zip(bucket, tf.split(flat, sizes)):
         replica_grad = ctx.tensor(local, grad)
         _remap(ctx, local, replica_grad,
                tf.reshape(piece, tf.shape(replica_grad)))

@@ -9,21 +9,37 @@ def _is_host_device(device):
   return "CPU" in device.upper()
 
 
-def _device_fn(ctx, local):
-  """Device of an op of local replica `local`.
+def _placement(ctx, op):
+  """Where each replica's copy of `op` runs: ("host", None), ("user",
+  device) or ("stage", TaskGraph index).
 
   Input reads run on the worker's CPU. A device the user set that names a
   CPU is kept (host placement is deliberate); any other user device (a
   single-GPU script's `/gpu:0`) gives way to the replica's device.
   """
-  def device_of(op):
-    user_device = ctx.user_devices.get(op.name, "")
-    if op.type in INPUT_READ_TYPES:
-      return ctx.host_device(local)
-    if user_device and _is_host_device(user_device):
-      return user_device
-    return ctx.device(local, ctx.taskgraph_index(op))
-  return device_of
+  user_device = ctx.user_devices.get(op.name, "")
+  if op.type in INPUT_READ_TYPES:
+    return ("host", None)
+  if user_device and _is_host_device(user_device):
+    return ("user", user_device)
+  return ("stage", ctx.taskgraph_index(op))
+
+
+def _devices(ctx, local, placements):
+  """{op: device} of local replica `local`, from {op: _placement}."""
+  host = ctx.host_device(local)
+  stages = {}
+  devices = {}
+  for op, (kind, value) in placements.items():
+    if kind == "host":
+      devices[op] = host
+    elif kind == "user":
+      devices[op] = value
+    else:
+      if value not in stages:
+        stages[value] = ctx.device(local, value)
+      devices[op] = stages[value]
+  return devices
 
 
 def place_replica_zero(ctx):
@@ -33,11 +49,12 @@ def place_replica_zero(ctx):
   user's ops become replica 0); remembers the devices the user had set in
   `ctx.user_devices`. Keeps names, inputs and every other op as they are.
   """
-  device_of = _device_fn(ctx, 0)
   for op in ctx.subgraph.cloned:
     ctx.user_devices[op.name] = op.device
-  for op in ctx.subgraph.cloned:
-    graph_editor.set_device(op, device_of(op))
+  devices = _devices(ctx, 0, {op: _placement(ctx, op)
+                              for op in ctx.subgraph.cloned})
+  for op, device in devices.items():
+    graph_editor.set_device(op, device)
   ctx.clones = [{op.name: op for op in ctx.subgraph.cloned}]
 
 
@@ -50,11 +67,11 @@ def clone_replicas(ctx):
   The user's ops are not changed.
   """
   cloner = graph_editor.Cloner(ctx.graph, ctx.subgraph.cloned)
+  placements = {op: _placement(ctx, op) for op in ctx.subgraph.cloned}
   for local in range(1, len(ctx.replicas)):
-    clones = cloner.clone(REPLICA_PREFIX % ctx.replicas[local],
-                          _device_fn(ctx, local))
-    for name, clone in clones.items():
-      ctx.state.copy_tags(ctx.clones[0][name], clone)
+    prefix = REPLICA_PREFIX % ctx.replicas[local]
+    clones = cloner.clone(prefix, _devices(ctx, local, placements).__getitem__)
+    ctx.state.copy_tags_to_copies(clones, prefix)
     ctx.clones.append(clones)
 
 

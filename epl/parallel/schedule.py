@@ -49,8 +49,9 @@ def stage_order(schedule, num_stages, stage, num_micro_batch):
   return order
 
 
-def blocks(ctx):
-  """{Block: [ops]} over every local replica, in the cloned subgraph's order.
+def blocks(ctx, first_replica_only=False):
+  """{Block: [ops]} over every local replica (or the first), in the cloned
+  subgraph's order.
 
   Forward and backward ops of a micro-batch (tagged by the micro-batch
   pass) make its FORWARD and BACKWARD blocks; the optimizer's ops that
@@ -59,6 +60,7 @@ def blocks(ctx):
   """
   result = collections.defaultdict(list)
   updates = set()
+  replicas = ctx.replicas[:1] if first_replica_only else ctx.replicas
   for op in ctx.subgraph.cloned:
     phase = ctx.state.phase_of(op)
     micro_batch = ctx.state.micro_batch_of(op)
@@ -72,7 +74,7 @@ def blocks(ctx):
     elif micro_batch is None or phase not in (Phase.FORWARD, Phase.BACKWARD):
       continue
     stage = ctx.taskgraph_index(op)
-    for local, replica in enumerate(ctx.replicas):
+    for local, replica in enumerate(replicas):
       result[Block(replica, stage, phase, micro_batch)].append(
           ctx.op(local, op))
   return result
@@ -106,13 +108,13 @@ def schedule_pipeline(ctx):
   plan = ctx.plan
   if plan.num_micro_batch == 1 or plan.has_split:
     return
-  by_block = blocks(ctx)
+  # Replicas are copies with the same edges inside each block: the blocks
+  # and their ends are found in the first replica and mapped to the others.
+  by_block = blocks(ctx, first_replica_only=True)
   stages = sorted({block.stage for block in by_block})
   first_replica_ends = {}
 
   def ends(local, stage, phase, micro_batch):
-    # Replicas are copies with the same edges inside each block: the ends
-    # are found in the first replica and mapped to the others.
     key = (stage, phase, micro_batch)
     if key not in first_replica_ends:
       first_replica_ends[key] = _ends(
@@ -128,7 +130,8 @@ def schedule_pipeline(ctx):
                             plan.num_micro_batch)
         previous = None
         for phase, micro_batch in order:
-          ops = by_block.get(Block(replica, stage, phase, micro_batch))
+          ops = by_block.get(Block(ctx.replicas[0], stage, phase,
+                                   micro_batch))
           if not ops:
             continue
           first, last = ends(local, stage, phase, micro_batch)
