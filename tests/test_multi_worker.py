@@ -159,14 +159,26 @@ def test_checkpoints_kill_and_resume(tmp_path):
                           _arrays(before["variables"]), atol=1e-6)
 
 
+def _crashed_while_aborting(job):
+  """TensorFlow 2.15 sometimes crashes (signal 11) while aborting the
+  timed-out collectives, instead of raising (README, "Failures")."""
+  return ("worker 0 exited with signal 11" in job.output and
+          "Aborting Ring" in job.output)
+
+
 def test_a_hung_worker_becomes_an_error_after_the_timeout(tmp_path):
-  # One collective group: in 1 of 9 runs on a loaded machine, TensorFlow
-  # 2.15 crashed (signal 11) while aborting the timed-out collectives of
-  # two groups at once, instead of raising (README, "Failures").
-  job, results = multiworker.train_job(
-      tmp_path, "hung", steps=4, devices=1, kill_at_step=2, stop=True,
-      collective_timeout=4, launcher=["--grace_period", "1"],
-      env={"EPL_COMMUNICATION_NUM_COMMUNICATORS": "1"})
+  # One collective group makes TensorFlow's crash rarer (1 of 9 runs on a
+  # loaded machine with two groups); the job runs a second time if it
+  # still happened, so that the test checks EPL's error, not TF's fault.
+  for attempt in range(2):
+    (tmp_path / str(attempt)).mkdir()
+    job, results = multiworker.train_job(
+        tmp_path / str(attempt), "hung", steps=4, devices=1,
+        kill_at_step=2, stop=True, collective_timeout=4,
+        launcher=["--grace_period", "1"],
+        env={"EPL_COMMUNICATION_NUM_COMMUNICATORS": "1"})
+    if not _crashed_while_aborting(job):
+      break
   assert job.returncode == 1, job.output[-6000:]
   assert results == [None, None]
   worker0 = "\n".join(job.lines(0))
