@@ -20,23 +20,23 @@ would add per copy.
     python benchmarks/copies_as_functions.py --layouts 8x4 --config base
 """
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks import fresh_process  # pylint: disable=wrong-import-position
 
 
 def measure(config_name, mode, replicas, micro_batches, batch_size,
             seq_length):
   """One run in this process; returns a dict of seconds, ops and RSS."""
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
   from examples.bert_large import input_pipeline  # pylint: disable=g-import-not-at-top
   from examples.bert_large import modeling  # pylint: disable=g-import-not-at-top
   tf.disable_eager_execution()
@@ -100,16 +100,10 @@ def measure(config_name, mode, replicas, micro_batches, batch_size,
 
 
 def _child(args, mode, replicas, micro_batches):
-  command = [sys.executable, os.path.abspath(__file__), "--child",
-             json.dumps([args.config, mode, replicas, micro_batches,
-                         args.batch_size, args.seq_length])]
-  done = subprocess.run(command, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, timeout=args.timeout,
-                        check=False)
-  if done.returncode:
-    sys.stderr.write(done.stderr.decode()[-4000:])
-    raise RuntimeError("%s %dx%d failed" % (mode, replicas, micro_batches))
-  return json.loads(done.stdout.decode().strip().splitlines()[-1])
+  return fresh_process.measure_in_child(
+      os.path.abspath(__file__),
+      [args.config, mode, replicas, micro_batches, args.batch_size,
+       args.seq_length], args.timeout)
 
 
 def main(argv=None):
@@ -123,7 +117,7 @@ def main(argv=None):
   parser.add_argument("--child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    print(json.dumps(measure(*json.loads(args.child))))
+    fresh_process.answer_child(args.child, measure)
     return 0
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print("Copies as ops vs as function calls, plain TensorFlow %s, BERT %s "

@@ -28,15 +28,17 @@ A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
 """
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks import fresh_process  # pylint: disable=wrong-import-position
 
 
 def _rss_mib():
@@ -49,8 +51,6 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
   With `grappler` False the session runs without TF's graph optimiser."""
   import logging  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
   from examples.bert_large import train  # pylint: disable=g-import-not-at-top
   tf.disable_eager_execution()
   logging.getLogger("epl").setLevel(logging.WARNING)
@@ -98,16 +98,10 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
 
 def _child(args, config, layout, plain, build_only, grappler=True):
   replicas, micro_batches = (int(x) for x in layout.split("x"))
-  command = [sys.executable, os.path.abspath(__file__), "--child",
-             json.dumps([config, replicas, micro_batches, plain, build_only,
-                         args.batch_size, grappler])]
-  done = subprocess.run(command, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, timeout=args.timeout)
-  if done.returncode:
-    sys.stderr.write(done.stderr.decode()[-4000:])
-    raise RuntimeError("%s %s failed (status %d)" % (config, layout,
-                                                     done.returncode))
-  return json.loads(done.stdout.decode().strip().splitlines()[-1])
+  return fresh_process.measure_in_child(
+      os.path.abspath(__file__),
+      [config, replicas, micro_batches, plain, build_only, args.batch_size,
+       grappler], args.timeout)
 
 
 def _runs(text):
@@ -152,7 +146,7 @@ def main(argv=None):
   parser.add_argument("--child", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
-    print(json.dumps(measure(*json.loads(args.child))))
+    fresh_process.answer_child(args.child, measure)
     return 0
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print("EPL start-up: BERT (examples/bert_large), data parallel on R "
