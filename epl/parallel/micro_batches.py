@@ -120,8 +120,8 @@ def clone_micro_batches(ctx):
   the same devices; each reads its own batch from the input pipeline (the
   copies of an input read). Constants that wait for nothing are not copied:
   every micro-batch reads micro-batch 0's (`shared_constants`), and
-  `ctx.micro_batches[m]` maps them to themselves. Each gradient is then summed over the
-  micro-batches on its stage's device (divided by M when
+  `ctx.micro_batches[m]` maps them to themselves. Each gradient is then
+  summed over the micro-batches on its stage's device (divided by M when
   communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
   instead; `ctx.gradient_points` follow. The new ops join the cloned
