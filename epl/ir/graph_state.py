@@ -109,19 +109,23 @@ class GraphState:
     self.tag(target, self.taskgraph_of(source), self.phase_of(source),
              self.micro_batch_of(source))
 
-  def copy_tags_to_copies(self, names, prefix):
+  def copy_tags_to_copies(self, names, prefix, micro_batch=None):
     """Gives the copy `<prefix><name>` of each op named in `names` every
     tag of that op: `copy_tags` for a whole copy at once (it runs once
-    per op of every replica)."""
+    per op of every replica). With `micro_batch`, every copy is tagged
+    with that micro-batch instead of its op's."""
     taskgraphs, phases = self._op_taskgraph, self._op_phase
     micro_batches = self._op_micro_batch
     targets = [prefix + name for name in names]
     taskgraphs.update(zip(targets, map(taskgraphs.get, names)))
     phases.update(zip(targets, [phases.get(name, Phase.OTHER)
                                 for name in names]))
-    micro_batches.update((target, micro_batches[name])
-                         for target, name in zip(targets, names)
-                         if name in micro_batches)
+    if micro_batch is not None:
+      micro_batches.update((target, micro_batch) for target in targets)
+    else:
+      micro_batches.update((target, micro_batches[name])
+                           for target, name in zip(targets, names)
+                           if name in micro_batches)
 
   def taskgraph_of(self, op) -> Optional[TaskGraph]:
     taskgraph = self._op_taskgraph.get(op.name)

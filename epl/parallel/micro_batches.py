@@ -154,12 +154,11 @@ def clone_micro_batches(ctx):
       ctx.graph, [op for op in selected if op.name not in constants])
   built = []
   for micro_batch in range(1, count):
-    clones = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
-                          lambda op: op.device)
-    state.copy_tags_to_copies(clones, MICRO_BATCH_PREFIX % micro_batch)
-    for name, clone in clones.items():
-      state.set_micro_batch(clone, micro_batch)
-      ctx.user_devices[clone.name] = ctx.user_devices.get(name, "")
+    prefix = MICRO_BATCH_PREFIX % micro_batch
+    clones = cloner.clone(prefix, lambda op: op.device)
+    state.copy_tags_to_copies(clones, prefix, micro_batch)
+    for name in clones:
+      ctx.user_devices[prefix + name] = ctx.user_devices.get(name, "")
     built.extend(clones.values())
     clones.update(constants)
     ctx.micro_batches.append(clones)
