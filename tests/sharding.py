@@ -1,6 +1,7 @@
 """Reading a split variable back as one tensor, in the tests."""
 import numpy as np
 
+from tests import tolerance
 from tests import training
 
 
@@ -15,6 +16,5 @@ def full_variable(session, graph, name, devices, split_count, axis):
       session, graph, [replica_name(r, name) for r in range(devices)])
   shards = [copies[replica_name(r, name)] for r in range(devices)]
   for replica in range(split_count, devices):
-    np.testing.assert_allclose(shards[replica], shards[replica % split_count],
-                               atol=1e-6)
+    tolerance.assert_equivalent(shards[replica], shards[replica % split_count])
   return np.concatenate(shards[:split_count], axis=axis)

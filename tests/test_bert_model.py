@@ -24,6 +24,8 @@ from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import optimization  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
+from tests import tolerance  # noqa: E402
+
 
 def _placeholder_features(batch, seq, preds):
   return dict(
@@ -443,8 +445,8 @@ def test_adamw_dense_sparse_and_reference():
         results.append(sess.run([w, bias, step]))
   (w_dense, b_dense, s_dense), (w_sparse, b_sparse, _) = results
   assert s_dense == 2
-  np.testing.assert_allclose(w_dense, w_sparse, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(b_dense, b_sparse, rtol=1e-6)
+  tolerance.assert_equivalent(w_dense, w_sparse)
+  tolerance.assert_equivalent(b_dense, b_sparse)
 
   g = np.zeros_like(init)
   np.add.at(g, idx, upd)
@@ -458,7 +460,7 @@ def test_adamw_dense_sparse_and_reference():
     vb = b2 * vb + (1 - b2)
     b_ref = b_ref - lr * (mb / (np.sqrt(vb) + eps))  # no decay on bias
   np.testing.assert_allclose(w_dense, w_ref, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(b_dense, b_ref, rtol=1e-5, atol=1e-6)
+  tolerance.assert_equivalent(b_dense, b_ref)
 
 
 def test_learning_rate_schedule():
@@ -469,8 +471,8 @@ def test_learning_rate_schedule():
     with tf.Session() as sess:
       values = [sess.run(lr, {step: s}) for s in range(11)]
   np.testing.assert_allclose(values[:4], [0.25, 0.5, 0.75, 1.0])
-  np.testing.assert_allclose(values[4:], [1.0, 5 / 6., 4 / 6., 3 / 6., 2 / 6.,
-                                          1 / 6., 0.0], atol=1e-6)
+  tolerance.assert_equivalent(values[4:], [1.0, 5 / 6., 4 / 6., 3 / 6., 2 / 6.,
+                                          1 / 6., 0.0])
 
 
 # --------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from tensorflow.python.ops import collective_ops
 
 from epl.ops import collective_gradients
 
+from tests import tolerance
+
 MEMBERS = 4
 GROUP_KEY = 7
 
@@ -45,7 +47,7 @@ def test_all_reduce_sum_gradient_is_all_reduce_sum():
       lambda x: collective_ops.all_reduce_v2(x, MEMBERS, GROUP_KEY, 1),
       weights)
   for member in range(MEMBERS):
-    np.testing.assert_allclose(grads[member],
+    tolerance.assert_equivalent(grads[member],
                                np.full_like(values[member], sum(weights)))
 
 
@@ -55,7 +57,7 @@ def test_all_reduce_mean_gradient_is_all_reduce_mean():
       lambda x: collective_ops.all_reduce_v2(x, MEMBERS, GROUP_KEY, 1,
                                              final_op="Div"), weights)
   for member in range(MEMBERS):
-    np.testing.assert_allclose(grads[member],
+    tolerance.assert_equivalent(grads[member],
                                np.full((3, 2), sum(weights) / MEMBERS))
 
 
@@ -68,8 +70,8 @@ def test_all_gather_gradient_is_reduce_scatter():
       weights)
   total = sum(weights)
   for member in range(MEMBERS):
-    np.testing.assert_allclose(grads[member],
-                               total[3 * member:3 * member + 3], rtol=1e-6)
+    tolerance.assert_equivalent(grads[member],
+                               total[3 * member:3 * member + 3])
 
 
 def test_all_to_all_exchanges_blocks_and_its_gradient_is_all_to_all():
@@ -93,10 +95,10 @@ def test_all_to_all_exchanges_blocks_and_its_gradient_is_all_to_all():
       outs, grads = session.run([outs, grads])
   for member in range(MEMBERS):
     # Block j of member r's output is block r of member j's input ...
-    np.testing.assert_allclose(outs[member], np.concatenate(
+    tolerance.assert_equivalent(outs[member], np.concatenate(
         [values[j][2 * member:2 * member + 2] for j in range(MEMBERS)]))
     # ... so block j of member r's input reaches member j's block r.
-    np.testing.assert_allclose(grads[member], np.concatenate(
+    tolerance.assert_equivalent(grads[member], np.concatenate(
         [weights[j][2 * member:2 * member + 2] for j in range(MEMBERS)]))
 
 

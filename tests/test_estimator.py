@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from tests import tolerance
 from tests import multiworker
 from tests import training
 
@@ -105,8 +106,7 @@ def _single_device(model_dir, model=training.layers_model, calls=(STEPS,)):
 def _assert_evaluations_close(actual, expected):
   assert sorted(actual) == sorted(expected)
   for key in expected:
-    np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5,
-                               atol=1e-6, err_msg=key)
+    tolerance.assert_equivalent(actual[key], expected[key], err_msg=key)
 
 
 def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
@@ -123,8 +123,7 @@ def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
   assert trained["global_step"] == STEPS
   training.assert_close(trained, plain)
   _assert_evaluations_close(evaluation, plain_evaluation)
-  np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5,
-                             atol=1e-6)
+  tolerance.assert_equivalent(predictions, plain_predictions)
 
 
 def test_pipeline_in_model_fn_matches_single_device(tmp_path):
@@ -145,8 +144,7 @@ def test_pipeline_in_model_fn_matches_single_device(tmp_path):
   assert trained["global_step"] == STEPS
   training.assert_close(trained, plain)
   _assert_evaluations_close(evaluation, plain_evaluation)
-  np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5,
-                             atol=1e-6)
+  tolerance.assert_equivalent(predictions, plain_predictions)
 
 
 def _train_and_evaluate(model_dir, batch_size):

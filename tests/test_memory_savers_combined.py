@@ -37,4 +37,4 @@ def test_gc_zero_amp_equal_amp_alone(zero):
       checkpointed_model, "adam", batch_size=MICRO,
       config=dict(amp, **{"gradient_checkpoint.type": "auto",
                           "zero.level": zero}))
-  training.assert_close(actual, expected, atol=1e-6)
+  training.assert_close(actual, expected)

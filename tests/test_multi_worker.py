@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import tolerance
 from tests import multiworker
 from tests import training
 
@@ -91,14 +92,14 @@ def test_two_workers_match_one_process_and_single_device(tmp_path):
     assert result["global_step"] == 5
     # Merged fetches span both workers: the mean loss of the global batch,
     # the labels of all 32 rows in replica order, and their count.
-    np.testing.assert_allclose(result["merged"], plain_losses, rtol=1e-5)
+    tolerance.assert_equivalent(result["merged"], plain_losses)
     _, y = training.dataset_arrays()
     for step, labels in enumerate(result["labels"]):
       np.testing.assert_allclose(
           labels, y[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH, 0])
     assert result["rows"] == [GLOBAL_BATCH] * 5
   # `loss` itself is replica 0's, as in one process.
-  np.testing.assert_allclose(worker0["losses"], one_process_losses, rtol=1e-5)
+  tolerance.assert_equivalent(worker0["losses"], one_process_losses)
   assert "[worker 0] worker 0 done" in job.output
   assert "[worker 1] worker 1 done" in job.output
 
@@ -121,7 +122,7 @@ def test_checkpoints_kill_and_resume(tmp_path):
   _assert_ok(job, full)
   for result in full:
     assert result["start"] == 2
-    np.testing.assert_allclose(result["merged"], plain_losses[2:], rtol=1e-5)
+    tolerance.assert_equivalent(result["merged"], plain_losses[2:])
     training.assert_close(_arrays(result["variables"]), plain)
   assert sum("saved" in l for l in job.lines(0)) == 3
   # The multi-worker checkpoint restores into a single-device graph.
@@ -151,12 +152,10 @@ def test_checkpoints_kill_and_resume(tmp_path):
   _assert_ok(job, resumed)
   for before, after in zip(full, resumed):
     assert after["start"] == 4
-    np.testing.assert_allclose(after["losses"], before["losses"][2:],
-                               rtol=1e-6)
-    np.testing.assert_allclose(after["merged"], before["merged"][2:],
-                               rtol=1e-6)
+    tolerance.assert_equivalent(after["losses"], before["losses"][2:])
+    tolerance.assert_equivalent(after["merged"], before["merged"][2:])
     training.assert_close(_arrays(after["variables"]),
-                          _arrays(before["variables"]), atol=1e-6)
+                          _arrays(before["variables"]))
 
 
 def _crashed_while_aborting(job):
@@ -212,7 +211,7 @@ def test_pipeline_stages_on_two_workers_match_single_device(tmp_path):
                                           with_epl=False)
   plain.pop("global_step")
   training.assert_close(_arrays(worker0["variables"]), plain)
-  np.testing.assert_allclose(worker0["merged"], plain_losses, rtol=1e-5)
+  tolerance.assert_equivalent(worker0["merged"], plain_losses)
   assert worker0["global_step"] == 5
 
 
@@ -230,7 +229,7 @@ def test_pipelines_data_parallel_across_workers_match_single_device(tmp_path):
     assert result["devices"]["dense_1/kernel"] == (
         "/job:worker/replica:0/task:%d/device:CPU:1" % worker)
     training.assert_close(_arrays(result["variables"]), plain)
-    np.testing.assert_allclose(result["merged"], plain_losses, rtol=1e-5)
+    tolerance.assert_equivalent(result["merged"], plain_losses)
 
 
 def test_monitored_training_sessions_save_once_and_resume(tmp_path):
@@ -248,8 +247,8 @@ def test_monitored_training_sessions_save_once_and_resume(tmp_path):
   _assert_ok(job, second)
   for before, after in zip(first, second):
     assert (before["start"], after["start"]) == (0, 4)
-    np.testing.assert_allclose(before["merged"] + after["merged"],
-                               plain_losses, rtol=1e-5)
+    tolerance.assert_equivalent(before["merged"] + after["merged"],
+                               plain_losses)
     assert after["global_step"] == 6
     training.assert_close(_arrays(after["variables"]), plain)
 

@@ -12,6 +12,7 @@ import epl
 from epl import timeline
 from epl.ir.phase import Phase
 from epl.parallel import schedule
+from tests import tolerance
 from tests import training
 
 MICRO = 8
@@ -275,8 +276,8 @@ def test_outputs_merge_over_micro_batches_and_replicas():
       session.run(tf.compat.v1.global_variables_initializer())
       _, plain, merged, total, labels = session.run(
           [train_op, loss, mean_loss, rows, y])
-  np.testing.assert_allclose(plain, expected_first, rtol=1e-5)
-  np.testing.assert_allclose(merged, expected_mean, rtol=1e-5)
+  tolerance.assert_equivalent(plain, expected_first)
+  tolerance.assert_equivalent(merged, expected_mean)
   assert total == global_batch
   np.testing.assert_array_equal(labels,
                                 training.dataset_arrays()[1][:global_batch])

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from tests import tolerance
 from tests import training
 
 REPLICAS = 2
@@ -236,7 +237,7 @@ def test_lookup_tables_are_shared_by_the_replicas():
     epl.shutdown()
     if expected_losses is None:
       expected_losses = value
-  np.testing.assert_allclose(value, expected_losses, atol=1e-6)
+  tolerance.assert_equivalent(value, expected_losses)
 
 
 def test_dropped_graphs_are_freed():

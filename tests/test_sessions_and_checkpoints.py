@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import epl
+from tests import tolerance
 from tests import training
 
 REPLICAS = 4
@@ -99,10 +100,9 @@ def test_merged_fetches_match_the_global_batch():
       _, got = session.run([train_op, {"loss": loss, "total": total.name,
                                        "prediction": prediction, "y": y}])
   np.testing.assert_allclose(got["y"], want_y)
-  np.testing.assert_allclose(got["prediction"], want_prediction, atol=1e-6)
-  np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5)
-  np.testing.assert_allclose(got["total"], want_loss * REPLICAS * MICRO,
-                             rtol=1e-5)
+  tolerance.assert_equivalent(got["prediction"], want_prediction)
+  tolerance.assert_equivalent(got["loss"], want_loss)
+  tolerance.assert_equivalent(got["total"], want_loss * REPLICAS * MICRO)
 
 
 def _save_single_device(path):
@@ -233,7 +233,7 @@ def test_summaries_of_merged_tensors_record_the_merged_value():
       session.run(tf.compat.v1.global_variables_initializer())
       _, printed, serialized = session.run([train_op, loss, summary])
   recorded = tf.compat.v1.Summary.FromString(serialized).value[0].simple_value
-  np.testing.assert_allclose(recorded, printed, rtol=1e-6)
+  tolerance.assert_equivalent(recorded, printed)
   replica_zero = training.train(batch_size=8, steps=1,
                                 config={"cluster.num_cpu_devices": 1})[1][0]
   assert abs(printed - replica_zero) > 1e-6  # a mean over 4 batches

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import epl
+from tests.tolerance import EQUIVALENCE_TOLERANCE
 
 FEATURES = 8
 
@@ -171,11 +172,14 @@ def train(model=layers_model, optimizer="momentum", steps=5, batch_size=16,
   return values, losses, graph
 
 
-def assert_close(actual, expected, atol=1e-5):
+def assert_close(actual, expected, atol=EQUIVALENCE_TOLERANCE["atol"]):
+  """Dicts of arrays with the same names, each within `atol` (the policy's
+  by default; looser for half precision, 0 for bit-exact restores)."""
   assert sorted(actual) == sorted(expected)
   for name in expected:
     np.testing.assert_allclose(actual[name], expected[name], atol=atol,
-                               rtol=1e-5, err_msg=name)
+                               rtol=EQUIVALENCE_TOLERANCE["rtol"],
+                               err_msg=name)
 
 
 def gradient_pairs(optimizer, loss, use_tf_gradients):
