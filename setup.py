@@ -35,7 +35,7 @@ setup(
         "horovod": ["horovod==0.28.1"],
     },
     entry_points={
-        "console_scripts": ["epl-launch=epl.launcher:main",
-                            "epl-plan=epl.dry_run:main"],
+        "console_scripts": ["epl-launch=epl.tools.launcher:main",
+                            "epl-plan=epl.tools.dry_run:main"],
     },
 )

@@ -52,7 +52,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
-from epl.parallel import engine  # noqa: E402
+from epl.passes import engine  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import optimization  # noqa: E402

@@ -43,8 +43,8 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
-from epl import timeline  # noqa: E402
-from epl.parallel import engine  # noqa: E402
+from epl.passes import engine  # noqa: E402
+from epl.tools import timeline  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4

@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
-from epl import timeline  # noqa: E402
+from epl.tools import timeline  # noqa: E402
 
 import stage_model  # noqa: E402  (benchmarks/, next to this script)
 

@@ -7,7 +7,7 @@ EPL config keys (as EPL_<SECTION>_<KEY> environment variables), then:
 
   1. estimate: opens a session and runs the variable initializer; the
      rewrite runs before that first run, and
-     epl.profiler.memory_estimate.estimate(context) counts the rewritten
+     epl.analysis.memory_estimate.estimate(context) counts the rewritten
      graph, as the dry run does;
   2. persistent check: the bytes the process's CPU allocator holds
      between steps (after the warm-up steps) minus before the initializer
@@ -18,7 +18,7 @@ EPL config keys (as EPL_<SECTION>_<KEY> environment variables), then:
      buffer until their first update writes them;
   3. measure: runs --warmup steps, then one step with
      RunOptions.FULL_TRACE, and takes each device's peak with
-     epl.profiler.memory_profiler_hook.profile_memory: the bytes of the
+     epl.runtime.memory_profiler_hook.profile_memory: the bytes of the
      variables the step used on that device (persistent) plus the high-water
      mark of the allocation and deallocation records of that device's ops
      in the step stats, in time order (step peak);
@@ -44,11 +44,11 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from epl.analysis import memory_estimate  # noqa: E402
 from epl.config import key_info  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
-from epl.profiler import memory_estimate  # noqa: E402
-from epl.profiler.memory_profiler_hook import profile_memory  # noqa: E402
-from epl.timeline import device_key  # noqa: E402
+from epl.runtime.memory_profiler_hook import profile_memory  # noqa: E402
+from epl.tools.timeline import device_key  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 PIPELINE = dict(parallel="pipeline_data", num_stages=2, num_micro_batch=4,
@@ -148,7 +148,7 @@ def main(argv=None):
                       help="1: dropout on, as train.py runs by default")
   args = parser.parse_args(argv)
   tf.disable_eager_execution()
-  print("Estimated (epl.profiler.memory_estimate) vs measured (FULL_TRACE "
+  print("Estimated (epl.analysis.memory_estimate) vs measured (FULL_TRACE "
         "step stats: variables + step high-water mark) peak memory per "
         "device; BERT tiny preset, synthetic input; TensorFlow %s" %
         tf.__version__)

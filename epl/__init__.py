@@ -11,8 +11,8 @@ trains data parallel, pipelined, or both, over every device of every worker:
 import importlib
 
 # The public names and the modules that define them. They load on first
-# use (PEP 562), so that `import epl` alone, as in `python -m epl.launcher`
-# (epl-launch), does not import TensorFlow.
+# use (PEP 562), so that `import epl` alone, as in
+# `python -m epl.tools.launcher` (epl-launch), does not import TensorFlow.
 _EXPORTS = {
     "GraphKeys": "epl.collections",
     "add_to_collection": "epl.collections",
@@ -26,13 +26,14 @@ _EXPORTS = {
     "replicate": "epl.strategies",
     "split": "epl.strategies",
 }
-# Public submodules, loaded on first use the same way.
-_SUBMODULES = ("timeline",)
+# Public submodules and the modules they are, loaded on first use the same
+# way (`epl.timeline` is the original EPL's name).
+_SUBMODULES = {"timeline": "epl.tools.timeline"}
 
 
 def __getattr__(name):
   if name in _SUBMODULES:
-    return importlib.import_module("epl." + name)
+    return importlib.import_module(_SUBMODULES[name])
   module = _EXPORTS.get(name)
   if module is None:
     raise AttributeError("module 'epl' has no attribute %r" % name)

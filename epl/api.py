@@ -2,8 +2,8 @@
 `epl.shutdown`, `epl.set_default_strategy`."""
 import logging
 
-from epl import graph_mode
-from epl import patches
+from epl import hooks
+from epl.capture import graph_mode
 from epl.cluster import Cluster
 from epl.config import Config
 from epl.env import Env
@@ -54,7 +54,7 @@ def init(config=None):
   graph_mode.ensure_graph_mode()
   env = Env(config, Cluster.from_environment(config))
   Env.install(env)
-  patches.install()
+  hooks.install()
   # A multi-worker job (TF_CONFIG) starts this worker's gRPC server now, so
   # that peers can reach it before the first collective.
   server.get_or_start(env)
@@ -68,5 +68,5 @@ def shutdown():
   After it, graphs build and run as plain TensorFlow (used by tests that
   compare against single-device training in the same process).
   """
-  patches.uninstall()
+  hooks.uninstall()
   Env.install(None)

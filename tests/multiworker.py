@@ -1,6 +1,6 @@
 """Running multi-worker jobs in tests: epl-launch in a private namespace.
 
-Each job runs `python -m epl.launcher ...` under
+Each job runs `python -m epl.tools.launcher ...` under
 `unshare -rn --pid --fork --kill-child`: a private network namespace (its
 own loopback, so servers on 127.0.0.1 ports meet nothing outside) and a
 private PID namespace whose first process is the launcher, so that when
@@ -63,7 +63,7 @@ def launch(launcher_args, timeout=240, env=None):
   full_env.update(env or {})
   command = ["unshare", "-rn", "--pid", "--fork", "--kill-child", "sh", "-c",
              'ip link set lo up && exec "$0" "$@"', sys.executable, "-m",
-             "epl.launcher"] + list(launcher_args)
+             "epl.tools.launcher"] + list(launcher_args)
   start = time.monotonic()
   process = subprocess.Popen(  # pylint: disable=consider-using-with
       command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

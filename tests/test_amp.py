@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.ir.graph_state import state_of
 from epl.ir import graph_editor
-from epl.runtime import amp
-from epl.runtime import loss_scale
+from epl.ir.graph_state import state_of
+from epl.passes import amp
+from epl.passes import loss_scale
 from tests import tolerance
 from tests import training
 

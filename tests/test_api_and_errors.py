@@ -6,7 +6,7 @@ import epl
 from epl.cluster import Cluster
 from epl.ir.graph_state import state_of
 from epl.ir.taskgraph import TaskGraph
-from epl.parallel import planner
+from epl.plan import planner
 from tests import training
 
 

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import epl
 from epl.ir.graph_state import state_of
-from epl.parallel import engine
-from epl.parallel.context import RewriteContext
+from epl.passes import engine
+from epl.passes.context import RewriteContext
 from tests import tolerance
 from tests import training
 

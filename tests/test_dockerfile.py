@@ -37,4 +37,4 @@ def test_dockerfile_builds_what_the_readme_promises():
   assert "horovodrun --check-build" in text
   assert "command -v epl-launch" in text
   with open(os.path.join(ROOT, "setup.py")) as f:
-    assert '"epl-launch=epl.launcher:main"' in f.read()
+    assert '"epl-launch=epl.tools.launcher:main"' in f.read()

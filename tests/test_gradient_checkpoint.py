@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.ir.graph_state import state_of
 from epl.ir import graph_editor
-from epl.runtime import gradient_checkpoint
+from epl.ir.graph_state import state_of
+from epl.passes import gradient_checkpoint
 from tests import training
 
 LAYERS = 4

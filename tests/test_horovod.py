@@ -16,11 +16,11 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl import horovod_launch
-from epl import launcher
 from epl.communicators.horovod import HorovodCluster
 from epl.ir.taskgraph import TaskGraph
-from epl.parallel import planner
+from epl.plan import planner
+from epl.tools import horovod_launch
+from epl.tools import launcher
 from tests import tolerance
 from tests import multiworker
 from tests import training

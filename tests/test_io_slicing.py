@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl import io_slicing
-from epl import patches
+from epl import hooks
+from epl.capture import io_slicing
 from epl.cluster import Cluster
 from epl.env import Env
 from tests import multiworker
@@ -56,7 +56,7 @@ def _fake_worker(worker, config, workers=2):
   addresses = ["127.0.0.1:%d" % (1 + w) for w in range(workers)]
   Env._instance = Env(epl.Config(config),  # pylint: disable=protected-access
                       Cluster(addresses, worker, "CPU", 1))
-  patches.install()
+  hooks.install()
 
 
 def _write_records(tmp_path, count):

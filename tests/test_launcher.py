@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from epl import launcher
+from epl.tools import launcher
 from tests import multiworker
 
 # Each worker prints its TF_CONFIG task, its device settings and its pid.
@@ -86,8 +86,8 @@ def test_ctrl_c_stops_every_worker():
   # the launcher itself must stop its workers, by process group.
   code = _REPORT + "; import time; time.sleep(120)"
   process = subprocess.Popen(  # pylint: disable=consider-using-with
-      [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--cpu",
-       "--base_port", "45000", "--", sys.executable, "-c", code],
+      [sys.executable, "-m", "epl.tools.launcher", "--num_workers", "2",
+       "--cpu", "--base_port", "45000", "--", sys.executable, "-c", code],
       cwd=multiworker.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True, start_new_session=True)
   pids = []

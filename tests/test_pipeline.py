@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl import timeline
 from epl.ir.phase import Phase
-from epl.parallel import schedule
+from epl.passes import schedule
+from epl.tools import timeline
 from tests import tolerance
 from tests import training
 

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl import dry_run
+from epl.analysis import memory_estimate
 from epl.ir.graph_state import state_of
-from epl.parallel import engine
-from epl.profiler import memory_estimate
+from epl.passes import engine
+from epl.tools import dry_run
 
 import training
 
@@ -130,14 +130,14 @@ def test_dry_run_prints_plan_and_runs_no_step(script, mode):
 def test_epl_plan_entry_point(script):
   path, markers = script
   with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as setup:
-    assert '"epl-plan=epl.dry_run:main"' in setup.read()
+    assert '"epl-plan=epl.tools.dry_run:main"' in setup.read()
   # What the console script runs: sys.exit(main()) with the arguments.
   entry = [sys.executable, "-c",
-           "import sys; from epl.dry_run import main; sys.exit(main())"]
+           "import sys; from epl.tools.dry_run import main; sys.exit(main())"]
   _assert_plan_without_step(
       _run(entry + [str(path), "session", str(markers)], False, markers))
   _assert_plan_without_step(_run(
-      [sys.executable, "-m", "epl.dry_run", str(path), "session",
+      [sys.executable, "-m", "epl.tools.dry_run", str(path), "session",
        str(markers)], False, markers))
 
 
@@ -154,7 +154,7 @@ def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
   path = tmp_path / "no_epl.py"
   path.write_text("print('no model here')\n")
   code, out, err, _ = _run(
-      [sys.executable, "-m", "epl.dry_run", str(path)], False, tmp_path)
+      [sys.executable, "-m", "epl.tools.dry_run", str(path)], False, tmp_path)
   assert code == 1
   assert "no model here" in out
   assert "ended without building a training step" in err

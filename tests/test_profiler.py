@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.analysis import flops
 from epl.ir import graph_editor
-from epl.profiler import flops
-from epl.profiler.memory_profiler_hook import MemoryProfilerHook
+from epl.runtime.memory_profiler_hook import MemoryProfilerHook
 from tests import training
 
 WIDTH = 128

@@ -13,7 +13,7 @@ from tensorflow.python.framework import errors
 from tensorflow.python.framework import importer
 from tensorflow.python.framework import ops
 
-from epl.ir import capture
+from epl.capture import capture
 
 _V1_CONTROL_FLOW = frozenset(
     ["Enter", "Exit", "Switch", "Merge", "NextIteration", "RefEnter",

@@ -51,7 +51,7 @@ class SplitRecords:
   # Variable op name -> ShardedVariable of each variable built sharded.
   variables: dict = dataclasses.field(default_factory=dict)
   # The sharded variables the rewrite initialised, for checkpoints of
-  # Savers built after it (epl/parallel/split.py).
+  # Savers built after it (epl/passes/split.py).
   rewritten: dict = dataclasses.field(default_factory=dict)
 
 

@@ -2,7 +2,7 @@
 
 The model is captured once, as replica 0 of the job; each replica's copy of
 a split part becomes one shard when the rewrite gives it its shard index
-and collective keys (`epl.parallel.split`). What is built here therefore
+and collective keys (`epl.passes.split`). What is built here therefore
 works for any shard: the shard index is a Const (`SHARD_INDEX_NAME`) that
 the rewrite sets per replica, and the collectives carry placeholder group
 keys that it replaces.

@@ -1,1 +1,2 @@
-"""Running the rewritten graph: sessions, checkpoints, memory savers."""
+"""Running the rewritten graph: sessions, servers, checkpoints, summaries,
+worker failures, the Estimator, and measuring memory per device."""

@@ -12,7 +12,7 @@ thing: either restores into the other.
   MonitoredTrainingSession that finds a checkpoint), so the checkpoint
   directory must be visible to every worker (a shared file system); the
   restore group then broadcasts worker 0's values to the others
-  (`epl.parallel.variable_sync`).
+  (`epl.passes.variable_sync`).
 - Reading what was just saved: a worker other than 0 that asks for the
   latest checkpoint of a directory it saved to (the Estimator does before
   it evaluates) first waits until worker 0's copy of its last save is

@@ -11,10 +11,10 @@ which write values that come from no other variable, pass.
 """
 import tensorflow as tf
 
+from epl.capture.capture import VARIABLE_TYPES, variable_op
 from epl.ir import graph_editor
-from epl.ir.capture import VARIABLE_TYPES, variable_op
 from epl.ir.graph_state import state_of
-from epl.parallel.training_subgraph import written_variables
+from epl.passes.training_subgraph import written_variables
 
 # EPL's own ops (replica copies, variable sync, collectives) are named
 # under EPL_* scopes.

@@ -30,7 +30,7 @@ import inspect
 import logging
 import os
 
-from epl import patches
+from epl import hooks
 from epl.env import Env
 from epl.runtime import checkpoint
 
@@ -78,7 +78,7 @@ def call_model_fn(original, estimator, features, labels, mode, config):
     finally:
       env.default_strategy = default_strategy
   logger.debug("EPL leaves the Estimator's %s graph single-device.", mode)
-  with patches.detached():
+  with hooks.detached():
     return original(estimator, features, labels, mode, config)
 
 

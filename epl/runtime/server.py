@@ -81,7 +81,7 @@ def session_workers(env, graph):
   replicas (from the plan, when the model is already annotated).
   """
   from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
-  from epl.parallel import planner  # pylint: disable=import-outside-toplevel
+  from epl.plan import planner  # pylint: disable=import-outside-toplevel
   cluster = env.cluster
   workers = {cluster.worker_index}
   state = state_of(graph) if graph is not None else None

@@ -32,7 +32,7 @@ def _reachable(address):
 
 def _plan_without_local_replicas(env, graph):
   from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
-  from epl.parallel import planner  # pylint: disable=import-outside-toplevel
+  from epl.plan import planner  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
   if state is None or not state.gradient_records or (
       state.rewrite_result is not None):

@@ -13,11 +13,11 @@ and a dead peer outside them cannot stall the session's creation.
 """
 import tensorflow as tf
 
-from epl import dry_run
-from epl import io_slicing
-from epl.parallel import engine
+from epl.capture import io_slicing
+from epl.passes import engine
 from epl.runtime import coverage
 from epl.runtime import server as epl_server
+from epl.tools import dry_run
 
 
 def _distributed_settings(env, target, graph, merged):

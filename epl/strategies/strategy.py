@@ -35,7 +35,7 @@ class Strategy:
 
   def __enter__(self):
     from epl.env import Env  # pylint: disable=import-outside-toplevel
-    from epl.ir import capture  # pylint: disable=import-outside-toplevel
+    from epl.capture import capture  # pylint: disable=import-outside-toplevel
     capture.enter_strategy(Env.get(), self, tf.compat.v1.get_default_graph())
     return self
 
@@ -59,7 +59,7 @@ class Split(Strategy):
 
   The layers built inside are lowered to sharded ops
   (`epl.ops.split_lowering`, `epl.ops.expert_lowering`); the rewrite makes
-  each data-parallel replica's copy one shard (`epl.parallel.split`).
+  each data-parallel replica's copy one shard (`epl.passes.split`).
   """
   kind = "split"
   # None: every device of the job, resolved by the planner.

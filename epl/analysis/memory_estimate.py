@@ -1,0 +1,351 @@
+"""Estimated memory per device of a rewritten training step, before it runs.
+
+    from epl.analysis import memory_estimate
+    estimates = memory_estimate.estimate(rewrite_context)
+    for device in estimates: print(device.device, device.total)
+
+Everything is counted from the rewritten graph itself (static shapes and
+dtypes of its tensors, the devices the rewrite placed its ops on), so the
+memory savers the rewrite applied are in the figures without a model of
+each: AMP's half-precision activations have half-precision dtypes, ZeRO's
+optimizer slots exist only on their owner, offloaded variables sit on the
+host, gradient checkpointing leaves the backward pass reading recomputed
+tensors instead of the forward ones.
+
+Per device:
+
+- parameters: the trained variables placed there;
+- optimizer state: the variables `Optimizer.apply_gradients` created there
+  (slots: Adam's m and v, momentum), counted from the graph;
+- other state: every other variable (global step, loss scale, ...);
+- gradients: the gradient tensors the update reads (accumulated over
+  micro-batches), one set; two sets live when there are several
+  micro-batches (the sum so far and the micro-batch's being added);
+- activations: the forward tensors of one micro-batch that the backward
+  pass reads (buffers shared by views such as Reshape counted once), times
+  the micro-batches in flight on that stage: all M for GPipe
+  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), M
+  with split TaskGraphs (no schedule orders their micro-batches);
+- working memory: the largest one op of the step allocates at once (its
+  outputs), which is live on top of the rest at the peak.
+
+When the input's batch dimension is not static (a batch without
+`drop_remainder=True`), shapes are inferred again, by TensorFlow's shape
+functions on a copy of the graph, with the batch size of the input
+pipeline's batching dataset (`DeviceEstimate.batch_size_assumed`). Tensors
+whose static shape is still not fully known cannot be counted; they are
+reported in `DeviceEstimate.unknown_tensors` rather than guessed.
+"""
+import collections
+import dataclasses
+import logging
+from typing import List
+
+import tensorflow as tf
+
+from epl.ir.phase import Phase
+from epl.passes import schedule
+from epl.passes.training_subgraph import tensors_of
+
+logger = logging.getLogger("epl")
+
+_VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2"])
+# Ops whose output is a view of an input's buffer (no new memory).
+_VIEWS = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze",
+                    "StopGradient", "Snapshot", "ReadVariableOp",
+                    "IdentityN", "Bitcast"])
+# Ops that read only the shape of their input: they keep nothing alive.
+_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
+
+
+def tensor_bytes(tensor):
+  """Bytes of `tensor` from its static shape and dtype; None when the
+  shape is not fully known (or the dtype has no fixed size)."""
+  shape = tensor.shape
+  if shape.rank is None or not shape.is_fully_defined():
+    return None
+  dtype = tensor.dtype.base_dtype
+  if dtype in (tf.resource, tf.variant, tf.string):
+    return None
+  return dtype.size * shape.num_elements()
+
+
+def variable_elements(op):
+  """Elements of the variable made by variable op `op` (0 if its shape
+  is not fully known)."""
+  shape = tf.TensorShape(op.get_attr("shape"))
+  return shape.num_elements() if shape.is_fully_defined() else 0
+
+
+def variable_bytes(op):
+  """Bytes of the variable made by variable op `op` (0 if its shape is
+  not fully known)."""
+  return tf.as_dtype(op.get_attr("dtype")).size * variable_elements(op)
+
+
+def in_flight_micro_batches(schedule_name, num_stages, stage,
+                            num_micro_batch):
+  """Micro-batches whose activations stage `stage` holds at once."""
+  if schedule_name == schedule.PREFER_FORWARD:
+    return num_micro_batch
+  return min(num_stages - stage, num_micro_batch)
+
+
+def bubble_fraction(num_stages, num_micro_batch):
+  """Idle fraction of a pipeline step, (p - 1) / (m + p - 1), for GPipe
+  and 1F1B alike."""
+  return (num_stages - 1) / float(num_micro_batch + num_stages - 1)
+
+
+@dataclasses.dataclass
+class DeviceEstimate:
+  """Estimated memory of one device at the step's peak, in bytes."""
+  device: str
+  stages: List[int] = dataclasses.field(default_factory=list)
+  parameters: int = 0
+  optimizer_state: int = 0
+  other_state: int = 0
+  gradients: int = 0
+  gradient_sets: int = 1
+  activations_per_micro_batch: int = 0
+  in_flight: int = 0
+  recomputed: int = 0
+  working: int = 0
+  unknown_tensors: int = 0
+  # The input pipeline's batch size, when shapes had to be inferred again
+  # with it (the input's batch dimension is not static); else None.
+  batch_size_assumed: object = None
+
+  @property
+  def persistent(self):
+    return self.parameters + self.optimizer_state + self.other_state
+
+  @property
+  def activations(self):
+    return self.activations_per_micro_batch * self.in_flight
+
+  @property
+  def total(self):
+    return (self.persistent + self.gradients * self.gradient_sets +
+            self.activations + self.recomputed + self.working)
+
+
+def _canonical(device):
+  """One spelling per device; "/device:CPU" (any CPU) is CPU:0, where
+  TensorFlow puts it."""
+  if not device:
+    return ""
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.device_type and spec.device_index is None:
+    spec = spec.replace(device_index=0)
+  return spec.to_string()
+
+
+def _root(tensor):
+  """The tensor whose buffer `tensor` shares (through views)."""
+  while tensor.op.type in _VIEWS and tensor.op.inputs:
+    tensor = tensor.op.inputs[0]
+  return tensor
+
+
+class _Devices:
+  """DeviceEstimate per device, made on first use; ops without a device
+  count on this worker's host CPU, where TensorFlow places them."""
+
+  def __init__(self, host):
+    self.by_name = collections.OrderedDict()
+    self._host = _canonical(host)
+
+  def __getitem__(self, device):
+    device = _canonical(device) or self._host
+    if device not in self.by_name:
+      self.by_name[device] = DeviceEstimate(device)
+    return self.by_name[device]
+
+
+_BATCH_DATASETS = frozenset(["BatchDataset", "BatchDatasetV2",
+                             "PaddedBatchDataset", "PaddedBatchDatasetV2",
+                             "ParallelBatchDataset"])
+
+
+def _dataset_batch_size(graph):
+  """The batch size of the graph's batching datasets when they all agree
+  on one constant; else None."""
+  found = set()
+  for op in graph.get_operations():
+    if op.type in _BATCH_DATASETS:
+      value = tf.get_static_value(op.inputs[1])
+      found.add(None if value is None else int(value))
+  if len(found) != 1 or None in found:
+    return None
+  return found.pop()
+
+
+def _with_batch_size(graph, input_reads, batch_size):
+  """A copy of `graph` whose static shapes TensorFlow inferred again with
+  the input reads' unknown leading dimension set to `batch_size`."""
+  graph_def = graph.as_graph_def()
+  reads = {op.name for op in input_reads}
+  for node in graph_def.node:
+    if node.name not in reads or "output_shapes" not in node.attr:
+      continue
+    for shape in node.attr["output_shapes"].list.shape:
+      if shape.dim and shape.dim[0].size == -1:
+        shape.dim[0].size = batch_size
+  inferred = tf.Graph()
+  with inferred.as_default():
+    tf.graph_util.import_graph_def(graph_def, name="")
+  return inferred
+
+
+class _TensorSizes:
+  """tensor -> bytes (None if unknown). When the input's batch dimension
+  is not static, shapes come from a copy of the graph inferred again with
+  the batch size of the input pipeline."""
+
+  def __init__(self, ctx):
+    self.batch_size = None
+    self._inferred = None
+    reads = ctx.subgraph.input_reads
+    if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
+      return
+    batch_size = _dataset_batch_size(ctx.graph)
+    if batch_size is None:
+      return
+    logger.info("Memory estimate: the input's batch dimension is not "
+                "static; shapes inferred again with the input pipeline's "
+                "batch size %d", batch_size)
+    self.batch_size = batch_size
+    self._inferred = _with_batch_size(ctx.graph, reads, batch_size)
+
+  def __call__(self, tensor):
+    if self._inferred is not None and not tensor.shape.is_fully_defined():
+      tensor = self._inferred.get_tensor_by_name(tensor.name)
+    return tensor_bytes(tensor)
+
+
+def _count_variables(ctx, devices):
+  trained = set()
+  for points in ctx.gradient_points:
+    for _, variable in points:
+      for local in range(len(ctx.replicas)):
+        trained.add(ctx.op(local, variable).name)
+  for op in ctx.graph.get_operations():
+    if op.type not in _VARIABLE_TYPES:
+      continue
+    estimate = devices[op.device]
+    size = variable_bytes(op)
+    if op.name in trained:
+      estimate.parameters += size
+    elif ctx.state.phase_of(op) is Phase.APPLY:
+      estimate.optimizer_state += size
+    else:
+      estimate.other_state += size
+
+
+def _count_gradients(ctx, devices, sizes):
+  for points in ctx.gradient_points:
+    for grad, _ in points:
+      for local in range(len(ctx.replicas)):
+        for tensor in tensors_of(grad):
+          tensor = ctx.tensor(local, tensor)
+          size = sizes(tensor)
+          estimate = devices[tensor.op.device]
+          if size is None:
+            estimate.unknown_tensors += 1
+            continue
+          estimate.gradients += size
+          if ctx.plan.num_micro_batch > 1:
+            estimate.gradient_sets = 2
+
+
+def _kept_activations(ctx, devices, sizes):
+  """Per device, bytes of the forward tensors of micro-batch 0 that the
+  backward pass on that device reads."""
+  state = ctx.state
+  kept = collections.defaultdict(set)
+  for op in ctx.graph.get_operations():
+    if (state.phase_of(op) is not Phase.BACKWARD or
+        op.type in _SHAPE_READERS):
+      continue
+    for tensor in op.inputs:
+      root = _root(tensor)
+      producer = root.op
+      if (state.phase_of(producer) is not Phase.FORWARD or
+          state.micro_batch_of(producer) != 0 or
+          producer.type in _VARIABLE_TYPES or producer.type == "Const"):
+        continue
+      # A tensor read on another device is kept there too (the copy
+      # TensorFlow received).
+      kept[devices[op.device].device].add(root)
+  for device, tensors in kept.items():
+    estimate = devices[device]
+    for tensor in tensors:
+      size = sizes(tensor)
+      if size is None:
+        estimate.unknown_tensors += 1
+      else:
+        estimate.activations_per_micro_batch += size
+
+
+def _count_recomputed(ctx, devices, sizes):
+  """Per device, the largest segment of recomputed tensors that backward
+  reads (gradient checkpointing recomputes one segment at a time). A
+  segment may span stages (an attention mask of the first stage that every
+  layer reads goes with the last layer's): each device counts its own
+  ops' part."""
+  for segment in ctx.recomputed_segments:
+    names = {op.name for op in segment}
+    read_sizes = [sum(sizes(t) or 0 for t in op.outputs
+                      if any(c.name not in names and
+                             c.type not in _SHAPE_READERS
+                             for c in t.consumers()))
+                  for op in segment]
+    for local in range(len(ctx.replicas)):
+      per_device = collections.Counter()
+      for op, size in zip(segment, read_sizes):
+        per_device[ctx.op(local, op).device] += size
+      for device, size in per_device.items():
+        estimate = devices[device]
+        estimate.recomputed = max(estimate.recomputed, size)
+
+
+def _count_working(ctx, devices, sizes):
+  for op in ctx.graph.get_operations():
+    # Constants and variables are allocated once, not by each step.
+    if (ctx.state.phase_of(op) is Phase.OTHER or op.type == "Const" or
+        op.type in _VARIABLE_TYPES):
+      continue
+    size = sum(sizes(t) or 0 for t in op.outputs)
+    estimate = devices[op.device]
+    estimate.working = max(estimate.working, size)
+
+
+def estimate(ctx):
+  """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`: one
+  per device of this worker's replicas in plan order, then any other
+  device the step uses (the host, with offload)."""
+  plan = ctx.plan
+  devices = _Devices(ctx.cluster.host_device(ctx.cluster.worker_index))
+  order = []
+  for replica in ctx.replicas:
+    for stage in range(len(plan.devices[replica])):
+      device = devices[plan.devices[replica][stage]]
+      device.stages.append(stage)
+      in_flight = (plan.num_micro_batch if plan.has_split else
+                   in_flight_micro_batches(
+                       plan.schedule, len(plan.devices[replica]), stage,
+                       plan.num_micro_batch))
+      device.in_flight = max(device.in_flight, in_flight)
+      order.append(device.device)
+  _count_variables(ctx, devices)
+  sizes = _TensorSizes(ctx)
+  _count_gradients(ctx, devices, sizes)
+  _kept_activations(ctx, devices, sizes)
+  _count_recomputed(ctx, devices, sizes)
+  _count_working(ctx, devices, sizes)
+  for device in devices.by_name.values():
+    device.batch_size_assumed = sizes.batch_size
+  known = list(dict.fromkeys(order))
+  others = [d for d in devices.by_name if d not in known]
+  return [devices.by_name[d] for d in known + others]

@@ -1,0 +1,156 @@
+"""Capture: tag every op with its TaskGraph and phase as the user builds it,
+and record the gradients of variables where TensorFlow makes them.
+
+`epl.hooks` calls into this module from the few TensorFlow entry points it
+wraps (op creation, `tf.gradients`, `GradientTape.gradient`,
+`Optimizer.apply_gradients`); nothing else in EPL touches TensorFlow's
+internals to capture. Gradients are recorded where they are made, as the
+original EPL did, so any optimizer is seen: `tf.compat.v1.train` ones,
+subclasses that override `apply_gradients` (Google BERT's AdamW), Keras
+optimizers and hand-written updates. The rewrite finds the updates by what
+they write.
+
+The phase stack and the suspension counter are per thread, like
+TensorFlow's own graph scopes.
+"""
+import contextlib
+import threading
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
+from epl.ir.phase import Phase
+
+VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
+
+
+class _ThreadState(threading.local):
+
+  def __init__(self):
+    super().__init__()
+    # Phase contexts entered by the wrapped TensorFlow entry points.
+    self.phases = []
+    # Set while EPL itself builds ops (the rewrite), so that they are not
+    # captured as user ops.
+    self.suspended = 0
+
+
+_thread = _ThreadState()
+
+
+@contextlib.contextmanager
+def phase_scope(phase):
+  """Ops created inside are tagged with `phase`."""
+  _thread.phases.append(phase)
+  try:
+    yield
+  finally:
+    _thread.phases.pop()
+
+
+def current_phase():
+  return _thread.phases[-1] if _thread.phases else None
+
+
+@contextlib.contextmanager
+def suspended():
+  """Ops created inside are not captured (EPL's own ops)."""
+  _thread.suspended += 1
+  try:
+    yield
+  finally:
+    _thread.suspended -= 1
+
+
+def _is_function_graph(graph):
+  return getattr(graph, "building_function", False)
+
+
+def on_op_created(env, op):
+  """Tags a newly created op with its TaskGraph and phase.
+
+  Ops built by `tf.gradients` are BACKWARD and belong to the TaskGraph of
+  the forward op they differentiate; ops built by `apply_gradients` are
+  APPLY; ops built under a strategy (a scope or the default; with
+  auto.auto_parallel, after the cut, the last stage) are FORWARD work of
+  its TaskGraph; ops built before the first strategy scope are
+  FORWARD work of the first TaskGraph; other ops are OTHER.
+  """
+  graph = op.graph
+  if _thread.suspended or _is_function_graph(graph):
+    return
+  state = state_of(graph, create=True)
+  phase = current_phase()
+  if phase is Phase.BACKWARD:
+    # tf.gradients builds each gradient under `_original_op(forward_op)`;
+    # ops without one (gradient aggregation, GradientTape) are resolved
+    # from their neighbours by the rewrite.
+    forward_op = graph._default_original_op  # pylint: disable=protected-access
+    taskgraph = state.taskgraph_of(forward_op) if forward_op else None
+    state.tag(op, taskgraph, phase)
+  elif phase is Phase.APPLY:
+    state.tag(op, None, phase)
+  else:
+    strategy = env.current_strategy()
+    if strategy is None and env.config.auto.auto_parallel:
+      from epl.plan import auto  # pylint: disable=import-outside-toplevel
+      strategy = auto.strategy_after_cut(state)
+    if strategy is not None:
+      state.tag(op, state.taskgraph_for(strategy), Phase.FORWARD)
+    elif not state.taskgraphs:
+      state.tag_before_first_strategy(op)
+    else:
+      state.tag(op, None, Phase.OTHER)
+
+
+def enter_strategy(env, strategy, graph):
+  """Opens `strategy`'s scope; its TaskGraph exists from now on, so the
+  TaskGraphs are ordered as their scopes were first entered."""
+  env.enter_strategy(strategy)
+  state_of(graph, create=True).taskgraph_for(strategy)
+
+
+def variable_op(source):
+  """The variable op behind `source` (a variable, its handle or its ref
+  tensor); None when `source` is not a variable."""
+  if resource_variable_ops.is_resource_variable(source):
+    handle = getattr(source, "handle", None)
+    return handle.op if isinstance(handle, tf.Tensor) else None
+  if isinstance(source, tf.Variable):
+    return source.op
+  if isinstance(source, tf.Tensor) and source.op.type in VARIABLE_TYPES:
+    return source.op
+  return None
+
+
+def densify_sparse_gradients(grads):
+  """IndexedSlices gradients as dense Tensors (communication.sparse_as_dense)."""
+  return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+          for g in grads]
+
+
+def record_gradients(sources, grads):
+  """Records the gradients of the variables among `sources` (one
+  `tf.gradients` or `GradientTape.gradient` call)."""
+  pairs = []
+  for source, grad in zip(sources, grads):
+    if grad is None:
+      continue
+    variable = variable_op(source)
+    if variable is not None and not _is_function_graph(variable.graph):
+      pairs.append((grad, variable))
+  if pairs:
+    state_of(pairs[0][1].graph, create=True).gradient_records.append(
+        GradientRecord(pairs))
+
+
+def record_apply(grads_and_vars, train_op, global_step):
+  """Records one `apply_gradients` call: which gradients it applied."""
+  pairs = [(g, variable_op(v)) for g, v in grads_and_vars if g is not None]
+  pairs = [(g, v) for g, v in pairs if v is not None]
+  if not pairs:
+    return
+  state_of(pairs[0][1].graph, create=True).apply_records.append(
+      ApplyRecord(grads_and_vars=pairs, train_op=train_op,
+                  global_step=global_step))

@@ -1,1 +1,0 @@
-"""Planning and rewriting the captured graph into the distributed one."""

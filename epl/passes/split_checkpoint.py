@@ -1,0 +1,115 @@
+"""Checkpoints of split variables: one full tensor under the user's name.
+
+A Saver built before the rewrite saves replica 0's variables: for a split
+variable that is one shard. `full_tensor_checkpoints` makes its SaveV2
+write the shards of shard group 0 side by side (the padding of the last
+shard cut off), so the checkpoint is the one single-device TF writes; and
+makes its restore give every replica its own slice of the full tensor.
+Either direction works between a split run and plain TF.
+"""
+import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
+
+from epl.ir import graph_editor
+
+
+def _restored_value(assign):
+  """The RestoreV2 output an assign writes, through Identity ops; or None."""
+  tensor = assign.inputs[1]
+  while tensor.op.type == "Identity":
+    tensor = tensor.op.inputs[0]
+  return tensor if tensor.op.type == "RestoreV2" else None
+
+
+def _without_static_shape(tensor):
+  """`tensor` with a static shape of unknown sizes: the Saver's tensors
+  carry the shard's shape where the full tensor flows, and TF checks it
+  when an edge is rewired."""
+  if tensor.shape.rank is None:
+    return tensor
+  return tf.compat.v1.placeholder_with_default(
+      tensor, [None] * tensor.shape.rank)
+
+
+def _read(variable):
+  with tf.device(variable.device):
+    return gen_resource_variable_ops.read_variable_op(
+        variable.outputs[0], variable.get_attr("dtype"))
+
+
+def _shard_slice(full, info, shard, rank):
+  """Shard `shard` of the full tensor, zero-padded past its end."""
+  padding = [[0, 0] for _ in range(rank)]
+  padding[info.axis][1] = info.columns * info.group_size - info.full_size
+  begin = [0] * rank
+  begin[info.axis] = shard * info.columns
+  size = [-1] * rank
+  size[info.axis] = info.columns
+  return tf.slice(tf.pad(full, padding), begin, size)
+
+
+def _save_full_tensor(ctx, save, sharded):
+  for index, tensor in enumerate(save.inputs):
+    variable = tensor.op.inputs[0].op if tensor.op.type == (
+        "ReadVariableOp") else None
+    info = sharded.get(variable.name) if variable is not None else None
+    if info is None:
+      continue
+    group_zero = list(range(info.group_size))
+    if not set(group_zero) <= set(ctx.replicas):
+      if ctx.cluster.worker_index != 0:
+        # Only worker 0 writes checkpoints (epl.runtime.checkpoint).
+        continue
+      raise NotImplementedError(
+          "Checkpoints of split variable %r need every shard of shard group "
+          "0 (replicas %s) on worker 0, which writes them; this worker has "
+          "replicas %s." % (variable.name, group_zero, ctx.replicas))
+    shards = [_read(ctx.op(ctx.replicas.index(r), variable))
+              for r in group_zero]
+    with tf.device(save.device):
+      full = tf.concat(shards, info.axis)
+      size = [-1] * full.shape.rank
+      size[info.axis] = info.full_size
+      full = tf.slice(full, [0] * full.shape.rank, size)
+    save._update_input(index, _without_static_shape(full))  # pylint: disable=protected-access
+
+
+def _restore_shards(ctx, assign, info, shard_of):
+  variable = assign.inputs[0].op
+  rank = len(variable.get_attr("shape").dim)
+  with tf.device(assign.device):
+    full = _without_static_shape(assign.inputs[1])
+  groups = [op for op in ctx.graph.get_operations()
+            if assign in op.control_inputs]
+  with tf.device(assign.device):
+    assign._update_input(  # pylint: disable=protected-access
+        1, _shard_slice(full, info, shard_of(0, info.group_size), rank))
+  for local in range(1, len(ctx.replicas)):
+    copy = ctx.op(local, variable)
+    with tf.device(copy.device):
+      write = gen_resource_variable_ops.assign_variable_op(
+          copy.outputs[0],
+          _shard_slice(full, info, shard_of(local, info.group_size),
+                       rank))
+    for group in groups:
+      graph_editor.add_control_inputs(group, [write])
+
+
+def full_tensor_checkpoints(ctx, sharded, shard_of):
+  """Rewrites the graph's Savers for the sharded variables.
+
+  `sharded`: {variable op name: ShardedVariable}; `shard_of(local,
+  group_size)`: the shard index of local replica `local`. Every SaveV2 writes the full
+  tensor of each sharded variable it saves; every restore of one writes
+  each local replica's slice, and the op grouping the restore (a Saver's
+  restore_all) also waits for the other replicas' writes. Other variables
+  are untouched (`epl.passes.variable_sync` copies them), and so are
+  saves and restores already rewritten (they no longer read a variable or
+  a restored tensor directly), so it can run again after new ops.
+  """
+  for op in ctx.graph.get_operations():
+    if op.type == "SaveV2":
+      _save_full_tensor(ctx, op, sharded)
+    elif op.type == "AssignVariableOp" and (
+        op.inputs[0].op.name in sharded) and _restored_value(op) is not None:
+      _restore_shards(ctx, op, sharded[op.inputs[0].op.name], shard_of)

@@ -1,0 +1,86 @@
+"""Rewrite-time checks that the captured TaskGraphs make a runnable pipeline.
+
+The pipeline runs TaskGraph t of every micro-batch on stage t's device, in
+stage order, once per micro-batch. Two ways of building a model break that,
+and both are reported here, naming the ops, before any graph is changed:
+
+- an op of the training step built outside every stage scope while no
+  default strategy is set (it would run once, on no stage, for replica 0's
+  first micro-batch only);
+- a stage that consumes a tensor computed by a later stage (the pipeline
+  would have to run backwards).
+"""
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from epl.passes.training_subgraph import VARIABLE_TYPES, written_variables
+
+_VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
+
+
+def _is_variable_or_read(op):
+  if op.type in VARIABLE_TYPES:
+    return True
+  return op.type in _VARIABLE_READ_TYPES and bool(op.inputs) and (
+      op.inputs[0].op.type in VARIABLE_TYPES)
+
+
+def _outside_every_stage(state, subgraph):
+  """Raises for a compute op or trained variable built outside every scope."""
+  cloned = subgraph.cloned_names
+  for op in subgraph.shared:
+    if state.phase_of(op) is not Phase.OTHER:
+      continue
+    stage_inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
+    if stage_inputs:
+      raise ValueError(
+          "Op %r (%s) computes on %r but was built outside every stage scope, "
+          "and no default strategy is set. Build it inside a stage scope "
+          "(with epl.replicate(device_count=1, name=...)) or call "
+          "epl.set_default_strategy(...) before building it. Only the input "
+          "pipeline (datasets, iterators, get_next) may be built outside the "
+          "stages; it goes to the first stage that reads it." %
+          (op.name, op.type, stage_inputs[0].name))
+    if op.type in VARIABLE_TYPES and op.name not in subgraph.global_steps and (
+        any(op in written_variables(u) for u in subgraph.updates)):
+      raise ValueError(
+          "Variable %r is trained but was created outside every stage scope, "
+          "and no default strategy is set. Create it inside the stage that "
+          "uses it, or call epl.set_default_strategy(...)." % op.name)
+
+
+def _stage_order(state, subgraph):
+  """Raises for a forward op that reads a later stage's forward output."""
+  cloned = subgraph.cloned_names
+  for op in subgraph.cloned:
+    if state.phase_of(op) is not Phase.FORWARD:
+      continue
+    stage = state.taskgraph_of(op)
+    for tensor in op.inputs:
+      producer = tensor.op
+      if producer.name not in cloned or _is_variable_or_read(producer) or (
+          state.phase_of(producer) is not Phase.FORWARD):
+        continue
+      producer_stage = state.taskgraph_of(producer)
+      if "split" in (stage.strategy.kind, producer_stage.strategy.kind):
+        continue  # a split part shares its devices: no stage order
+      if producer_stage.index > stage.index:
+        raise ValueError(
+            "Stage %r (TaskGraph %d) consumes %r, computed by the later stage "
+            "%r (TaskGraph %d), in op %r. Pipeline stages run in the order "
+            "their scopes were first entered; build each stage only from "
+            "tensors of itself and of earlier stages." %
+            (stage.name, stage.index, tensor.name, producer_stage.name,
+             producer_stage.index, op.name))
+
+
+def check_stages(state, subgraph):
+  """Checks the resolved training subgraph; changes nothing.
+
+  Raises ValueError for an op of the training step built outside every
+  stage scope with no default strategy (the input pipeline excepted), for
+  a trained variable created there, and for a stage that reads a tensor of
+  a later stage (variables excepted: any stage may read any variable).
+  """
+  _outside_every_stage(state, subgraph)
+  if len(state.taskgraphs) > 1:
+    _stage_order(state, subgraph)

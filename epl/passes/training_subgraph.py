@@ -1,0 +1,182 @@
+"""Which ops make up one model replica's training step.
+
+The step is found from what capture recorded, whatever optimizer built it:
+the gradients of variables that `tf.gradients` (or `GradientTape`) made,
+and the ops downstream of them that write variables (the updates:
+`tf.compat.v1.train` and Keras optimizers, subclasses that override
+`apply_gradients`, hand-written `assign_sub`s). The training subgraph is
+everything the updates, and the ops that wait for them, depend on (plus the
+tensors merged over replicas). Within it, each op is one of:
+
+- cloned: per-replica compute, including the variables training writes;
+- shared: read by every replica as it is: the input pipeline's datasets and
+  iterators, placeholders, lookup tables, `global_step`, variables training
+  only reads, and ops built outside every strategy scope; and the writes of
+  shared variables (the `global_step` increment, however it was built),
+  which run once per step;
+- a join: a grouping op (NoOp) that waits for updates, such as the op
+  `apply_gradients` returned or the user's `tf.group(train_op, ...)`. It is
+  not cloned; instead it waits for every replica's copy of its inputs, so
+  fetching it runs the whole step.
+"""
+import dataclasses
+from typing import List
+
+import tensorflow as tf
+
+from epl.capture.capture import VARIABLE_TYPES
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from epl.passes.resolve import mark_gradient_processing
+
+# Ops that read the next element of the input pipeline: each replica (and
+# micro-batch) runs its own, on the shared iterator.
+INPUT_READ_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
+PLACEHOLDER_TYPES = frozenset(
+    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+# Lookup tables are initialised once by the user's tables_initializer and
+# read by every replica.
+TABLE_TYPES = frozenset([
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
+    "MutableDenseHashTable", "MutableDenseHashTableV2"])
+# Consumers of a variable that do not change it.
+_VARIABLE_READERS = frozenset([
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+    "VarIsInitializedOp", "IsVariableInitialized", "Identity",
+    "_ReadVariablesOp"])
+# Collections of tensors merged over replicas (epl.GraphKeys).
+MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
+                      "global_concat_objects")
+
+
+@dataclasses.dataclass
+class TrainingSubgraph:
+  cloned: List[tf.Operation]        # topologically ordered
+  shared: List[tf.Operation]
+  joins: List[tf.Operation]
+  variables: List[tf.Operation]     # replicated variable ops (in `cloned`)
+  input_reads: List[tf.Operation]   # in `cloned`, in creation order
+  # Variable writes downstream of the gradients (cloned or shared).
+  updates: List[tf.Operation] = dataclasses.field(default_factory=list)
+  # Writes of shared variables: they run once per step (in `shared`).
+  shared_writes: List[tf.Operation] = dataclasses.field(default_factory=list)
+  global_steps: frozenset = frozenset()   # names of global_step variables
+  cloned_names: frozenset = frozenset()
+
+  def add_cloned(self, ops):
+    """Adds ops built by a rewrite pass to the cloned part, so that every
+    replica gets them; keeps `cloned` topologically ordered."""
+    self.cloned = graph_editor.topological_order(self.cloned + list(ops))
+    self.cloned_names = frozenset(op.name for op in self.cloned)
+
+
+def written_variables(op):
+  """The variable ops that `op` writes (none for a reader)."""
+  if op.type in _VARIABLE_READERS:
+    return []
+  return [t.op for t in op.inputs if t.op.type in VARIABLE_TYPES]
+
+
+def is_variable_writer(op):
+  return op.type not in _VARIABLE_READERS
+
+
+def variable_consumers(variable_op):
+  return [c for c in variable_op.outputs[0].consumers()]
+
+
+def tensors_of(grad):
+  """The tensors of a gradient: [values, indices] of IndexedSlices."""
+  if isinstance(grad, tf.IndexedSlices):
+    return [grad.values, grad.indices]
+  return [grad]
+
+
+def raw_gradients(state):
+  """Every recorded gradient of a variable, in the order they were made."""
+  return [grad for record in state.gradient_records
+          for grad, _ in record.pairs]
+
+
+def find_updates(state):
+  """(updates, ops after them): the variable writes downstream of the
+  recorded gradients, and those writes with every op that depends on them."""
+  raw_ops = [t.op for grad in raw_gradients(state) for t in tensors_of(grad)]
+  updates = [op for op in graph_editor.descendants(raw_ops)
+             if written_variables(op)]
+  return updates, graph_editor.descendants(updates)
+
+
+def _input_pipeline_ops(training_ops):
+  """Datasets and iterators behind every input read: shared by replicas."""
+  roots = [t.op for op in training_ops if op.type in INPUT_READ_TYPES
+           for t in op.inputs]
+  return {op.name for op in graph_editor.ancestors(roots)}
+
+
+def _global_step_ops(graph, state):
+  global_steps = [r.global_step for r in state.apply_records
+                  if r.global_step is not None]
+  global_step = tf.compat.v1.train.get_global_step(graph)
+  if global_step is not None:
+    global_steps.append(global_step)
+  return {v.op.name for v in global_steps}
+
+
+def select_training_subgraph(graph, state):
+  """Splits the training step's ops into cloned, shared and joins."""
+  updates, after_updates = find_updates(state)
+  joins = [op for op in after_updates if op.type == "NoOp"]
+  merged = [t.op for key in MERGED_COLLECTIONS
+            for t in graph.get_collection(key) if isinstance(t, tf.Tensor)]
+  # Forward state updates (batch norm) that the user fetches alongside the
+  # train op rather than making it wait for them.
+  forward_updates = [
+      u if isinstance(u, tf.Operation) else u.op
+      for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
+  forward_updates = [op for op in forward_updates
+                     if state.phase_of(op) is Phase.FORWARD]
+  training_ops = graph_editor.ancestors(after_updates + merged +
+                                        forward_updates)
+  join_names = {op.name for op in joins}
+  # Gradient clipping built outside every scope works per replica.
+  mark_gradient_processing(state, training_ops)
+
+  shared = _input_pipeline_ops(training_ops)
+  global_step_ops = _global_step_ops(graph, state)
+  written = {v.name for op in training_ops for v in written_variables(op)}
+  for op in training_ops:
+    if (op.type in PLACEHOLDER_TYPES or op.type in TABLE_TYPES or
+        op.name in global_step_ops):
+      shared.add(op.name)
+    elif (state.phase_of(op) is Phase.OTHER and
+          op.type not in INPUT_READ_TYPES):
+      shared.add(op.name)
+    elif op.type in VARIABLE_TYPES and op.name not in written:
+      shared.add(op.name)
+  # Writes of a shared variable (the global_step increment) run once.
+  shared_writes = [
+      op for op in training_ops
+      if op.name not in join_names and
+      any(v.name in shared for v in written_variables(op))]
+  shared.update(op.name for op in shared_writes)
+  shared -= join_names
+
+  cloned = [op for op in training_ops
+            if op.name not in shared and op.name not in join_names]
+  graph_editor.check_cloneable(cloned)
+  cloned = graph_editor.topological_order(cloned)
+  return TrainingSubgraph(
+      cloned=cloned,
+      shared=[op for op in training_ops if op.name in shared],
+      joins=joins,
+      variables=[op for op in cloned if op.type in VARIABLE_TYPES],
+      input_reads=sorted((op for op in cloned if op.type in INPUT_READ_TYPES),
+                         key=lambda o: o._id),  # pylint: disable=protected-access
+      updates=updates,
+      shared_writes=shared_writes,
+      global_steps=frozenset(global_step_ops),
+      cloned_names=frozenset(op.name for op in cloned))

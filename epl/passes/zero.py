@@ -1,0 +1,352 @@
+"""ZeRO (zero.level): each data-parallel replica updates its share only.
+
+Without ZeRO every replica holds the optimizer's slots for every variable
+and applies every update. With ZeRO the trained variables of each TaskGraph
+(each pipeline stage) are dealt out to the replicas of this worker,
+balanced by size (`balance.balanced_partition`); the replica that owns a
+variable alone holds its slots and runs its update, and then copies the new
+value into the other replicas' copies of the variable.
+
+How the rewrite does it. The ops `apply_gradients` built for one variable
+(its update op, its slots, their reads; found from the graph: the apply ops
+whose data flow touches that variable alone) are the variable's *update*.
+Updates are taken out of the cloned part before the replicas are cloned,
+so no other replica gets a copy. The user's own update ops (replica 0's)
+become the owner's: they are placed on the owner's device and read the
+owner's variable, gradient and shared optimizer values (learning rate,
+Adam's beta powers). So the slots keep their names and exist once:
+checkpoints hold each slot once under its own name, and restore both ways.
+
+- v0: gradients are all-reduced as without ZeRO; only the owner reads the
+  result (every replica still runs its all-reduce, joined to the step).
+- v1: gradients are reduced to their owner only: the owner sums every
+  replica's gradient (TensorFlow sends them to it); no replica holds the
+  reduced gradient of a variable it does not own. (No reduce-scatter kernel
+  exists on CPU; within a worker this per-owner reduce is what it would do.)
+
+Replicas partitioned are those of one worker: a multi-worker job keeps a
+full set of slots on every worker, and with v1 the owners of the same share
+on each worker (the k-th replica of each) all-reduce their local sums.
+Optimizer values shared by every variable (Adam's beta powers, scalars)
+stay one per replica.
+"""
+import collections
+import dataclasses
+import logging
+from typing import Dict, List
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from epl.capture import capture
+from epl.ir import graph_editor
+from epl.ir.phase import Phase
+from epl.passes import across_workers
+from epl.passes.variable_sync import assign_value, read_value
+from epl.plan.balance import balanced_partition, variable_size
+
+logger = logging.getLogger("epl")
+
+ZERO_SCOPE = "EPL_ZERO"
+_READS = frozenset(["ReadVariableOp", "Identity"])
+
+
+@dataclasses.dataclass
+class Partition:
+  """Which local replica owns each trained variable, and its update ops.
+
+  `owner[v]` is the local replica index owning variable op `v`;
+  `updates[v]` the ops of its update (topologically ordered); `points`
+  the (gradient, variable) pairs of the partitioned variables.
+  """
+  level: str
+  owner: Dict[str, int]
+  updates: Dict[str, List[tf.Operation]]
+  variables: Dict[str, tf.Operation]
+  points: list
+
+
+def _tensors(grad):
+  if isinstance(grad, tf.IndexedSlices):
+    return [grad.values, grad.indices]
+  return [grad]
+
+
+def _check_level(ctx):
+  """The ZeRO level to build, or None; raises for what cannot work."""
+  level = ctx.config.zero.level
+  if not level:
+    return None
+  if level == "v2":
+    raise NotImplementedError(
+        "zero.level 'v2' (partitioned weights) is not built; use 'v0' "
+        "(optimizer states) or 'v1' (optimizer states and gradients).")
+  if level == "v1" and ctx.config.communication.clip_after_allreduce:
+    raise ValueError(
+        "zero.level 'v1' keeps each reduced gradient on its owner only, so "
+        "communication.clip_after_allreduce (clipping that sees every reduced "
+        "gradient) cannot run. Use zero.level 'v0', or clip per replica.")
+  per_worker = collections.Counter(
+      workers[0] for workers in ctx.plan.device_workers)
+  if level == "v1" and len(set(per_worker.values())) > 1:
+    raise NotImplementedError(
+        "zero.level 'v1' across workers needs as many replicas on every "
+        "worker (the owners of a share reduce together); replicas per worker "
+        "are %s. Use zero.level 'v0'." % dict(per_worker))
+  if len(ctx.replicas) < 2:
+    logger.warning("zero.level %r has no effect: this worker holds one "
+                   "model replica, nothing to partition over.", level)
+    return None
+  return level
+
+
+def _labels(apply_ops, gradient_owner, trained):
+  """For each apply op, the trained variables its data flow touches.
+
+  An op touches variable v if it reads v (its handle, a read of it) or v's
+  gradient, or if an op it feeds or is fed by (within the apply ops) does:
+  first through its inputs; an op whose inputs touch nothing (a slot, a
+  constant) takes the variables of the ops it feeds or runs before
+  (control edges: Adam's sparse update decays a slot in a write that only
+  the slot's scatter waits for).
+  """
+  names = {op.name for op in apply_ops}
+
+  def direct(op):
+    found = set()
+    for tensor in op.inputs:
+      producer = tensor.op
+      if producer.name in trained:
+        found.add(producer.name)
+      elif tensor.name in gradient_owner:
+        found.add(gradient_owner[tensor.name])
+      elif producer.type in _READS and producer.inputs and (
+          producer.inputs[0].op.name in trained):
+        found.add(producer.inputs[0].op.name)
+    return found
+
+  upstream = {}
+  for op in apply_ops:
+    upstream[op.name] = direct(op).union(
+        *[upstream[t.op.name] for t in op.inputs if t.op.name in names])
+  downstream = {}
+  for op in reversed(apply_ops):
+    downstream[op.name] = direct(op).union(
+        *[downstream[c.name] for c in graph_editor.output_ops(op)
+          if c.name in names])
+  return {op.name: upstream[op.name] or downstream[op.name]
+          for op in apply_ops}
+
+
+def partition_updates(ctx):
+  """Decides the owner of every trained variable; takes the updates out of
+  the cloned part (before the replicas are cloned).
+
+  Returns the Partition (None when ZeRO is off). Removes each update's
+  ops from `ctx.subgraph.cloned` and its slots from
+  `ctx.subgraph.variables`; changes nothing in the graph.
+  """
+  level = _check_level(ctx)
+  if level is None:
+    return None
+  gradient_owner, variables, points = {}, {}, []
+  for record_points in ctx.gradient_points:
+    for grad, var in record_points:
+      variables[var.name] = var
+      points.append((grad, var))
+      for tensor in _tensors(grad):
+        gradient_owner[tensor.name] = var.name
+  for record in ctx.state.apply_records:
+    for grad, var in record.grads_and_vars:
+      for tensor in _tensors(grad):
+        gradient_owner[tensor.name] = var.name
+  apply_ops = [op for op in ctx.subgraph.cloned
+               if ctx.state.phase_of(op) is Phase.APPLY]
+  labels = _labels(apply_ops, gradient_owner, variables)
+  updates = {name: [op for op in apply_ops if labels[op.name] == {name}]
+             for name in variables}
+  mixed = sorted(name for name, ops in updates.items() if not ops)
+  if mixed:
+    logger.warning(
+        "zero.level %s: the update of %s is built together with other "
+        "variables' (one op for several); its optimizer state stays on every "
+        "replica.", level, ", ".join(mixed))
+  owned = [name for name in variables if updates[name]]
+  owner = {}
+  by_taskgraph = {}
+  for name in owned:
+    by_taskgraph.setdefault(ctx.taskgraph_index(variables[name]), []).append(
+        name)
+  for taskgraph, names in sorted(by_taskgraph.items()):
+    parts = balanced_partition([variable_size(variables[n]) for n in names],
+                               len(ctx.replicas))
+    for local, part in enumerate(parts):
+      for index in part:
+        owner[names[index]] = local
+    logger.info(
+        "ZeRO %s: TaskGraph %d's %d variables dealt to %d replicas, "
+        "elements per replica %s", level, taskgraph, len(names),
+        len(ctx.replicas),
+        [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
+  removed = {op.name for name in owned for op in updates[name]}
+  subgraph = ctx.subgraph
+  subgraph.cloned = [op for op in subgraph.cloned if op.name not in removed]
+  subgraph.cloned_names = frozenset(op.name for op in subgraph.cloned)
+  subgraph.variables = [op for op in subgraph.variables
+                        if op.name not in removed]
+  return Partition(level=level, owner=owner,
+                   updates={n: updates[n] for n in owned},
+                   variables=variables,
+                   points=[(g, v) for g, v in points if v.name in owner])
+
+
+def _remap_colocation(op, local, ctx):
+  if "_class" not in op.node_def.attr:
+    return
+  groups = []
+  for entry in op.get_attr("_class"):
+    target = entry.decode()[len("loc:@"):]
+    if target in ctx.subgraph.cloned_names:
+      target = ctx.clones[local][target].name
+    groups.append(("loc:@" + target).encode())
+  op._set_attr("_class", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+      list=attr_value_pb2.AttrValue.ListValue(s=groups)))
+
+
+def _move_to_owner(ctx, ops, local):
+  """The user's update ops become local replica `local`'s: its device, its
+  inputs; `ctx.clones` follows."""
+  for op in ops:
+    for index, tensor in enumerate(op.inputs):
+      if tensor.op.name in ctx.subgraph.cloned_names:
+        op._update_input(index, ctx.tensor(local, tensor))  # pylint: disable=protected-access
+    _remap_colocation(op, local, ctx)
+    graph_editor.set_device(op, ctx.device(local, ctx.taskgraph_index(op)))
+    del ctx.clones[0][op.name]
+    ctx.clones[local][op.name] = op
+
+
+def _join_after(ctx, partition, name, ops):
+  """What fetching the step runs after variable `name`'s update (the joins
+  and shared writes downstream of it) waits for `ops` too.
+
+  Only those: a join before the update (grouped apply's NoOp of an earlier
+  group, which the later groups' updates wait for) waiting for ops made
+  after the update would close a cycle.
+  """
+  after = {op.name for op in graph_editor.descendants(partition.updates[name])}
+  ends = [op for op in ctx.subgraph.joins + ctx.subgraph.shared_writes
+          if op.name in after]
+  if not ends:
+    raise ValueError(
+        "zero.level %s: no op of the training step waits for the update of "
+        "%s, so nothing would run its copies into the other replicas. Fetch "
+        "the op apply_gradients returned (or a tf.group of it)." % (
+            partition.level, name))
+  for end in ends:
+    graph_editor.add_control_inputs(end, ops)
+
+
+def _keep_all_reduces(ctx, partition):
+  """v0: every replica's all-reduce of every gradient runs in the step.
+
+  A replica reads the reduced gradients of the variables it owns only; an
+  Identity per replica and gradient (registered with that replica's ops,
+  so gradient aggregation makes it read the reduced value) joined to the
+  joins after the variable's update makes the others run too: a collective
+  needs every member.
+  """
+  for grad, var in partition.points:
+    sinks = []
+    for local in range(len(ctx.replicas)):
+      for tensor in _tensors(grad):
+        replica_tensor = ctx.tensor(local, tensor)
+        with tf.device(replica_tensor.device):
+          sink = tf.identity(replica_tensor, name="%s/replica_%d/%s/keep" % (
+              ZERO_SCOPE, ctx.replicas[local], var.name))
+        ctx.clones[local][sink.op.name] = sink.op
+        sinks.append(sink.op)
+    _join_after(ctx, partition, var.name, sinks)
+
+
+def _reduce_to_owners(ctx, partition):
+  """v1: each gradient summed (or averaged) on its owner's device from every
+  replica's; the owner's update reads that. Across workers, the owners of
+  one share (the k-th replica of each worker) then all-reduce their local
+  sums (IndexedSlices: all-gather). Takes the gradients out of
+  `ctx.gradient_points`, so they are not all-reduced."""
+  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  across = across_workers.spans_workers(ctx)
+  for grad, var in partition.points:
+    owner = partition.owner[var.name]
+    taskgraph = ctx.taskgraph_index(var)
+    update_names = {op.name for op in partition.updates[var.name]}
+    copies = [[ctx.tensor(l, t) for t in _tensors(grad)]
+              for l in range(len(ctx.replicas))]
+    peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
+        if across else None
+    with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
+        "%s/reduce/%s" % (ZERO_SCOPE, var.name)):
+      if isinstance(grad, tf.IndexedSlices):
+        reduced = [tf.concat([c[i] for c in copies], 0) for i in (0, 1)]
+        if across:
+          reduced = [peers.all_gather([t])[0] for t in reduced]
+      else:
+        total = copies[owner][0]
+        for local, copy in enumerate(copies):
+          if local != owner:
+            total = total + copy[0]
+        reduced = [peers.all_reduce([total], "sum")[0] if across else total]
+      if mean:
+        reduced[0] = reduced[0] / ctx.plan.num_replicas
+    for old, new in zip(copies[owner], reduced):
+      graph_editor.replace_input_in(
+          graph_editor.consumers_of(old, update_names), old, new)
+  taken = {id(grad) for grad, _ in partition.points}
+  ctx.gradient_points = [[(g, v) for g, v in points if id(g) not in taken]
+                         for points in ctx.gradient_points]
+
+
+def _broadcast_updates(ctx, partition):
+  """After its update, the owner's new value is written into every other
+  replica's copy of the variable; the joins after the update wait for the
+  writes."""
+  for name, ops in partition.updates.items():
+    writes = []
+    owner = partition.owner[name]
+    variable = partition.variables[name]
+    with tf.control_dependencies(ops), tf.name_scope(
+        "%s/broadcast/%s" % (ZERO_SCOPE, name)):
+      value = read_value(ctx.op(owner, variable))
+    for local in range(len(ctx.replicas)):
+      if local != owner:
+        writes.append(assign_value(
+            ctx.op(local, variable), value, "%s/replica_%d/%s/from_owner" % (
+                ZERO_SCOPE, ctx.replicas[local], name)))
+    _join_after(ctx, partition, name, writes)
+
+
+def place_updates(ctx, partition):
+  """Makes each variable's update run on its owner only (after the replicas
+  are cloned, before gradient aggregation).
+
+  Moves the user's update ops to their owner replica (device, inputs,
+  colocation), wires the gradients to the owners (v0: every replica's
+  all-reduce kept in the step; v1: reduced on the owner instead of
+  all-reduced) and adds the copies of the new values into the other
+  replicas, which the joins after each update wait for. Without a
+  partition, does nothing.
+  """
+  if partition is None:
+    return
+  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
+      None), ctx.graph.control_dependencies(None), \
+      ctx.graph.colocate_with(None, ignore_existing=True):
+    for name, ops in partition.updates.items():
+      if partition.owner[name]:
+        _move_to_owner(ctx, ops, partition.owner[name])
+    if partition.level == "v1":
+      _reduce_to_owners(ctx, partition)
+    else:
+      _keep_all_reduces(ctx, partition)
+    _broadcast_updates(ctx, partition)

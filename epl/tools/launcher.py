@@ -1,0 +1,342 @@
+"""`epl-launch`: start the workers of a multi-worker EPL job.
+
+    epl-launch --num_workers 2 --gpu_per_worker 1 train.sh
+    epl-launch --num_workers 2 --gpu_per_worker 2 train.py --steps 100
+    epl-launch --num_workers 4 --gpu_per_worker 8 \\
+        --machine_list 10.0.0.1,10.0.0.2 --machine_rank 0 train.sh
+
+Starts this machine's workers, each with `TF_CONFIG` (one `worker` job,
+worker 0 first) and its devices: `--gpu_per_worker` GPUs through
+`CUDA_VISIBLE_DEVICES` or, on a machine without GPUs (or with `--cpu`),
+that many logical CPU devices through `EPL_CLUSTER_NUM_CPU_DEVICES`. A
+command ending in `.sh` runs with bash, one ending in `.py` with this
+Python, anything else as it is (`epl-launch ... -- python -m pkg.train`).
+
+Each line a worker prints comes out prefixed with `[worker i]` (and goes to
+`<log_dir>/worker_<i>.log` with `--log_dir`). When a worker fails, the
+others get `--grace_period` seconds to finish or fail on their own (EPL
+workers stop within `cluster.collective_timeout_seconds` of losing a peer),
+then they are stopped; Ctrl-C or SIGTERM stops them all at once. Workers are
+stopped by process group (each runs in its own), by pid. The exit status is
+0 when every worker succeeded, else the first failed worker's status.
+
+`--backend horovod` runs the job with horovodrun instead
+(`epl.tools.horovod_launch`).
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from epl.tools import horovod_launch
+
+_PREFIX = "[epl-launch] "
+
+
+def _parser():
+  parser = argparse.ArgumentParser(
+      prog="epl-launch",
+      description="Start the workers of a multi-worker EPL job (TF_CONFIG, "
+                  "devices, prefixed output, stop all when one fails).")
+  parser.add_argument("--num_workers", type=int, required=True,
+                      help="workers of the whole job (over all machines)")
+  parser.add_argument("--gpu_per_worker", type=int, default=1,
+                      help="GPUs per worker; logical CPU devices per worker "
+                           "on a machine without GPUs (default 1)")
+  parser.add_argument("--base_port", type=int, default=None,
+                      help="worker i of a machine listens on base_port + i "
+                           "(default: free ports on one machine, 23456 with "
+                           "--machine_list)")
+  parser.add_argument("--host", default="127.0.0.1",
+                      help="address of this machine for a one-machine job")
+  parser.add_argument("--machine_list", default=None,
+                      help="comma-separated machines of a multi-machine job, "
+                           "each 'host' or 'host:base_port'; every machine "
+                           "runs num_workers / len(machine_list) workers")
+  parser.add_argument("--machine_rank", type=int, default=None,
+                      help="this machine's position in --machine_list")
+  parser.add_argument("--log_dir", default=None,
+                      help="also write worker i's output to "
+                           "LOG_DIR/worker_<i>.log")
+  parser.add_argument("--cpu", action="store_true",
+                      help="use logical CPU devices even if GPUs exist")
+  parser.add_argument("--grace_period", type=float, default=5.0,
+                      help="seconds the other workers get to finish after "
+                           "one fails, before they are stopped (default 5)")
+  parser.add_argument("--backend", choices=("collective", "horovod"),
+                      default="collective",
+                      help="collective (default): one process per worker "
+                           "with TF_CONFIG; horovod: run horovodrun, each "
+                           "process one worker (see "
+                           "epl/tools/horovod_launch.py)")
+  parser.add_argument("command", nargs=argparse.REMAINDER,
+                      help="script.sh, script.py or a command, with its "
+                           "arguments")
+  return parser
+
+
+def _log(message):
+  sys.stdout.write(_PREFIX + message + "\n")
+  sys.stdout.flush()
+
+
+def _free_ports(host, count):
+  sockets, ports = [], []
+  try:
+    for _ in range(count):
+      sock = socket.socket()
+      sock.bind((host, 0))
+      sockets.append(sock)
+      ports.append(sock.getsockname()[1])
+  finally:
+    for sock in sockets:
+      sock.close()
+  return ports
+
+
+def worker_addresses(args):
+  """(every worker's host:port, indices of the workers of this machine)."""
+  if args.num_workers < 1:
+    raise ValueError("--num_workers must be at least 1, got %d" %
+                     args.num_workers)
+  if not args.machine_list:
+    if args.machine_rank not in (None, 0):
+      raise ValueError("--machine_rank needs --machine_list")
+    if args.base_port is None:
+      ports = _free_ports(args.host, args.num_workers)
+    else:
+      ports = [args.base_port + i for i in range(args.num_workers)]
+    return (["%s:%d" % (args.host, p) for p in ports],
+            list(range(args.num_workers)))
+  machines = [m.strip() for m in args.machine_list.split(",") if m.strip()]
+  if args.machine_rank is None or not 0 <= args.machine_rank < len(machines):
+    raise ValueError("--machine_rank must be in [0, %d) for a --machine_list "
+                     "of %d machine(s)" % (len(machines), len(machines)))
+  if args.num_workers % len(machines):
+    raise ValueError("--num_workers %d is not a multiple of the %d machines "
+                     "in --machine_list" % (args.num_workers, len(machines)))
+  per_machine = args.num_workers // len(machines)
+  addresses = []
+  for machine in machines:
+    host, _, port = machine.rpartition(":") if ":" in machine else (
+        machine, "", "")
+    base = int(port) if port else (args.base_port or 23456)
+    addresses.extend("%s:%d" % (host, base + i) for i in range(per_machine))
+  first = args.machine_rank * per_machine
+  return addresses, list(range(first, first + per_machine))
+
+
+def gpu_count():
+  """GPUs on this machine (nvidia-smi), 0 without a driver."""
+  smi = shutil.which("nvidia-smi")
+  if not smi:
+    return 0
+  try:
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True,
+                         timeout=30, check=False).stdout
+  except (OSError, subprocess.SubprocessError):
+    return 0
+  return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def command_line(command):
+  if not command:
+    raise ValueError("give the script or command to run")
+  if command[0] == "--":
+    command = command[1:]
+  if command and command[0].endswith(".sh"):
+    return ["bash"] + command
+  if command and command[0].endswith(".py"):
+    return [sys.executable] + command
+  if not command:
+    raise ValueError("give the script or command to run")
+  return command
+
+
+def worker_env(addresses, index, local, args, gpus):
+  env = dict(os.environ)
+  env["TF_CONFIG"] = json.dumps({
+      "cluster": {"worker": addresses},
+      "task": {"type": "worker", "index": index}})
+  env["PYTHONUNBUFFERED"] = "1"
+  if gpus:
+    first = local * args.gpu_per_worker
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(first + i) for i in range(args.gpu_per_worker))
+  else:
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["EPL_CLUSTER_NUM_CPU_DEVICES"] = str(args.gpu_per_worker)
+  return env
+
+
+class _Worker:
+  """One worker process, in its own process group, and its output pump."""
+
+  def __init__(self, index, command, env, log_dir, lock):
+    self.index = index
+    log_path = (os.path.join(log_dir, "worker_%d.log" % index)
+                if log_dir else None)
+    self._log = open(log_path, "ab") if log_path else None  # pylint: disable=consider-using-with
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True)
+    self._lock = lock
+    self._pump = threading.Thread(target=self._copy_output, daemon=True)
+    self._pump.start()
+
+  def _copy_output(self):
+    prefix = ("[worker %d] " % self.index).encode()
+    out = sys.stdout.buffer
+    for line in iter(self.process.stdout.readline, b""):
+      if self._log is not None:
+        self._log.write(line)
+        self._log.flush()
+      with self._lock:
+        out.write(prefix + line if line.endswith(b"\n") else
+                  prefix + line + b"\n")
+        out.flush()
+
+  def signal(self, signum):
+    if self.process.poll() is None:
+      try:
+        os.killpg(self.process.pid, signum)
+      except ProcessLookupError:
+        pass
+
+  def finish(self):
+    self._pump.join(timeout=5)
+    if self._log is not None:
+      self._log.close()
+
+
+def _status_text(code):
+  return "signal %d" % -code if code < 0 else "status %d" % code
+
+
+class Launcher:
+  """Runs the workers of this machine until all end or one fails."""
+
+  def __init__(self, args):
+    self.args = args
+    self.addresses, self.indices = worker_addresses(args)
+    self.command = command_line(args.command)
+    gpus = 0 if args.cpu else gpu_count()
+    need = len(self.indices) * args.gpu_per_worker
+    if gpus and gpus < need:
+      raise ValueError("%d worker(s) x %d GPU(s) need %d GPUs; this machine "
+                       "has %d (use --cpu for logical CPU devices)" % (
+                           len(self.indices), args.gpu_per_worker, need, gpus))
+    self.gpus = gpus
+    self.workers = []
+    self._stop_reason = None
+
+  def _on_signal(self, signum, _frame):
+    self._stop_reason = signum
+
+  def stop_all(self, signum=signal.SIGTERM, wait=5.0):
+    """Stops every worker still running: signum, then SIGKILL after wait."""
+    for worker in self.workers:
+      worker.signal(signum)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(
+        w.process.poll() is None for w in self.workers):
+      time.sleep(0.05)
+    for worker in self.workers:
+      worker.signal(signal.SIGKILL)
+    for worker in self.workers:
+      worker.process.wait()
+
+  def run(self):
+    args = self.args
+    if args.log_dir:
+      os.makedirs(args.log_dir, exist_ok=True)
+    if self.gpus:
+      _log("%d worker(s) on this machine, %d GPU(s) each (CUDA_VISIBLE_"
+           "DEVICES)" % (len(self.indices), args.gpu_per_worker))
+    else:
+      _log("no GPU used: each of the %d worker(s) on this machine gets %d "
+           "logical CPU device(s) (EPL_CLUSTER_NUM_CPU_DEVICES=%d)" % (
+               len(self.indices), args.gpu_per_worker, args.gpu_per_worker))
+    _log("cluster: %s; command: %s" % (", ".join(self.addresses),
+                                        shlex.join(self.command)))
+    previous = {s: signal.signal(s, self._on_signal)
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    lock = threading.Lock()
+    try:
+      for local, index in enumerate(self.indices):
+        env = worker_env(self.addresses, index, local, args, self.gpus)
+        self.workers.append(_Worker(index, self.command, env, args.log_dir,
+                                    lock))
+        _log("worker %d started (pid %d, %s)" % (
+            index, self.workers[-1].process.pid, self.addresses[index]))
+      return self._wait()
+    finally:
+      self.stop_all()
+      for worker in self.workers:
+        worker.finish()
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+  def _wait(self):
+    failed = None
+    deadline = None
+    reported = set()
+    while True:
+      if self._stop_reason is not None:
+        _log("got signal %d: stopping every worker" % self._stop_reason)
+        self.stop_all()
+        return 128 + self._stop_reason
+      running = 0
+      for worker in self.workers:
+        code = worker.process.poll()
+        if code is None:
+          running += 1
+          continue
+        if worker.index in reported:
+          continue
+        reported.add(worker.index)
+        _log("worker %d exited with %s" % (worker.index, _status_text(code)))
+        if code != 0 and failed is None:
+          failed = code
+          deadline = time.monotonic() + self.args.grace_period
+          _log("worker %d failed: the others get %gs to finish, then are "
+               "stopped" % (worker.index, self.args.grace_period))
+      if not running:
+        break
+      if deadline is not None and time.monotonic() >= deadline:
+        _log("stopping the workers still running after worker failure")
+        self.stop_all()
+        break
+      time.sleep(0.05)
+    if failed is None:
+      _log("all %d worker(s) succeeded" % len(self.workers))
+      return 0
+    return failed if failed > 0 else 128 - failed
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.backend == "horovod":
+    try:
+      command = command_line(args.command)
+      horovod_launch.horovodrun_command(args, command)
+    except ValueError as error:
+      _parser().error(str(error))
+    sys.exit(horovod_launch.run(args, command,
+                                0 if args.cpu else gpu_count()))
+  try:
+    launcher = Launcher(args)
+  except ValueError as error:
+    _parser().error(str(error))
+  sys.exit(launcher.run())
+
+
+if __name__ == "__main__":
+  main()
