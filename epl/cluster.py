@@ -1,8 +1,14 @@
-"""The cluster: workers and the devices of each, from TF_CONFIG and hardware."""
+"""The cluster: workers and the devices of each, from TF_CONFIG and hardware,
+or from Horovod's processes (communication.backend "horovod")."""
 import json
+import logging
 import os
 
 import tensorflow as tf
+
+from epl.tf_compat.horovod import horovod_api
+
+logger = logging.getLogger("epl")
 
 
 def _parse_tf_config(raw):
@@ -72,8 +78,7 @@ class Cluster:
     """Reads TF_CONFIG (absent: one local worker) and counts devices; with
     communication.backend "horovod", Horovod's processes are the workers."""
     if config.communication.backend == "horovod":
-      from epl.communicators import horovod  # pylint: disable=import-outside-toplevel
-      return horovod.HorovodCluster.from_horovod(config)
+      return HorovodCluster.from_horovod(config)
     raw = os.environ.get("TF_CONFIG", "").strip()
     addresses, index = _parse_tf_config(raw) if raw else ([], 0)
     gpus = _visible_gpu_count(config.cluster.run_visible_devices)
@@ -165,6 +170,94 @@ class Cluster:
             " %d in total)" % (self.worker_num, self.worker_index,
                                self.devices_per_worker, self.device_type,
                                self.total_devices))
+
+
+def _local_gpus(config, hvd):
+  """The GPUs of this process: all visible ones, or with several processes
+  on one machine and no cluster.run_visible_devices, an equal share each
+  by local rank (written to cluster.run_visible_devices)."""
+  gpus = _visible_gpu_count(config.cluster.run_visible_devices)
+  local_size = hvd.local_size()
+  if not gpus or config.cluster.run_visible_devices or local_size == 1:
+    return gpus
+  share = gpus // local_size
+  if not share:
+    raise ValueError(
+        "horovod: %d processes on this machine share %d GPU(s); start at "
+        "most one process per GPU (horovodrun -np)." % (local_size, gpus))
+  first = hvd.local_rank() * share
+  config.cluster.run_visible_devices = ",".join(
+      str(first + i) for i in range(share))
+  logger.info("horovod: local rank %d uses GPU(s) %s of this machine",
+              hvd.local_rank(), config.cluster.run_visible_devices)
+  return share
+
+
+class HorovodCluster(Cluster):
+  """The processes of a Horovod job, one worker each, every one with the
+  same number of local devices."""
+
+  def __init__(self, rank, size, device_type, devices_per_worker):
+    super().__init__([], rank, device_type, devices_per_worker)
+    self.num_processes = size
+
+  @classmethod
+  def from_horovod(cls, config):
+    """Initialises Horovod (hvd.init) and describes this process."""
+    if os.environ.get("TF_CONFIG", "").strip():
+      raise ValueError(
+          "TF_CONFIG is set, but communication.backend is \"horovod\": "
+          "horovodrun starts the workers of a Horovod job. Unset TF_CONFIG, "
+          "or use communication.backend \"collective\" with TF_CONFIG.")
+    hvd = horovod_api()
+    hvd.init()
+    gpus = _local_gpus(config, hvd)
+    if gpus:
+      return cls(hvd.rank(), hvd.size(), "GPU", gpus)
+    return cls(hvd.rank(), hvd.size(), "CPU",
+               config.cluster.num_cpu_devices or 1)
+
+  @property
+  def worker_num(self):
+    return self.num_processes
+
+  @property
+  def is_distributed(self):
+    return self.num_processes > 1
+
+  @property
+  def runs_tf_server(self):
+    return False
+
+  def check_plan(self, plan):
+    """Raises for a plan whose replica spans processes (its stages on
+    several processes) or that splits TaskGraphs across processes: a
+    process's graph only holds its own devices."""
+    for replica, workers in enumerate(plan.device_workers):
+      if len(set(workers)) > 1:
+        raise ValueError(
+            "communication.backend \"horovod\": model replica %d puts its "
+            "%d pipeline stages on processes %s, but each Horovod process "
+            "builds only its own devices' ops; pipelines across processes "
+            "are not built. Give every process at least %d device(s) "
+            "(GPUs, or cluster.num_cpu_devices on CPU), keep "
+            "cluster.device_place_prefer_intra_node on, or use the "
+            "\"collective\" backend with TF_CONFIG." % (
+                replica, len(workers), sorted(set(workers)), len(workers)))
+    if plan.has_split and self.num_processes > 1:
+      raise NotImplementedError(
+          "communication.backend \"horovod\": epl.split across %d processes "
+          "is not built (its shard groups exchange activations between "
+          "processes). Run epl.split in one process, or use the "
+          "\"collective\" backend with TF_CONFIG." % self.num_processes)
+    return plan
+
+  def __repr__(self):
+    return ("HorovodCluster(processes=%d, rank=%d, %d %s device(s) per "
+            "process, %d in total)" % (
+                self.num_processes, self.worker_index,
+                self.devices_per_worker, self.device_type,
+                self.total_devices))
 
 
 class VirtualDevice:

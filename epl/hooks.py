@@ -59,28 +59,13 @@ import threading
 
 import tensorflow as tf
 
-from keras.src.engine import base_layer
-from keras.src.engine import base_layer_v1
-from keras.src.layers.core import dense as keras_dense
-from tensorflow.python.client import session as session_lib
-from tensorflow.python.eager import backprop
-from tensorflow.python.data.ops import dataset_ops
-from tensorflow.python.data.ops import readers
-from tensorflow.python.framework import errors as tf_errors
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import gen_math_ops
-from tensorflow.python.ops import gen_nn_ops
-from tensorflow.python.ops import gradients_util
-from tensorflow.python.summary.writer import writer as summary_writer
-from tensorflow.python.training import optimizer as optimizer_lib
-from tensorflow.python.training import saver as saver_lib
-from tensorflow.python.training import training_util
-from tensorflow.python.util import nest
-
 from epl.capture import capture
 from epl.ir.phase import Phase
 from epl.passes import grouped_apply
 from epl.plan import auto
+from epl.tf_compat import estimator as tf_estimator
+from epl.tf_compat import keras
+from epl.tf_compat import targets
 
 _originals = {}
 # Stands for an attribute a class inherits (uninstall deletes it again).
@@ -133,24 +118,25 @@ def _gradients_helper(original, ys, xs, *args, **kwargs):
   env = _env()
   if env is None:
     return original(ys, xs, *args, **kwargs)
-  auto.before_gradients(env, nest.flatten(ys))
+  auto.before_gradients(env, tf.nest.flatten(ys))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(ys, xs, *args, **kwargs)
     if env.config.communication.sparse_as_dense and not getattr(
-        ops.get_default_graph(), "building_function", False):
+        tf.compat.v1.get_default_graph(), "building_function", False):
       grads = capture.densify_sparse_gradients(grads)
-  capture.record_gradients(nest.flatten(xs), grads)
+  capture.record_gradients(tf.nest.flatten(xs), grads)
   return grads
 
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = _env()
-  if env is None or ops.executing_eagerly_outside_functions():
+  if env is None or tf.compat.v1.executing_eagerly_outside_functions():
     return original(tape, target, sources, *args, **kwargs)
-  auto.before_gradients(env, nest.flatten(target))
+  auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(tape, target, sources, *args, **kwargs)
-  capture.record_gradients(nest.flatten(sources), nest.flatten(grads))
+  capture.record_gradients(tf.nest.flatten(sources),
+                           tf.nest.flatten(grads))
   return grads
 
 
@@ -204,7 +190,7 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   fetches = epl_session.before_run(session.graph, fetches)
   try:
     return original(session, fetches, feed_dict, options, run_metadata)
-  except tf_errors.OpError as error:
+  except tf.errors.OpError as error:
     clear = failures.explain(env, error)
     if clear is None:
       raise
@@ -290,16 +276,13 @@ def _evaluate(original, estimator_object, *args, **kwargs):
   return estimator.evaluate(original, estimator_object, *args, **kwargs)
 
 
-def _estimator_patches():
-  try:
-    from tensorflow_estimator.python.estimator import estimator as estimator_lib  # pylint: disable=import-outside-toplevel
-    from tensorflow_estimator.python.estimator import run_config  # pylint: disable=import-outside-toplevel
-  except ImportError:
+def _estimator_hooks():
+  if not tf_estimator.available():
     return ()
-  return ((run_config.RunConfig, "__init__", _run_config_init),
-          (estimator_lib.Estimator, "_call_model_fn", _call_model_fn),
-          (estimator_lib.Estimator, "latest_checkpoint", _latest_checkpoint),
-          (estimator_lib.Estimator, "evaluate", _evaluate))
+  return ((tf_estimator.RUN_CONFIG_INIT, _run_config_init),
+          (tf_estimator.CALL_MODEL_FN, _call_model_fn),
+          (tf_estimator.LATEST_CHECKPOINT, _latest_checkpoint),
+          (tf_estimator.EVALUATE, _evaluate))
 
 
 def _split_lowering(name, module="split_lowering"):
@@ -322,59 +305,63 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   del original
 
   def call(*call_args, **call_kwargs):
-    return super(keras_dense.Dense, layer).__call__(*call_args,
-                                                    **call_kwargs)
+    return super(keras.targets().dense_class, layer).__call__(*call_args,
+                                                              **call_kwargs)
   if _env() is None:
     return call(*args, **kwargs)
   from epl.ops import split_lowering  # pylint: disable=import-outside-toplevel
   return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
 
 
-_PATCHES = (
-    (ops.Graph, "_create_op_helper", _create_op_helper),
-    (gradients_util, "_GradientsHelper", _gradients_helper),
-    (backprop.GradientTape, "gradient", _tape_gradient),
-    (optimizer_lib.Optimizer, "apply_gradients", _apply_gradients),
-    (ops.Graph, "finalize", _finalize),
-    (session_lib.BaseSession, "__init__", _session_init),
-    (session_lib.BaseSession, "run", _session_run),
-    (readers.TFRecordDatasetV2, "__init__", _dataset_init),
-    (readers.TextLineDatasetV2, "__init__", _dataset_init),
-    (readers.FixedLengthRecordDatasetV2, "__init__", _dataset_init),
-    (dataset_ops.DatasetV2, "list_files", _list_files),
-    (dataset_ops.DatasetV1, "_make_one_shot_iterator", _dataset_iterator),
-    (dataset_ops.DatasetV1, "_make_initializable_iterator", _dataset_iterator),
-    (saver_lib.Saver, "save", _saver_save),
-    (summary_writer, "EventFileWriter", _event_file_writer),
-    (training_util, "write_graph", _write_graph),
-    (tf.compat.v1.layers, "dense", _split_lowering("dense")),
-    (keras_dense.Dense, "__call__", _dense_layer_call),
-    (tf.compat.v1.losses, "sparse_softmax_cross_entropy",
+_HOOKS = (
+    (targets.CREATE_OP, _create_op_helper),
+    (targets.GRADIENTS, _gradients_helper),
+    (targets.TAPE_GRADIENT, _tape_gradient),
+    (targets.APPLY_GRADIENTS, _apply_gradients),
+    (targets.GRAPH_FINALIZE, _finalize),
+    (targets.SESSION_INIT, _session_init),
+    (targets.SESSION_RUN, _session_run),
+    *[(target, _dataset_init) for target in targets.DATASET_READERS],
+    (targets.LIST_FILES, _list_files),
+    *[(target, _dataset_iterator) for target in targets.DATASET_ITERATORS],
+    (targets.SAVER_SAVE, _saver_save),
+    (targets.EVENT_FILE_WRITER, _event_file_writer),
+    (targets.WRITE_GRAPH, _write_graph),
+    ((tf.compat.v1.losses, "sparse_softmax_cross_entropy"),
      _split_lowering("losses_sparse_softmax_cross_entropy")),
-    (tf.nn, "sparse_softmax_cross_entropy_with_logits",
+    ((tf.nn, "sparse_softmax_cross_entropy_with_logits"),
      _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
-    (tf.compat.v1.nn, "sparse_softmax_cross_entropy_with_logits",
+    ((tf.compat.v1.nn, "sparse_softmax_cross_entropy_with_logits"),
      _split_lowering("nn_sparse_softmax_cross_entropy_with_logits")),
-    (gen_math_ops, "arg_max", _split_lowering("arg_max")),
-    (gen_math_ops, "equal", _split_lowering("equal")),
-    (gen_nn_ops, "top_kv2", _split_lowering("top_kv2")),
-    (base_layer.Layer, "add_weight",
-     _split_lowering("add_weight", "expert_lowering")),
-    # Keras builds its layers on this class in TF1 graph mode.
-    (base_layer_v1.Layer, "add_weight",
-     _split_lowering("add_weight", "expert_lowering")),
-    (tf, "einsum", _split_lowering("einsum", "expert_lowering")),
-    (tf.linalg, "einsum", _split_lowering("einsum", "expert_lowering")),
-    (tf.compat.v1, "einsum", _split_lowering("einsum", "expert_lowering")),
+    (targets.ARG_MAX, _split_lowering("arg_max")),
+    (targets.EQUAL, _split_lowering("equal")),
+    (targets.TOP_K, _split_lowering("top_kv2")),
+    ((tf, "einsum"), _split_lowering("einsum", "expert_lowering")),
+    ((tf.linalg, "einsum"), _split_lowering("einsum", "expert_lowering")),
+    ((tf.compat.v1, "einsum"), _split_lowering("einsum", "expert_lowering")),
 )
 # Static methods among the entry points: wrapped without a `self`.
-_STATIC = frozenset([(dataset_ops.DatasetV2, "list_files")])
+_STATIC = frozenset([targets.LIST_FILES])
+
+
+def _keras_hooks():
+  """The Keras layer hooks, for the Keras targets this process has: Keras
+  builds TF1 graph-mode layers on the v1 base layer, others on the v2 one
+  (`epl.tf_compat.keras`)."""
+  found = keras.targets()
+  hooks = [(target, _split_lowering("add_weight", "expert_lowering"))
+           for target in found.add_weight]
+  if found.v1_dense is not None:
+    hooks.append((found.v1_dense, _split_lowering("dense")))
+  if found.dense_call is not None:
+    hooks.append((found.dense_call, _dense_layer_call))
+  return tuple(hooks)
 
 
 def install():
   """Wraps the entry points above (once)."""
-  for owner, attribute, wrapper in _PATCHES + _estimator_patches():
-    key = (owner, attribute)
+  for key, wrapper in _HOOKS + _keras_hooks() + _estimator_hooks():
+    owner, attribute = key
     if key in _originals:
       continue
     original = getattr(owner, attribute)

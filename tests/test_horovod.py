@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.communicators.horovod import HorovodCluster
+from epl import cluster
+from epl.cluster import HorovodCluster
 from epl.ir.taskgraph import TaskGraph
 from epl.plan import planner
 from epl.tools import horovod_launch
@@ -207,8 +208,6 @@ def test_epl_launch_horovod_runs_horovodrun_over_every_machine():
 
 
 def test_processes_of_one_machine_share_its_gpus_by_local_rank(monkeypatch):
-  from epl.communicators import horovod  # pylint: disable=import-outside-toplevel
-
   class FakeHorovod:
     @staticmethod
     def local_size():
@@ -218,9 +217,9 @@ def test_processes_of_one_machine_share_its_gpus_by_local_rank(monkeypatch):
     def local_rank():
       return 1
 
-  monkeypatch.setattr(horovod, "_visible_gpu_count", lambda devices: 4)
+  monkeypatch.setattr(cluster, "_visible_gpu_count", lambda devices: 4)
   config = epl.Config()
-  assert horovod._local_gpus(config, FakeHorovod) == 2  # pylint: disable=protected-access
+  assert cluster._local_gpus(config, FakeHorovod) == 2  # pylint: disable=protected-access
   assert config.cluster.run_visible_devices == "2,3"
   chosen = epl.Config({"cluster.run_visible_devices": "0,1,2,3"})
-  assert horovod._local_gpus(chosen, FakeHorovod) == 4  # pylint: disable=protected-access
+  assert cluster._local_gpus(chosen, FakeHorovod) == 4  # pylint: disable=protected-access

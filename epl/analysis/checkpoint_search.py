@@ -11,6 +11,8 @@ import collections
 import logging
 import math
 
+from epl.tf_compat import graph_edit
+
 logger = logging.getLogger("epl")
 
 MIN_REPEATS = 2     # a block signature must occur this often
@@ -48,7 +50,8 @@ def repeated_blocks(forward_ops):
       if len(names) >= MIN_REPEATS:
         taken.extend(names)
         blocks.extend(scopes[name] for name in names)
-  return sorted(blocks, key=lambda ops: min(op._id for op in ops))  # pylint: disable=protected-access
+  return sorted(blocks, key=lambda ops: min(map(graph_edit.creation_index,
+                                                ops)))
 
 
 def block_output(ops, forward_names):
@@ -58,7 +61,9 @@ def block_output(ops, forward_names):
              if t.dtype.is_floating and any(
                  c.name in forward_names and c.name not in names
                  for c in t.consumers())]
-  return max(outputs, key=lambda t: t.op._id) if outputs else None  # pylint: disable=protected-access
+  if not outputs:
+    return None
+  return max(outputs, key=lambda t: graph_edit.creation_index(t.op))
 
 
 def _bytes(tensor):

@@ -31,11 +31,9 @@ import math
 import time
 
 import tensorflow as tf
-from tensorflow.python.framework import graph_util
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.profiler.internal import flops_registry  # pylint: disable=unused-import  (registers TF's FLOPs statistics)
 
 from epl.capture.capture import VARIABLE_TYPES
+from epl.tf_compat import stats
 
 logger = logging.getLogger("epl")
 
@@ -79,14 +77,14 @@ def _elements(shape):
 
 
 def _shape(graph, name):
-  return graph_util.tensor_shape_from_node_def_name(graph, name)
+  return stats.tensor_shape_from_node_def_name(graph, name)
 
 
 # ------------------------------------------- statistics TensorFlow lacks
 
 
 def _stats(value):
-  return tf_ops.OpStats("flops", value)
+  return stats.OpStats("flops", value)
 
 
 def _per_output_element(count):
@@ -189,7 +187,7 @@ def _register_missing_statistics():
   table.update({t: _per_input_element(c) for t, c in _REDUCTIONS.items()})
   for op_type, statistic in table.items():
     try:
-      tf_ops.RegisterStatistics(op_type, "flops")(statistic)
+      stats.register_statistics(op_type, "flops", statistic)
     except KeyError:
       pass  # TensorFlow counts this type itself
 
@@ -210,13 +208,13 @@ def op_flops(op, shape_of=static_shape):
       raise _UnknownShape()
     return shape
   try:
-    stats = tf_ops.get_stats_for_node_def(_ShapeView(op.graph, known),
-                                          op.node_def, "flops")
+    result = stats.stats_for_node_def(_ShapeView(op.graph, known),
+                                      op.node_def, "flops")
   except _UnknownShape:
     return 0
   # TensorFlow counts a reduction as input less output elements, negative
   # for shapes that grappler changed after the trace.
-  return max(int(stats.value or 0), 0)
+  return max(int(result.value or 0), 0)
 
 
 class _UnknownShape(Exception):

@@ -17,10 +17,11 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
 from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
 from epl.ir.phase import Phase
+from epl.tf_compat import graph_edit
+from epl.tf_compat.ops import resource_variable_ops
 
 VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 
@@ -86,7 +87,7 @@ def on_op_created(env, op):
     # tf.gradients builds each gradient under `_original_op(forward_op)`;
     # ops without one (gradient aggregation, GradientTape) are resolved
     # from their neighbours by the rewrite.
-    forward_op = graph._default_original_op  # pylint: disable=protected-access
+    forward_op = graph_edit.default_original_op(graph)
     taskgraph = state.taskgraph_of(forward_op) if forward_op else None
     state.tag(op, taskgraph, phase)
   elif phase is Phase.APPLY:

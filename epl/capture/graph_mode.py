@@ -7,7 +7,8 @@ one says so, naming the fix, instead of failing deep inside TensorFlow.
 import logging
 
 import tensorflow as tf
-from tensorflow.python.framework import ops
+
+from epl.tf_compat.ops import EagerTensor
 
 logger = logging.getLogger("epl")
 
@@ -26,7 +27,7 @@ def check_dataset_in_graph(dataset):
   if tf.executing_eagerly():
     return
   variant = getattr(dataset, "_variant_tensor_attr", None)
-  if isinstance(variant, ops.EagerTensor):
+  if isinstance(variant, EagerTensor):
     raise ValueError(
         "This tf.data.Dataset was built before epl.init(), while TensorFlow "
         "was still executing eagerly; epl.init() switched to graph mode, "

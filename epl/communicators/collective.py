@@ -5,9 +5,9 @@ deterministically from the order in which the rewrite asks for collectives,
 so every worker building the same graph computes the same keys.
 """
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops
 
 from epl.communicators.base import Communicator
+from epl.tf_compat.ops import collective_ops
 
 
 # Instance keys that change every step live above the static ones.

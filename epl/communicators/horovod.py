@@ -22,127 +22,19 @@ reads into a no-op: the root of a broadcast whose send only a group waits
 for (VariableSync on rank 0) would never send. Every Horovod op is marked
 `_grappler_do_not_remove`.
 """
-import logging
-import os
-
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from epl.cluster import Cluster, _visible_gpu_count
 from epl.communicators.base import Communicator
-
-logger = logging.getLogger("epl")
-
-_INSTALL_HINT = (
-    "communication.backend is \"horovod\" but Horovod cannot be imported "
-    "(%s). Install it with TensorFlow support, e.g. `make horovod` in the "
-    "EPL checkout, or `HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip "
-    "install --no-build-isolation 'epl[horovod]'`; or use the default "
-    "backend \"collective\".")
+from epl.tf_compat import graph_edit
+from epl.tf_compat.horovod import horovod_api
 
 
 def _kept(tensor):
   """`tensor`, whose op Grappler must keep even when only waited for."""
-  tensor.op._set_attr("_grappler_do_not_remove",  # pylint: disable=protected-access
+  graph_edit.set_attr(tensor.op, "_grappler_do_not_remove",
                       attr_value_pb2.AttrValue(b=True))
   return tensor
-
-
-def horovod_api():
-  """`horovod.tensorflow`, or an ImportError that says how to install it."""
-  try:
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-  except ImportError as error:
-    raise ImportError(_INSTALL_HINT % error) from error
-  return hvd
-
-
-def _local_gpus(config, hvd):
-  """The GPUs of this process: all visible ones, or with several processes
-  on one machine and no cluster.run_visible_devices, an equal share each
-  by local rank (written to cluster.run_visible_devices)."""
-  gpus = _visible_gpu_count(config.cluster.run_visible_devices)
-  local_size = hvd.local_size()
-  if not gpus or config.cluster.run_visible_devices or local_size == 1:
-    return gpus
-  share = gpus // local_size
-  if not share:
-    raise ValueError(
-        "horovod: %d processes on this machine share %d GPU(s); start at "
-        "most one process per GPU (horovodrun -np)." % (local_size, gpus))
-  first = hvd.local_rank() * share
-  config.cluster.run_visible_devices = ",".join(
-      str(first + i) for i in range(share))
-  logger.info("horovod: local rank %d uses GPU(s) %s of this machine",
-              hvd.local_rank(), config.cluster.run_visible_devices)
-  return share
-
-
-class HorovodCluster(Cluster):
-  """The processes of a Horovod job, one worker each, every one with the
-  same number of local devices."""
-
-  def __init__(self, rank, size, device_type, devices_per_worker):
-    super().__init__([], rank, device_type, devices_per_worker)
-    self.num_processes = size
-
-  @classmethod
-  def from_horovod(cls, config):
-    """Initialises Horovod (hvd.init) and describes this process."""
-    if os.environ.get("TF_CONFIG", "").strip():
-      raise ValueError(
-          "TF_CONFIG is set, but communication.backend is \"horovod\": "
-          "horovodrun starts the workers of a Horovod job. Unset TF_CONFIG, "
-          "or use communication.backend \"collective\" with TF_CONFIG.")
-    hvd = horovod_api()
-    hvd.init()
-    gpus = _local_gpus(config, hvd)
-    if gpus:
-      return cls(hvd.rank(), hvd.size(), "GPU", gpus)
-    return cls(hvd.rank(), hvd.size(), "CPU",
-               config.cluster.num_cpu_devices or 1)
-
-  @property
-  def worker_num(self):
-    return self.num_processes
-
-  @property
-  def is_distributed(self):
-    return self.num_processes > 1
-
-  @property
-  def runs_tf_server(self):
-    return False
-
-  def check_plan(self, plan):
-    """Raises for a plan whose replica spans processes (its stages on
-    several processes) or that splits TaskGraphs across processes: a
-    process's graph only holds its own devices."""
-    for replica, workers in enumerate(plan.device_workers):
-      if len(set(workers)) > 1:
-        raise ValueError(
-            "communication.backend \"horovod\": model replica %d puts its "
-            "%d pipeline stages on processes %s, but each Horovod process "
-            "builds only its own devices' ops; pipelines across processes "
-            "are not built. Give every process at least %d device(s) "
-            "(GPUs, or cluster.num_cpu_devices on CPU), keep "
-            "cluster.device_place_prefer_intra_node on, or use the "
-            "\"collective\" backend with TF_CONFIG." % (
-                replica, len(workers), sorted(set(workers)), len(workers)))
-    if plan.has_split and self.num_processes > 1:
-      raise NotImplementedError(
-          "communication.backend \"horovod\": epl.split across %d processes "
-          "is not built (its shard groups exchange activations between "
-          "processes). Run epl.split in one process, or use the "
-          "\"collective\" backend with TF_CONFIG." % self.num_processes)
-    return plan
-
-  def __repr__(self):
-    return ("HorovodCluster(processes=%d, rank=%d, %d %s device(s) per "
-            "process, %d in total)" % (
-                self.num_processes, self.worker_index,
-                self.devices_per_worker, self.device_type,
-                self.total_devices))
 
 
 class HorovodCommunicator(Communicator):

@@ -6,14 +6,11 @@ re-placed, and with inputs remapped to the clones of their producers.
 """
 import collections
 
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
-from tensorflow.python.client import pywrap_tf_session as c_api
-from tensorflow.python.framework import c_api_util
-from tensorflow.python.framework import errors
-from tensorflow.python.framework import importer
-from tensorflow.python.framework import ops
 
-from epl.capture import capture
+from epl.tf_compat import graph_edit
+from epl.tf_compat import importer
 
 _V1_CONTROL_FLOW = frozenset(
     ["Enter", "Exit", "Switch", "Merge", "NextIteration", "RefEnter",
@@ -28,7 +25,7 @@ def input_ops(op):
 def output_ops(op):
   """Consumers of op's outputs, then the ops it is a control input of."""
   return [c for t in op.outputs for c in t.consumers()] + list(
-      op._control_outputs)  # pylint: disable=protected-access
+      graph_edit.control_outputs(op))
 
 
 def reachable(roots, neighbours):
@@ -68,7 +65,7 @@ def topological_order(ops):
     for dep in deps:
       consumers[dep].append(op.name)
   ready = sorted((op for op in ops if pending[op.name] == 0),
-                 key=lambda o: o._id)  # pylint: disable=protected-access
+                 key=graph_edit.creation_index)
   queue = collections.deque(ready)
   result = []
   while queue:
@@ -104,49 +101,19 @@ def _import(graph, graph_def, prefix, input_map):
 
   Unlike tf.graph_util.import_graph_def, which then runs Python per op
   (device functions, colocation) and would double the cost of a copy, it
-  only wraps the new nodes as tf.Operations. A name that exists already is
-  an error, never silently renamed. Returns the new tf.Operations.
+  only wraps the new nodes as tf.Operations; they do not go through the
+  op-creation hook, so capture does not see them. A name that exists
+  already is an error, never silently renamed. Returns the new
+  tf.Operations.
   """
-  options = c_api_util.ScopedTFImportGraphDefOptions()
-  importer._PopulateTFImportGraphDefOptions(  # pylint: disable=protected-access
-      options.options, prefix.rstrip("/"), input_map, return_elements=None,
-      validate_colocation_constraints=True, propagate_device_spec=True)
-  c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options.options, False)
-  with capture.suspended(), graph.as_default(), graph.control_dependencies(
-      None), graph.colocate_with(None, ignore_existing=True), \
-      graph._mutation_lock():  # pylint: disable=protected-access
-    with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
-      try:
-        with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
-          results = c_api.TF_GraphImportGraphDefWithResults(
-              c_graph, serialized, options.options)
-        c_api_util.ScopedTFImportGraphDefResults(results)
-      except errors.InvalidArgumentError as e:
-        raise ValueError("EPL could not copy ops under %r: %s" %
-                         (prefix, e.message)) from e
-    return _wrap_new_operations(graph)
-
-
-def _wrap_new_operations(graph):
-  """Makes the tf.Operation of each node added through the C API.
-
-  What Graph._add_new_tf_operations does, less what cannot apply to the
-  copies the rewrite makes (no control-dependency, colocation, device or
-  v1 control-flow context is open, capture is suspended), which was half
-  the cost of a copy. Returns the new tf.Operations.
-  """
-  # pylint: disable=protected-access
-  names_in_use = graph._names_in_use
-  gradient_functions = graph._gradient_function_map
-  new_ops = []
-  for c_op in graph.new_operations():
-    op = ops.Operation._from_c_op(c_op=c_op, g=graph)
-    names_in_use.setdefault(op.name.lower(), 1)
-    if gradient_functions:  # a gradient_override_map is open
-      op._gradient_function = gradient_functions.get(op.type)
-    new_ops.append(op)
-  # pylint: enable=protected-access
-  return new_ops
+  with graph.as_default(), graph.control_dependencies(None), \
+      graph.colocate_with(None, ignore_existing=True):
+    try:
+      return importer.import_nodes(graph, graph_def, prefix.rstrip("/"),
+                                   input_map)
+    except tf.errors.InvalidArgumentError as e:
+      raise ValueError("EPL could not copy ops under %r: %s" %
+                       (prefix, e.message)) from e
 
 
 class Cloner:
@@ -211,7 +178,7 @@ class Cloner:
     if not prefix.endswith("/"):
       raise ValueError("Clone prefix %r must end with '/'." % prefix)
     tensor_map = tensor_map or {}
-    names_in_use = self._graph._names_in_use  # pylint: disable=protected-access
+    names_in_use = importer.names_in_use(self._graph)
     taken = [prefix + node.name for node in self._template.node
              if (prefix + node.name).lower() in names_in_use]
     if taken:
@@ -229,7 +196,7 @@ class Cloner:
       raise ValueError("EPL copied %d ops under %r, expected %d." %
                        (len(clones), prefix, len(self._ops)))
     for name, controls in self._outside_controls.items():
-      clones[name]._add_control_inputs(controls)  # pylint: disable=protected-access
+      graph_edit.add_control_inputs(clones[name], controls)
     return clones
 
 
@@ -247,7 +214,7 @@ def replace_input_in(consumers, old, new):
   for op in consumers:
     for index, tensor in enumerate(op.inputs):
       if tensor is old or tensor.name == old.name:
-        op._update_input(index, new)  # pylint: disable=protected-access
+        graph_edit.update_input(op, index, new)
 
 
 def consumers_of(tensor, among):
@@ -258,7 +225,7 @@ def consumers_of(tensor, among):
 def add_control_inputs(op, controls):
   controls = [c for c in controls if c not in op.control_inputs]
   if controls:
-    op._add_control_inputs(controls)  # pylint: disable=protected-access
+    graph_edit.add_control_inputs(op, controls)
 
 
 def remove_control_input(op, control):
@@ -266,11 +233,11 @@ def remove_control_input(op, control):
   keep = [c for c in op.control_inputs if c is not control]
   if len(keep) == len(op.control_inputs):
     return
-  op._remove_all_control_inputs()  # pylint: disable=protected-access
+  graph_edit.remove_all_control_inputs(op)
   if keep:
-    op._add_control_inputs(keep)  # pylint: disable=protected-access
+    graph_edit.add_control_inputs(op, keep)
 
 
 def set_device(op, device):
-  op._set_device(device)  # pylint: disable=protected-access
+  graph_edit.set_device(op, device)
 

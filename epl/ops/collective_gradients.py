@@ -25,9 +25,10 @@ own.
 import itertools
 
 import tensorflow as tf
-from tensorflow.python.framework import ops
-from tensorflow.python.framework import tensor_util
-from tensorflow.python.ops import collective_ops
+
+from epl.tf_compat.ops import collective_ops
+from epl.tf_compat.ops import gradient_registered
+from epl.tf_compat.ops import tensor_util
 
 # Capture-time instance keys: far above those the rewrite allocates from 1.
 FIRST_KEY = 1 << 24
@@ -123,10 +124,8 @@ _GRADIENTS = {
 def register():
   """Registers the rules above for the op types TF leaves without one."""
   for op_type, function in _GRADIENTS.items():
-    try:
-      ops.gradient_registry.lookup(op_type)
-    except LookupError:
-      ops.RegisterGradient(op_type)(function)
+    if not gradient_registered(op_type):
+      tf.RegisterGradient(op_type)(function)
 
 
 register()

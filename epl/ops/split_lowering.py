@@ -27,11 +27,11 @@ import logging
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
-from tensorflow.python.ops import collective_ops
 
 from epl.ir import graph_state
 from epl.ops import collective_gradients
+from epl.tf_compat.ops import collective_ops
+from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 

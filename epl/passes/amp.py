@@ -20,6 +20,7 @@ from tensorflow.core.framework import attr_value_pb2
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes.gradient_checkpoint import CHECKPOINTS_COLLECTION
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -114,7 +115,7 @@ def paint(ops):
 def _is_weight(tensor):
   op = tensor.op
   if op.type == "Identity":
-    return bool(op.inputs) and op.inputs[0].dtype._is_ref_dtype  # pylint: disable=protected-access
+    return bool(op.inputs) and graph_edit.is_ref_dtype(op.inputs[0].dtype)
   return op.type in _WEIGHT_SOURCES
 
 
@@ -178,13 +179,13 @@ class _Converter:
     outputs = set(_arg_positions(op, op.op_def.output_arg))
     attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
     attrs["T"] = attr_value_pb2.AttrValue(type=self.dtype.as_datatype_enum)
-    copy = self.ctx.graph._create_op_internal(  # pylint: disable=protected-access
-        op.type, inputs,
+    copy = graph_edit.create_op(
+        self.ctx.graph, op.type, inputs,
         dtypes=[self.dtype if i in outputs else t.dtype
                 for i, t in enumerate(op.outputs)],
         name=op.name + SUFFIX + self.dtype.name, attrs=attrs,
-        op_def=op.op_def, compute_device=False)
-    copy._set_device(op.device)  # pylint: disable=protected-access
+        op_def=op.op_def)
+    graph_edit.set_device(copy, op.device)
     graph_editor.add_control_inputs(
         copy, [self.copies.get(c.name, c) for c in op.control_inputs])
     self.copies[op.name] = copy
@@ -209,10 +210,10 @@ class _Converter:
         self._keep(new.op, op)
       graph_editor.replace_input_in(readers, tensor, new)
       remapped[tensor.name] = new
-    for waiting in list(op._control_outputs):  # pylint: disable=protected-access
+    for waiting in list(graph_edit.control_outputs(op)):
       controls = [copy if c is op else c for c in waiting.control_inputs]
-      waiting._remove_all_control_inputs()  # pylint: disable=protected-access
-      waiting._add_control_inputs(controls)  # pylint: disable=protected-access
+      graph_edit.remove_all_control_inputs(waiting)
+      graph_edit.add_control_inputs(waiting, controls)
     return remapped
 
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from epl.capture import capture
 from epl.passes.training_subgraph import PLACEHOLDER_TYPES
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 FED_BATCH_SCOPE = "EPL_FED_BATCH"
@@ -70,6 +71,6 @@ def split_fed_batches(ctx):
             copy = ctx.op(local, reader)
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
-                copy._update_input(position, piece)  # pylint: disable=protected-access
+                graph_edit.update_input(copy, position, piece)
       logger.info("EPL: the batch fed to placeholder %r is split into %d "
                   "parts", placeholder.name, parts)

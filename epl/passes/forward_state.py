@@ -11,6 +11,7 @@ from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes.training_subgraph import written_variables
+from epl.tf_compat import graph_edit
 
 FORWARD_STATE_SCOPE = "EPL_FORWARD_STATE"
 # Collectives of forward state updates: a chain of their own.
@@ -70,11 +71,11 @@ def average_forward_state_updates(ctx):
         means = ctx.communicator(taskgraph, _CHAIN).all_reduce(means, "mean")
       for local in replicas:
         replica_copies = [ctx.op(local, c) for c in copies]
-        replica_copies[0]._update_input(1, means[local])  # pylint: disable=protected-access
+        graph_edit.update_input(replica_copies[0], 1, means[local])
         for copy in replica_copies:
           # Once per step: in no micro-batch's block of the schedule.
           ctx.state.set_micro_batch(copy, None)
-          for waiting in list(copy._control_outputs):  # pylint: disable=protected-access
+          for waiting in list(graph_edit.control_outputs(copy)):
             if waiting.name not in join_names:
               graph_editor.remove_control_input(waiting, copy)
         for join in joins:

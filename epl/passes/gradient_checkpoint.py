@@ -23,6 +23,7 @@ import tensorflow as tf
 from epl.analysis import checkpoint_search
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -43,7 +44,7 @@ def never_recomputed(op):
   collectives) and ops that read a variable by reference."""
   if not op.inputs or op.op_def.is_stateful or "Collective" in op.type:
     return True
-  return any(t.dtype == tf.resource or t.dtype._is_ref_dtype  # pylint: disable=protected-access
+  return any(t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
              for t in op.inputs)
 
 
@@ -88,7 +89,8 @@ def _segments(forward, checkpoint_ops, copies):
   forward_names = {op.name for op in forward}
   reaches = {}
   for op in reversed(forward):
-    targets = [c._id if c.name in checkpoint_ops else reaches.get(c.name)  # pylint: disable=protected-access
+    targets = [graph_edit.creation_index(c) if c.name in checkpoint_ops
+               else reaches.get(c.name)
                for t in op.outputs for c in t.consumers()
                if c.name in forward_names]
     targets = [t for t in targets if t is not None]
@@ -118,7 +120,7 @@ def _descendants(ops):
       continue
     seen.add(op.name)
     stack.extend(c for t in op.outputs for c in t.consumers())
-    stack.extend(op._control_outputs)  # pylint: disable=protected-access
+    stack.extend(graph_edit.control_outputs(op))
   return seen
 
 
@@ -244,7 +246,7 @@ def recompute_activations(ctx):
   readers = collections.defaultdict(list)
   for op, index, tensor in reads:
     copy = copies[tensor.op.name]
-    op._update_input(index, copy.outputs[tensor.value_index])  # pylint: disable=protected-access
+    graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
     readers[copy.name].append(op)
   for name, copy in copies.items():
     state.copy_tags(ctx.clones[0][name], copy)

@@ -12,9 +12,9 @@ other (`check_grouped` warns about updates that were not grouped).
 import logging
 
 import tensorflow as tf
-from tensorflow.python.training import optimizer as optimizer_lib
 
 from epl.plan.balance import balanced_partition, variable_size
+from epl.tf_compat import training
 
 logger = logging.getLogger("epl")
 
@@ -26,9 +26,9 @@ def _groupable(optimizer):
   """A tf.compat.v1.train.Optimizer whose apply_gradients is the base one
   (any subclass that keeps it: its per-variable updates and `_finish` are
   the base class's protocol)."""
-  return (isinstance(optimizer, optimizer_lib.Optimizer) and
+  return (isinstance(optimizer, tf.compat.v1.train.Optimizer) and
           type(optimizer).apply_gradients is
-          optimizer_lib.Optimizer.apply_gradients)
+          tf.compat.v1.train.Optimizer.apply_gradients)
 
 
 class _BaseFinish:
@@ -40,8 +40,7 @@ class _BaseFinish:
     self._own = optimizer.__dict__.get("_finish")
 
   def __enter__(self):
-    self._optimizer._finish = (  # pylint: disable=protected-access
-        optimizer_lib.Optimizer._finish.__get__(self._optimizer))  # pylint: disable=protected-access
+    self._optimizer._finish = training.base_finish(self._optimizer)  # pylint: disable=protected-access
 
   def __exit__(self, *exc):
     if self._own is None:

@@ -19,12 +19,13 @@ import logging
 import re
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_ops
 
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes import amp
 from epl.passes.training_subgraph import is_variable_writer
+from epl.tf_compat import graph_edit
+from epl.tf_compat.ops import control_flow_ops
 
 logger = logging.getLogger("epl")
 
@@ -147,7 +148,8 @@ def _writers(ctx):
   updates, Adam's beta powers, the global_step increment."""
   def writes(op):
     return is_variable_writer(op) and any(
-        t.dtype == tf.resource or t.dtype._is_ref_dtype for t in op.inputs)  # pylint: disable=protected-access
+        t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
+        for t in op.inputs)
   state = ctx.state
   cloned = [op for op in ctx.subgraph.cloned
             if state.phase_of(op) is Phase.APPLY and writes(op)]
@@ -162,10 +164,11 @@ def _gate(op, should_apply):
   neither runs nor lets ops that wait for it run."""
   for index in reversed(range(len(op.inputs))):
     tensor = op.inputs[index]
-    if tensor.dtype != tf.resource and not tensor.dtype._is_ref_dtype:  # pylint: disable=protected-access
+    if tensor.dtype != tf.resource and not graph_edit.is_ref_dtype(
+        tensor.dtype):
       with tf.device(op.device):
         _, taken = control_flow_ops.switch(tensor, should_apply)
-      op._update_input(index, taken)  # pylint: disable=protected-access
+      graph_edit.update_input(op, index, taken)
       return
   raise ValueError("AMP dynamic loss scale cannot skip %s (%s): it has no "
                    "value input to gate." % (op.name, op.type))

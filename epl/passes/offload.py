@@ -16,6 +16,7 @@ from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes.training_subgraph import VARIABLE_TYPES
 from epl.passes.variable_sync import read_value
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -44,7 +45,7 @@ def _read_just_in_time(ctx, consumer, reads):
   for index, variable in sorted(reads.items()):
     with ctx.graph.control_dependencies(others or None):
       fresh = read_value(variable)
-    consumer._update_input(index, fresh)  # pylint: disable=protected-access
+    graph_edit.update_input(consumer, index, fresh)
 
 
 def offload_variables(ctx):

@@ -8,6 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
 from epl.capture import capture
+from epl.tf_compat import graph_edit
 
 # Stateful random ops seeded by their `seed` and `seed2` attributes.
 SEEDED_RANDOM_TYPES = frozenset([
@@ -53,7 +54,7 @@ def _seeded_random_in_functions(graph, op, seen=None):
     if name in seen:
       continue
     seen.add(name)
-    function = graph._get_function(name)  # pylint: disable=protected-access
+    function = graph_edit.graph_function(graph, name)
     if function is None:
       continue
     for node in function.definition.node_def:
@@ -134,7 +135,7 @@ def vary_random_seeds(ctx):
         if not seed and not seed2:
           continue
         for index, copy in _copies(ctx, op):
-          copy._set_attr("seed2", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+          graph_edit.set_attr(copy, "seed2", attr_value_pb2.AttrValue(
               i=_derived_seed2(seed, seed2, index)))
       elif op.type in SEED_INPUT_TYPES:
         position = [a.name for a in op.op_def.input_arg].index("seed")
@@ -143,4 +144,4 @@ def vary_random_seeds(ctx):
           with tf.device(copy.device), tf.name_scope(
               "EPL_RANDOM_SEEDS/%s" % copy.name):
             offset = tf.constant([0, index], dtype=seed.dtype)
-            copy._update_input(position, seed + offset)  # pylint: disable=protected-access
+            graph_edit.update_input(copy, position, seed + offset)

@@ -9,6 +9,7 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
+from epl.tf_compat import graph_edit
 
 PREFER_FORWARD = "PreferForward"    # GPipe
 PREFER_BACKWARD = "PreferBackward"  # 1F1B
@@ -89,7 +90,7 @@ def _ends(ops):
   last = [op for op in ops
           if not any(c.name in names for t in op.outputs
                      for c in t.consumers()) and
-          not any(c.name in names for c in op._control_outputs)]  # pylint: disable=protected-access
+          not any(c.name in names for c in graph_edit.control_outputs(op))]
   return first, last
 
 

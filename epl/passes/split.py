@@ -9,8 +9,6 @@ import logging
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.framework import tensor_util
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
@@ -19,6 +17,9 @@ from epl.ir.phase import Phase
 from epl.ops import collective_gradients
 from epl.ops import split_lowering
 from epl.passes.split_checkpoint import full_tensor_checkpoints
+from epl.tf_compat import graph_edit
+from epl.tf_compat.ops import gen_resource_variable_ops
+from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 
@@ -55,7 +56,7 @@ def _group_devices(ctx, replica, group_size):
 
 
 def _set_int_const(op, value):
-  op._set_attr("value", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+  graph_edit.set_attr(op, "value", attr_value_pb2.AttrValue(
       tensor=tensor_util.make_tensor_proto(value, tf.int32)))
 
 
@@ -67,7 +68,7 @@ def _set_shard_indices(ops, shard):
     elif split_lowering.RANDOM_SHARD_NAME in op.name and (
         "seed2" in op.node_def.attr) and (
             op.get_attr("seed") or op.get_attr("seed2")):
-      op._set_attr("seed2", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+      graph_edit.set_attr(op, "seed2", attr_value_pb2.AttrValue(
           i=op.get_attr("seed2") + shard * _SEED_STRIDE))
 
 
@@ -94,10 +95,10 @@ def _rekey_collectives(ctx):
       group_key = ctx.keys.group_key(
           _group_devices(ctx, ctx.replicas[local], group_size))
       with tf.device(copy.device):
-        copy._update_input(2, tf.constant(group_key, tf.int32,  # pylint: disable=protected-access
-                                          name="group_key"))
-        copy._update_input(3, tf.constant(instance_key, tf.int32,  # pylint: disable=protected-access
-                                          name="instance_key"))
+        graph_edit.update_input(copy, 2, tf.constant(group_key, tf.int32,
+                                                     name="group_key"))
+        graph_edit.update_input(copy, 3, tf.constant(instance_key, tf.int32,
+                                                     name="instance_key"))
   names = {op.name for op in lowered}
   outside = [op.name for op in ctx.graph.get_operations()
              if _is_lowered_collective(op) and op.name not in names and

@@ -8,9 +8,10 @@ makes its restore give every replica its own slice of the full tensor.
 Either direction works between a split run and plain TF.
 """
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from epl.ir import graph_editor
+from epl.tf_compat import graph_edit
+from epl.tf_compat.ops import gen_resource_variable_ops
 
 
 def _restored_value(assign):
@@ -71,7 +72,7 @@ def _save_full_tensor(ctx, save, sharded):
       size = [-1] * full.shape.rank
       size[info.axis] = info.full_size
       full = tf.slice(full, [0] * full.shape.rank, size)
-    save._update_input(index, _without_static_shape(full))  # pylint: disable=protected-access
+    graph_edit.update_input(save, index, _without_static_shape(full))
 
 
 def _restore_shards(ctx, assign, info, shard_of):
@@ -82,8 +83,8 @@ def _restore_shards(ctx, assign, info, shard_of):
   groups = [op for op in ctx.graph.get_operations()
             if assign in op.control_inputs]
   with tf.device(assign.device):
-    assign._update_input(  # pylint: disable=protected-access
-        1, _shard_slice(full, info, shard_of(0, info.group_size), rank))
+    graph_edit.update_input(
+        assign, 1, _shard_slice(full, info, shard_of(0, info.group_size), rank))
   for local in range(1, len(ctx.replicas)):
     copy = ctx.op(local, variable)
     with tf.device(copy.device):

@@ -28,6 +28,7 @@ from epl.capture.capture import VARIABLE_TYPES
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
+from epl.tf_compat import graph_edit
 
 # Ops that read the next element of the input pipeline: each replica (and
 # micro-batch) runs its own, on the shared iterator.
@@ -175,7 +176,7 @@ def select_training_subgraph(graph, state):
       joins=joins,
       variables=[op for op in cloned if op.type in VARIABLE_TYPES],
       input_reads=sorted((op for op in cloned if op.type in INPUT_READ_TYPES),
-                         key=lambda o: o._id),  # pylint: disable=protected-access
+                         key=graph_edit.creation_index),
       updates=updates,
       shared_writes=shared_writes,
       global_steps=frozenset(global_step_ops),

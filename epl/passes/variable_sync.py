@@ -10,14 +10,15 @@ several workers, worker 0's value is first broadcast to the other workers
 each ran its own random initializers.
 """
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
-from tensorflow.python.ops import gen_state_ops
 
 from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes.training_subgraph import is_variable_writer
+from epl.tf_compat import graph_edit
+from epl.tf_compat.ops import gen_resource_variable_ops
+from epl.tf_compat.ops import gen_state_ops
 
 
 def read_value(variable):
@@ -83,7 +84,7 @@ class VariableSync:
       return self._copies[key]
     ctx = self._ctx
     copies = []
-    waiting = {op.name for op in writer._control_outputs}  # pylint: disable=protected-access
+    waiting = {op.name for op in graph_edit.control_outputs(writer)}
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         None), ctx.graph.control_dependencies([writer]), \
         ctx.graph.colocate_with(None, ignore_existing=True):
@@ -97,7 +98,7 @@ class VariableSync:
         name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
             ctx.replicas[local], variable.name)
         copies.append(assign_value(ctx.op(local, variable), value, name))
-    self._done.update(op.name for op in writer._control_outputs  # pylint: disable=protected-access
+    self._done.update(op.name for op in graph_edit.control_outputs(writer)
                       if op.name not in waiting)
     self._copies[key] = copies
     return copies
@@ -146,7 +147,7 @@ class VariableSync:
           continue
         self._substituted.add(op.name)
         writes.append(op)
-    return sorted(writes, key=lambda op: op._id)  # pylint: disable=protected-access
+    return sorted(writes, key=graph_edit.creation_index)
 
   def _new_groups(self):
     """Ops with a write to a replicated variable among their control inputs
@@ -160,10 +161,10 @@ class VariableSync:
       for writer in variable.outputs[0].consumers():
         if self._written_variable(writer) is None:
           continue
-        for group in writer._control_outputs:  # pylint: disable=protected-access
+        for group in graph_edit.control_outputs(writer):
           if group.name not in self._done:
             groups[group.name] = group
-    return sorted(groups.values(), key=lambda op: op._id)  # pylint: disable=protected-access
+    return sorted(groups.values(), key=graph_edit.creation_index)
 
   def update(self):
     """Handles the writes and groups of writes not handled yet (built since

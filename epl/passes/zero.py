@@ -44,6 +44,7 @@ from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes.variable_sync import assign_value, read_value
 from epl.plan.balance import balanced_partition, variable_size
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -209,7 +210,7 @@ def _remap_colocation(op, local, ctx):
     if target in ctx.subgraph.cloned_names:
       target = ctx.clones[local][target].name
     groups.append(("loc:@" + target).encode())
-  op._set_attr("_class", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+  graph_edit.set_attr(op, "_class", attr_value_pb2.AttrValue(
       list=attr_value_pb2.AttrValue.ListValue(s=groups)))
 
 
@@ -219,7 +220,7 @@ def _move_to_owner(ctx, ops, local):
   for op in ops:
     for index, tensor in enumerate(op.inputs):
       if tensor.op.name in ctx.subgraph.cloned_names:
-        op._update_input(index, ctx.tensor(local, tensor))  # pylint: disable=protected-access
+        graph_edit.update_input(op, index, ctx.tensor(local, tensor))
     _remap_colocation(op, local, ctx)
     graph_editor.set_device(op, ctx.device(local, ctx.taskgraph_index(op)))
     del ctx.clones[0][op.name]

@@ -59,6 +59,7 @@ from epl.ir.phase import Phase
 from epl.passes.training_subgraph import (INPUT_READ_TYPES,
                                           PLACEHOLDER_TYPES)
 from epl.strategies.strategy import Replicate
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -158,7 +159,7 @@ def before_gradients(env, targets):
   forward = [op for op in graph_editor.ancestors([t.op for t in targets])
              if state.phase_of(op) is Phase.FORWARD and
              state.taskgraph_of(op) is None]
-  forward.sort(key=lambda op: op._id)  # pylint: disable=protected-access
+  forward.sort(key=graph_edit.creation_index)
   if num_stages == 1:
     choice = AutoStages(
         [_stage(0, forward)], "data parallel", [], [])

@@ -22,9 +22,7 @@ import logging
 import os
 import time
 
-from tensorflow.python.checkpoint import checkpoint_management
-from tensorflow.python.training import training_util
-from tensorflow.python.util import compat
+import tensorflow as tf
 
 logger = logging.getLogger("epl")
 
@@ -48,8 +46,8 @@ def save(env, original, saver, sess, save_path, global_step=None, *args,
   if global_step is None:
     path = save_path
   else:
-    if not isinstance(global_step, compat.integral_types):
-      global_step = training_util.global_step(sess, global_step)
+    if not isinstance(global_step, tf.compat.integral_types):
+      global_step = tf.compat.v1.train.global_step(sess, global_step)
     path = "%s-%d" % (save_path, global_step)
   _reported[_directory(path)] = path
   return path
@@ -60,7 +58,7 @@ def _directory(path):
 
 
 def _written(directory, path):
-  state = checkpoint_management.get_checkpoint_state(directory)
+  state = tf.compat.v1.train.get_checkpoint_state(directory)
   if state is None:
     return False
   name = os.path.basename(path)

@@ -33,6 +33,7 @@ import os
 from epl import hooks
 from epl.env import Env
 from epl.runtime import checkpoint
+from epl.tf_compat import estimator as tf_estimator
 
 logger = logging.getLogger("epl")
 
@@ -69,8 +70,7 @@ def call_model_fn(original, estimator, features, labels, mode, config):
   loss and optimizer) holds for that model only: the Estimator builds its
   next graph's input pipeline under the default set outside model_fn.
   """
-  from tensorflow_estimator.python.estimator.mode_keys import ModeKeys  # pylint: disable=import-outside-toplevel
-  if mode == ModeKeys.TRAIN:
+  if mode == tf_estimator.TRAIN:
     env = Env.get()
     default_strategy = env.default_strategy
     try:

@@ -9,6 +9,8 @@ import itertools
 
 import tensorflow as tf
 
+from epl.tf_compat import keras
+
 _auto_name_counter = itertools.count()
 
 
@@ -64,6 +66,12 @@ class Split(Strategy):
   kind = "split"
   # None: every device of the job, resolved by the planner.
   default_device_count = None
+
+  def __enter__(self):
+    # The lowerings hook Keras layers: without those hooks the layers
+    # built inside would silently stay unsharded.
+    keras.require_layer_hooks("epl.split")
+    return super().__enter__()
 
 
 def replicate(device_count=None, name=None):

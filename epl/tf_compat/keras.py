@@ -1,0 +1,105 @@
+"""The Keras classes EPL hooks for `epl.split`, found for the Keras that
+TensorFlow uses.
+
+`tf.compat.v1.layers` is built on Keras 2: the `keras` package bundled with
+TF 2.15 (`keras.src.engine`), or the `tf_keras` package on TF 2.16 and later
+under TF_USE_LEGACY_KERAS=1 (`tf_keras.src.engine`). Under Keras 3 (TF 2.16
+and later by default) there is no `engine`, the v1 layers are unavailable,
+and `Layer.add_weight` takes other arguments, so nothing is hooked there.
+
+Importing this module never fails for a missing Keras: targets that are not
+found are left out (logged at DEBUG), and `require_layer_hooks` raises, for
+a feature that needs them, an error that names the fix.
+"""
+import dataclasses
+import functools
+import importlib
+import logging
+
+import tensorflow as tf
+
+logger = logging.getLogger("epl")
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasTargets:
+  """The Keras hook targets found, and why the others are missing."""
+  # (owner, attribute) pairs of `Layer.add_weight`: the Keras 2 base layer
+  # and the v1 base layer that tf.compat.v1.layers (TF1 graph mode) uses.
+  add_weight: tuple = ()
+  # (Dense, "__call__"), or None.
+  dense_call: tuple = None
+  # (tf.compat.v1.layers, "dense"), or None.
+  v1_dense: tuple = None
+  # Why targets are missing; None when every one was found.
+  problem: str = None
+
+  @property
+  def dense_class(self):
+    return self.dense_call[0] if self.dense_call else None
+
+
+def _keras_package():
+  """'keras' or 'tf_keras': the package behind tf.compat.v1.layers; None
+  when it is neither (Keras 3)."""
+  try:
+    module = tf.compat.v1.layers.Dense.__module__
+  except Exception:  # pylint: disable=broad-except  (Keras 3 refuses the v1 layers in several ways)
+    return None
+  package = module.split(".")[0]
+  return package if package in ("keras", "tf_keras") else None
+
+
+def _find(module_name, class_name):
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError:
+    return None
+  return getattr(module, class_name, None)
+
+
+@functools.cache
+def targets():
+  """The KerasTargets of this process (found once)."""
+  package = _keras_package()
+  if package is None:
+    problem = (
+        "TensorFlow %s uses Keras 3, whose layers EPL does not hook "
+        "(keras.src.engine is missing and tf.compat.v1.layers is "
+        "unavailable). Install tf-keras of the same version (pip install "
+        "'tf-keras~=%s') and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
+        "is imported." % (tf.__version__, tf.__version__.rsplit(".", 1)[0]))
+    logger.debug("Keras layer hooks not installed: %s", problem)
+    return KerasTargets(problem=problem)
+  prefix = package + ".src."
+  layers = [_find(prefix + "engine.base_layer", "Layer"),
+            _find(prefix + "engine.base_layer_v1", "Layer")]
+  dense = _find(prefix + "layers.core.dense", "Dense")
+  missing = [name for name, found in (
+      ("engine.base_layer.Layer", layers[0]),
+      ("engine.base_layer_v1.Layer", layers[1]),
+      ("layers.core.dense.Dense", dense)) if found is None]
+  problem = None
+  if missing:
+    problem = (
+        "TensorFlow %s with %s %s lacks %s, which EPL hooks. Use a version "
+        "that epl.tf_compat.VERSIONS lists." % (
+            tf.__version__, package,
+            getattr(importlib.import_module(package), "__version__", "?"),
+            ", ".join(prefix + m for m in missing)))
+    logger.debug("Keras hooks not installed: %s", problem)
+  return KerasTargets(
+      add_weight=tuple((layer, "add_weight") for layer in layers
+                       if layer is not None),
+      dense_call=(dense, "__call__") if dense is not None else None,
+      v1_dense=(tf.compat.v1.layers, "dense"),
+      problem=problem)
+
+
+def require_layer_hooks(feature):
+  """Raises, naming the TensorFlow version and the fix, when `feature`
+  (such as "epl.split") needs Keras hooks that could not be installed."""
+  problem = targets().problem
+  if problem is not None:
+    raise RuntimeError("%s needs EPL's Keras layer hooks: %s" %
+                       (feature, problem))

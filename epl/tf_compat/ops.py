@@ -1,0 +1,36 @@
+"""TensorFlow's private op modules and framework types that EPL builds with.
+
+The public API has no equivalent for these: the V2 collectives with
+explicit group and instance keys (`collective_ops`), the generated op
+wrappers whose Python names EPL hooks or calls (`gen_*`), the v1 `switch`
+(`control_flow_ops`), constant folding of a tensor (`tensor_util`), and the
+resource-variable check (`resource_variable_ops`). EPL's modules import
+them from here, never from `tensorflow.python`.
+"""
+from tensorflow.python.framework import ops as _framework_ops
+from tensorflow.python.framework import tensor_util
+from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import control_flow_ops
+from tensorflow.python.ops import gen_math_ops
+from tensorflow.python.ops import gen_nn_ops
+from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.ops import gen_state_ops
+from tensorflow.python.ops import resource_variable_ops
+
+# The type of a tensor made eagerly (a value, not a graph tensor).
+EagerTensor = _framework_ops.EagerTensor
+
+__all__ = [
+    "EagerTensor", "collective_ops", "control_flow_ops", "gen_math_ops",
+    "gen_nn_ops", "gen_resource_variable_ops", "gen_state_ops",
+    "gradient_registered", "resource_variable_ops", "tensor_util",
+]
+
+
+def gradient_registered(op_type):
+  """Whether a gradient function is registered for `op_type`."""
+  try:
+    _framework_ops.gradient_registry.lookup(op_type)
+  except LookupError:
+    return False
+  return True

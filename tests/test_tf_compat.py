@@ -1,0 +1,521 @@
+"""Contracts of the TensorFlow and Keras internals EPL relies on.
+
+One test per private call (epl.tf_compat.graph_edit, importer, ops, stats,
+training) and per hook target (epl.tf_compat.targets, keras, estimator):
+what EPL assumes it does, checked on plain TensorFlow without EPL. A
+TensorFlow upgrade that renames or changes one fails here first; the fix
+goes into epl.tf_compat and epl.tf_compat.VERSIONS.
+"""
+import functools
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from epl import tf_compat
+from epl.tf_compat import estimator as tf_estimator
+from epl.tf_compat import graph_edit
+from epl.tf_compat import horovod
+from epl.tf_compat import importer
+from epl.tf_compat import keras
+from epl.tf_compat import ops
+from epl.tf_compat import stats
+from epl.tf_compat import targets
+from epl.tf_compat import training
+
+
+def _run(fetches, graph):
+  with tf.compat.v1.Session(graph=graph) as sess:
+    sess.run(tf.compat.v1.global_variables_initializer())
+    return sess.run(fetches)
+
+
+@pytest.fixture(name="calls")
+def _calls(monkeypatch):
+  """calls(target) wraps the (owner, attribute) `target` for this test and
+  returns the list of the calls it saw (each call's positional arguments,
+  `self` first for a method)."""
+  def watch(target):
+    owner, attribute = target
+    original = getattr(owner, attribute)
+    seen = []
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+      seen.append(args)
+      return original(*args, **kwargs)
+    if isinstance(owner.__dict__.get(attribute), staticmethod):
+      wrapper = staticmethod(wrapper)
+    monkeypatch.setattr(owner, attribute, wrapper)
+    return seen
+  return watch
+
+
+# ------------------------------------------------------------- graph_edit
+
+
+def test_update_input_rewires_a_data_edge():
+  graph = tf.Graph()
+  with graph.as_default():
+    a, b = tf.constant(1.0), tf.constant(2.0)
+    c = tf.identity(a)
+    graph_edit.update_input(c.op, 0, b)
+  assert c.op.inputs[0] is b
+  assert c.op in b.consumers() and c.op not in a.consumers()
+  assert _run(c, graph) == 2.0
+
+
+def test_set_attr_changes_an_attribute():
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(1)
+    noise = tf.random.uniform([3])
+    graph_edit.set_attr(noise.op, "seed2", attr_value_pb2.AttrValue(i=77))
+  assert noise.op.get_attr("seed2") == 77
+  assert noise.op.node_def.attr["seed2"].i == 77
+
+
+def test_control_inputs_added_listed_and_removed():
+  graph = tf.Graph()
+  with graph.as_default():
+    first, second = tf.no_op(), tf.no_op()
+    graph_edit.add_control_inputs(second, [first])
+    assert second.control_inputs == [first]
+    assert graph_edit.control_outputs(first) == [second]
+    graph_edit.remove_all_control_inputs(second)
+  assert not second.control_inputs
+  assert not graph_edit.control_outputs(first)
+
+
+def test_set_device_places_without_device_functions():
+  graph = tf.Graph()
+  with graph.as_default(), tf.device("/device:CPU:0"):
+    value = tf.constant(1.0)
+    graph_edit.set_device(value.op, "/device:CPU:1")
+  assert value.op.device == "/device:CPU:1"
+
+
+def test_creation_index_follows_creation_order():
+  graph = tf.Graph()
+  with graph.as_default():
+    a = tf.constant(1.0)
+    b = a + 1
+    c = tf.constant(2.0)
+  indices = [graph_edit.creation_index(t.op) for t in (a, b, c)]
+  assert indices == sorted(indices) and len(set(indices)) == 3
+
+
+def test_is_ref_dtype_tells_tf1_variables():
+  graph = tf.Graph()
+  with graph.as_default():
+    ref = tf.compat.v1.Variable(1.0, use_resource=False)
+    resource = tf.compat.v1.Variable(1.0, use_resource=True)
+  assert graph_edit.is_ref_dtype(ref.op.outputs[0].dtype)
+  assert not graph_edit.is_ref_dtype(resource.dtype)
+  assert not graph_edit.is_ref_dtype(tf.float32)
+
+
+def test_create_op_takes_attrs_as_given(calls):
+  created = calls(targets.CREATE_OP)
+  graph = tf.Graph()
+  with graph.as_default(), tf.device("/device:CPU:0"):
+    x = tf.constant([1.0, 2.0])
+    source = tf.square(x)
+    attrs = dict(source.op.node_def.attr)
+    copy = graph_edit.create_op(graph, "Square", [x], [tf.float32],
+                                "copy", attrs, source.op.op_def)
+  assert copy.type == "Square" and copy.name == "copy"
+  assert copy.device == ""  # no device function ran
+  assert copy in [args[1] for args in created]  # like every op
+  np.testing.assert_allclose(_run(copy.outputs[0], graph), [1.0, 4.0])
+
+
+def test_default_original_op_is_the_op_a_gradient_is_built_for():
+  seen = []
+
+  @tf.RegisterGradient("EplTestOriginalOp")
+  def _gradient(op, grad):
+    seen.append((op, graph_edit.default_original_op(op.graph)))
+    return grad
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(3.0)
+    with graph.gradient_override_map({"Identity": "EplTestOriginalOp"}):
+      y = tf.identity(x)
+    assert graph_edit.default_original_op(graph) is None
+    tf.gradients(y, x)
+  assert seen == [(y.op, y.op)]
+
+
+def test_graph_function_finds_a_called_function():
+  graph = tf.Graph()
+  with graph.as_default():
+    result = tf.function(lambda t: t * 2.0)(tf.constant(1.0))
+    name = result.op.get_attr("f").name
+  function = graph_edit.graph_function(graph, name)
+  assert function is not None
+  assert {n.op for n in function.definition.node_def} >= {"Mul"}
+  assert graph_edit.graph_function(graph, "no_such_function") is None
+
+
+# --------------------------------------------------------------- importer
+
+
+def _variable_graph_def():
+  source = tf.Graph()
+  with source.as_default(), tf.device("/device:CPU:0"):
+    variable = tf.compat.v1.get_variable(
+        "v", initializer=tf.constant([1.0, 2.0]), use_resource=True)
+    tf.identity(variable.read_value() * 2.0, name="doubled")
+  return source.as_graph_def()
+
+
+def test_import_nodes_keeps_shared_name_and_devices(calls):
+  graph_def = _variable_graph_def()
+  created = calls(targets.CREATE_OP)
+  graph = tf.Graph()
+  with graph.as_default():
+    new_ops = importer.import_nodes(graph, graph_def, "copy", {})
+  names = {op.name for op in new_ops}
+  assert "copy/v" in names and "copy/doubled" in names
+  handle = graph.get_operation_by_name("copy/v")
+  # The import keeps the NodeDef's shared_name: two copies would share one
+  # variable unless the caller renames it (epl.ir.graph_editor does).
+  assert handle.get_attr("shared_name") == b"v"
+  assert handle.device == "/device:CPU:0"
+  assert "copy/v" in importer.names_in_use(graph)
+  assert not created  # the op-creation hook does not see imported ops
+
+
+def test_import_nodes_maps_inputs_and_does_not_check_names():
+  graph_def = tf.compat.v1.GraphDef()
+  source = tf.Graph()
+  with source.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [], name="x")
+    tf.identity(x * 3.0, name="y")
+  graph_def.CopyFrom(source.as_graph_def())
+  del graph_def.node[0]  # the placeholder comes from input_map
+  graph = tf.Graph()
+  with graph.as_default():
+    four = tf.constant(4.0)
+    importer.import_nodes(graph, graph_def, "copy", {"x:0": four})
+    y = graph.get_tensor_by_name("copy/y:0")
+  assert _run(y, graph) == 12.0
+  with graph.as_default():
+    unknown = tf.compat.v1.GraphDef()
+    unknown.node.add(name="z", op="EplNoSuchOpType")
+    with pytest.raises(tf.errors.OpError):
+      importer.import_nodes(graph, unknown, "other", {})
+    # A taken name is neither refused nor renamed: callers check
+    # importer.names_in_use before they import.
+    assert "copy/y" in importer.names_in_use(graph)
+    assert not importer.import_nodes(graph, graph_def, "copy",
+                                     {"x:0": four})
+
+
+# -------------------------------------------------------------------- ops
+
+
+def _collective_graph():
+  graph = tf.Graph()
+  with graph.as_default():
+    value = tf.constant([1.0, 2.0])
+    reduced = ops.collective_ops.all_reduce_v2(
+        value, group_size=1, group_key=5, instance_key=7,
+        communication_hint="ring", timeout=3.0)
+    gathered = ops.collective_ops.all_gather_v2(
+        value, group_size=1, group_key=5, instance_key=8)
+    exchanged = ops.collective_ops.all_to_all_v2(
+        value, group_size=1, group_key=5, instance_key=9)
+  return graph, reduced, gathered, exchanged
+
+
+def test_collective_ops_inputs_and_attributes():
+  graph, reduced, gathered, exchanged = _collective_graph()
+  assert (reduced.op.type, gathered.op.type, exchanged.op.type) == (
+      "CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2")
+  # EPL reads and rewrites the keys by position: input 1 the group size,
+  # 2 the group key, 3 the instance key.
+  for op, instance in ((reduced.op, 7), (gathered.op, 8),
+                       (exchanged.op, 9)):
+    constant = ops.tensor_util.constant_value
+    assert [constant(op.inputs[i]) for i in (1, 2, 3)] == [1, 5, instance]
+  assert reduced.op.get_attr("communication_hint") == b"ring"
+  assert reduced.op.get_attr("timeout_seconds") == 3.0
+  with graph.as_default():
+    sent = ops.collective_ops.broadcast_send_v2(
+        tf.constant([1.0]), group_size=2, group_key=5, instance_key=10)
+    received = ops.collective_ops.broadcast_recv_v2(
+        [1], tf.float32, group_size=2, group_key=5, instance_key=10)
+  assert (sent.op.type, received.op.type) == ("CollectiveBcastSendV2",
+                                              "CollectiveBcastRecvV2")
+
+
+def test_op_modules_that_epl_builds_with():
+  graph = tf.Graph()
+  with graph.as_default():
+    variable = tf.compat.v1.get_variable("v", initializer=1.0,
+                                         use_resource=True)
+    assert ops.resource_variable_ops.is_resource_variable(variable)
+    read = ops.gen_resource_variable_ops.read_variable_op(
+        variable.handle, tf.float32)
+    write = ops.gen_resource_variable_ops.assign_variable_op(
+        variable.handle, read + 1.0)
+    ref = tf.compat.v1.Variable(1.0, use_resource=False)
+    assigned = ops.gen_state_ops.assign(ref, 5.0)
+    off, on = ops.control_flow_ops.switch(tf.constant(2.0), True)
+    assert (off.op.type, on.op.type) == ("Switch", "Switch")
+    assert ops.tensor_util.make_tensor_proto(3, tf.int32).int_val == [3]
+  with tf.compat.v1.Session(graph=graph) as sess:
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(write)
+    assert sess.run(read) == 2.0
+    assert sess.run(assigned) == 5.0
+    assert sess.run(on) == 2.0
+
+
+def test_eager_tensor_type():
+  # The tests run in graph mode: only the type is checked here, and that a
+  # graph tensor is not one.
+  assert isinstance(ops.EagerTensor, type)
+  assert issubclass(ops.EagerTensor, tf.Tensor)
+  graph = tf.Graph()
+  with graph.as_default():
+    assert not isinstance(tf.constant(1.0), ops.EagerTensor)
+
+
+def test_gradient_registered():
+  assert ops.gradient_registered("MatMul")
+  assert not ops.gradient_registered("EplNoSuchOpType")
+
+
+# ------------------------------------------------------------------ stats
+
+
+def test_flops_statistics_registry():
+  graph = tf.Graph()
+  with graph.as_default():
+    product = tf.matmul(tf.ones([2, 3]), tf.ones([3, 4]))
+  result = stats.stats_for_node_def(graph, product.op.node_def, "flops")
+  assert result.value == 2 * 2 * 3 * 4
+  assert stats.OpStats("flops", 5).value == 5
+  assert stats.tensor_shape_from_node_def_name(
+      graph, product.op.name).as_list() == [2, 4]
+  with pytest.raises(KeyError):
+    stats.register_statistics("MatMul", "flops", lambda graph, node: None)
+
+
+# ---------------------------------------------------------------- targets
+
+
+def test_create_op_hook_sees_every_op(calls):
+  created = calls(targets.CREATE_OP)
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(1.0)
+    y = tf.raw_ops.AddV2(x=x, y=x)
+    tf.graph_util.import_graph_def(graph.as_graph_def(), name="imported")
+  names = {args[1].name for args in created}
+  assert {x.op.name, y.op.name, "imported/" + x.op.name} <= names
+  assert names == {op.name for op in graph.get_operations()}
+
+
+def test_gradients_helper_is_behind_tf_gradients(calls):
+  helped = calls(targets.GRADIENTS)
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.get_variable("x", initializer=2.0)
+    loss = x * x
+    tf.gradients(loss, x)
+    assert len(helped) == 1
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    optimizer.compute_gradients(loss)
+    assert len(helped) == 2
+    optimizer.minimize(loss)
+  assert len(helped) == 3
+
+
+def test_tape_gradient_is_the_method_tapes_call(calls):
+  taped = calls(targets.TAPE_GRADIENT)
+  assert tf.GradientTape is targets.TAPE_GRADIENT[0]
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(3.0)
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = x * x
+    grad = tape.gradient(y, x)
+  assert len(taped) == 1 and _run(grad, graph) == 6.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+    lambda: tf.compat.v1.train.AdamOptimizer(0.1),
+    lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    lambda: tf.compat.v1.train.RMSPropOptimizer(0.1),
+])
+def test_compat_v1_optimizers_apply_through_the_patched_method(make, calls):
+  owner, attribute = targets.APPLY_GRADIENTS
+  assert owner is tf.compat.v1.train.Optimizer
+  applied = calls(targets.APPLY_GRADIENTS)
+  graph = tf.Graph()
+  with graph.as_default():
+    optimizer = make()
+    assert getattr(type(optimizer), attribute) is getattr(owner, attribute)
+    x = tf.compat.v1.get_variable("x", initializer=2.0)
+    optimizer.minimize(x * x)
+  assert [args[0] for args in applied] == [optimizer]
+
+
+def test_base_finish_only_groups_the_updates():
+  graph = tf.Graph()
+  with graph.as_default():
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.1)
+    x = tf.compat.v1.get_variable("x", initializer=2.0)
+    optimizer.minimize(x * x)
+    finish = training.base_finish(optimizer)
+    assert finish.__func__ is tf.compat.v1.train.Optimizer._finish  # pylint: disable=protected-access
+    grouped = finish([tf.no_op(name="update")], "finish")
+  assert grouped.type == "NoOp" and grouped.name == "finish"
+  assert [c.name for c in grouped.control_inputs] == ["update"]
+
+
+def test_graph_finalize_session_and_write_graph_entry_points(calls,
+                                                             tmp_path):
+  finalized = calls(targets.GRAPH_FINALIZE)
+  opened = calls(targets.SESSION_INIT)
+  ran = calls(targets.SESSION_RUN)
+  assert tf.io.write_graph is targets.WRITE_GRAPH[0].write_graph
+  graphs = calls(targets.WRITE_GRAPH)
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(1.0)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    step = tf.compat.v1.assign_add(global_step, 1)
+  with tf.compat.v1.Session(graph=graph) as sess:
+    assert sess.run(x) == 1.0
+  assert len(opened) == 1 and len(ran) == 1
+  with graph.as_default():
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        checkpoint_dir=str(tmp_path)) as sess:
+      sess.run(step)
+  # MonitoredTrainingSession freezes the graph, runs through BaseSession
+  # and writes graph.pbtxt through training_util.write_graph.
+  assert finalized and finalized[-1][0] is graph
+  assert len(opened) == 2 and len(ran) > 2
+  assert graphs and graphs[0][1] == str(tmp_path)
+
+
+def test_dataset_entry_points(calls, tmp_path):
+  path = str(tmp_path / "data.txt")
+  with open(path, "w") as out:
+    out.write("a\nb\n")
+  readers = [calls(target) for target in targets.DATASET_READERS]
+  listed = calls(targets.LIST_FILES)
+  iterators = [calls(target) for target in targets.DATASET_ITERATORS]
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.data.TFRecordDataset([path])
+    lines = tf.data.TextLineDataset([path])
+    tf.data.FixedLengthRecordDataset([path], 1)
+    files = tf.data.Dataset.list_files(path, shuffle=False)
+    tf.compat.v1.data.make_one_shot_iterator(lines)
+    tf.compat.v1.data.make_initializable_iterator(lines)
+  assert [len(seen) for seen in readers] == [1, 1, 1]
+  assert listed == [(path,)]  # a static method: no `self`
+  assert [len(seen) for seen in iterators] == [1, 1]
+  assert isinstance(files, tf.data.Dataset)
+
+
+def test_saver_and_summary_entry_points(calls, tmp_path):
+  saved = calls(targets.SAVER_SAVE)
+  writers = calls(targets.EVENT_FILE_WRITER)
+  assert tf.compat.v1.train.Saver is targets.SAVER_SAVE[0]
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.get_variable("x", initializer=1.0)
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      saver.save(sess, str(tmp_path / "model"))
+    writer = tf.compat.v1.summary.FileWriter(str(tmp_path / "events"), graph)
+    writer.close()
+  assert [args[0] for args in saved] == [saver]
+  assert [args[0] for args in writers] == [str(tmp_path / "events")]
+
+
+def test_generated_op_wrappers_behind_argmax_equal_top_k(calls):
+  argmaxed = calls(targets.ARG_MAX)
+  compared = calls(targets.EQUAL)
+  topped = calls(targets.TOP_K)
+  graph = tf.Graph()
+  with graph.as_default():
+    logits = tf.constant([[1.0, 3.0, 2.0]])
+    tf.argmax(logits, 1)
+    tf.compat.v1.argmax(logits, 1)
+    tf.equal(logits, 1.0)
+    tf.math.top_k(logits, 2)
+    tf.nn.in_top_k(tf.constant([1]), logits, 1)
+  assert len(argmaxed) == 2 and len(compared) == 1 and len(topped) == 1
+
+
+# ------------------------------------------------------------------ keras
+
+
+def test_keras_targets_are_what_v1_layers_use(calls):
+  found = keras.targets()
+  assert found.problem is None, found.problem
+  mro = tf.compat.v1.layers.Dense.__mro__
+  owners = [owner for owner, _ in found.add_weight]
+  assert len(owners) == 2 and all(owner in mro for owner in owners)
+  assert found.dense_class in mro
+  assert found.v1_dense == (tf.compat.v1.layers, "dense")
+  assert issubclass(tf.keras.layers.Dense, found.dense_class)
+  added = calls(found.add_weight[1])
+  dense = calls(found.v1_dense)
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.layers.dense(tf.ones([2, 3]), 4)
+    tf.compat.v1.layers.Dense(4)(tf.ones([2, 3]))
+  # Each dense layer adds its kernel and bias through the v1 base layer.
+  assert len(added) == 4 and len(dense) == 1
+
+
+def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
+  keras.require_layer_hooks("epl.split")
+  missing = keras.KerasTargets(problem="TensorFlow 9.9 uses Keras 3 ...")
+  monkeypatch.setattr(keras, "targets", lambda: missing)
+  with pytest.raises(RuntimeError, match="epl.split needs .*Keras 3"):
+    keras.require_layer_hooks("epl.split")
+
+
+# ---------------------------------------------- estimator, horovod, VERSIONS
+
+
+@pytest.mark.skipif(not tf_estimator.available(),
+                    reason="tensorflow-estimator is not installed")
+def test_estimator_targets():
+  for owner, attribute in (tf_estimator.RUN_CONFIG_INIT,
+                           tf_estimator.CALL_MODEL_FN,
+                           tf_estimator.LATEST_CHECKPOINT,
+                           tf_estimator.EVALUATE):
+    assert callable(getattr(owner, attribute))
+  assert tf_estimator.RUN_CONFIG_INIT[0] is tf.estimator.RunConfig
+  assert issubclass(tf.estimator.Estimator, tf_estimator.CALL_MODEL_FN[0])
+  assert tf_estimator.TRAIN == tf.estimator.ModeKeys.TRAIN
+
+
+def test_horovod_missing_says_how_to_install(monkeypatch):
+  monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+  with pytest.raises(ImportError, match="make horovod"):
+    horovod.horovod_api()
+
+
+def test_versions_table_names_tf_and_keras_for_every_entry():
+  assert tf_compat.VERSIONS
+  for name, support in tf_compat.VERSIONS.items():
+    assert isinstance(support, tf_compat.Support), name
+    assert support.tensorflow and support.keras, name
