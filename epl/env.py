@@ -1,14 +1,43 @@
 """The process-wide EPL environment: what `epl.init` set up.
 
-A leaf module: it holds state (config, cluster, strategy scopes) and
-imports nothing else of EPL, so every module may read it. The entry points
+A leaf module: it holds state (config, cluster, strategy scopes, and
+whether this thread runs TensorFlow without EPL) and imports nothing else
+of EPL, so every module may read it. The entry points
 that build an environment (`epl.init`, `epl.shutdown`) live in `epl.api`.
 Capture state of each graph lives on the graph (`epl.ir.graph_state`).
 """
+import contextlib
 import itertools
 import threading
 
 _generations = itertools.count(1)
+
+
+class _Detached(threading.local):
+  # Depth of `detached()` scopes.
+  value = 0
+
+
+_detached = _Detached()
+
+
+@contextlib.contextmanager
+def detached():
+  """TensorFlow calls made inside run as without EPL: nothing is captured
+  or recorded (an Estimator's evaluation and prediction graphs)."""
+  _detached.value += 1
+  try:
+    yield
+  finally:
+    _detached.value -= 1
+
+
+def active():
+  """The environment EPL's hooks act for: None before `epl.init`, after
+  `epl.shutdown` and inside `detached()`."""
+  if _detached.value or not Env.initialised():
+    return None
+  return Env.get()
 
 
 class Env:

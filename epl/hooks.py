@@ -1,7 +1,9 @@
 """Every place where EPL hooks into TensorFlow, in one module.
 
-EPL wraps these TensorFlow entry points; each wrapper only forwards to EPL
-code and calls the original:
+EPL wraps these TensorFlow entry points (found in `epl.tf_compat.targets`,
+`.keras` and `.estimator`); each wrapper only forwards to EPL code and
+calls the original. This module is the wiring: it is the one that knows
+capture, planning, the rewrite, the runtime and the tools together.
 
 - `Graph._create_op_helper`: tags each new op with its TaskGraph and phase
   (`epl.capture.capture.on_op_created`).
@@ -18,8 +20,10 @@ code and calls the original:
   knows which post-processed gradient belongs to which raw one; with
   optimizer.num_apply_group > 1 the update is built in groups
   (`epl.passes.grouped_apply`).
-- `Graph.finalize`: the rewrite runs before a graph is frozen (this is when
-  `MonitoredTrainingSession` freezes it). Here and before the first run, a
+- `Graph.finalize`: the rewrite (`epl.passes.engine`) runs before a graph
+  is frozen (this is when `MonitoredTrainingSession` freezes it); in a dry
+  run the plan is then printed and the process exits
+  (`epl.tools.dry_run`). Here and before the first run, a
   worker that holds no replica's first stage serves instead
   (`epl.runtime.serving`).
 - `BaseSession.__init__`: the session gets EPL's devices and settings.
@@ -49,23 +53,37 @@ code and calls the original:
   `epl.split`, or on its sharded outputs, they build sharded ops
   (`epl.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
   inside `epl.split` build expert-parallel ops (`epl.ops.expert_lowering`).
+  The Keras ones only where the Keras that TensorFlow uses has them
+  (`epl.tf_compat.keras`).
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
-import contextlib
 import functools
-import importlib
 import threading
 
 import tensorflow as tf
 
 from epl.capture import capture
+from epl.capture import graph_mode
+from epl.capture import io_slicing
+from epl.env import active
 from epl.ir.phase import Phase
+from epl.ops import expert_lowering
+from epl.ops import split_lowering
+from epl.passes import engine
 from epl.passes import grouped_apply
 from epl.plan import auto
+from epl.plan import planner
+from epl.runtime import checkpoint
+from epl.runtime import estimator
+from epl.runtime import failures
+from epl.runtime import serving
+from epl.runtime import session as epl_session
+from epl.runtime import summaries
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import keras
 from epl.tf_compat import targets
+from epl.tools import dry_run
 
 _originals = {}
 # Stands for an attribute a class inherits (uninstall deletes it again).
@@ -81,41 +99,25 @@ class _ApplyDepth(threading.local):
 _apply_depth = _ApplyDepth()
 
 
-class _Detached(threading.local):
-  # Depth of `detached()` scopes.
-  value = 0
-
-
-_detached = _Detached()
-
-
-@contextlib.contextmanager
-def detached():
-  """TensorFlow calls made inside run as without EPL: nothing is captured
-  or recorded (an Estimator's evaluation and prediction graphs)."""
-  _detached.value += 1
-  try:
-    yield
-  finally:
-    _detached.value -= 1
-
-
-def _env():
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
-  if _detached.value or not Env.initialised():
-    return None
-  return Env.get()
+def _rewrite(graph):
+  """Rewrites `graph` when it holds a training step (`epl.passes.engine`);
+  a dry run then prints the plan and exits. Returns the RewriteResult, or
+  None when there is no step to rewrite yet."""
+  result = engine.ensure_rewritten(graph)
+  if result is not None:
+    dry_run.after_rewrite(result)
+  return result
 
 
 def _create_op_helper(original, graph, op, compute_device=True):
   original(graph, op, compute_device=compute_device)
-  env = _env()
+  env = active()
   if env is not None:
-    capture.on_op_created(env, op)
+    capture.on_op_created(env, op, auto.strategy_after_cut)
 
 
 def _gradients_helper(original, ys, xs, *args, **kwargs):
-  env = _env()
+  env = active()
   if env is None:
     return original(ys, xs, *args, **kwargs)
   auto.before_gradients(env, tf.nest.flatten(ys))
@@ -129,7 +131,7 @@ def _gradients_helper(original, ys, xs, *args, **kwargs):
 
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
-  env = _env()
+  env = active()
   if env is None or tf.compat.v1.executing_eagerly_outside_functions():
     return original(tape, target, sources, *args, **kwargs)
   auto.before_gradients(env, tf.nest.flatten(target))
@@ -142,7 +144,7 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
 
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
                      name=None):
-  env = _env()
+  env = active()
   if env is None or _apply_depth.value:
     return original(optimizer, grads_and_vars, global_step=global_step,
                     name=name)
@@ -160,19 +162,16 @@ def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
 
 
 def _finalize(original, graph):
-  env = _env()
+  env = active()
   if env is not None and not graph.finalized:
-    from epl.passes import engine  # pylint: disable=import-outside-toplevel
-    from epl.runtime import serving  # pylint: disable=import-outside-toplevel
     serving.maybe_serve(env, graph)
-    engine.before_finalize(graph)
+    _rewrite(graph)
   original(graph)
 
 
 def _session_init(original, session, target="", graph=None, config=None):
-  env = _env()
+  env = active()
   if env is not None:
-    from epl.runtime import session as epl_session  # pylint: disable=import-outside-toplevel
     target, config = epl_session.session_settings(env, target, config,
                                                   graph)
   original(session, target, graph, config)
@@ -180,13 +179,12 @@ def _session_init(original, session, target="", graph=None, config=None):
 
 def _session_run(original, session, fetches, feed_dict=None, options=None,
                  run_metadata=None):
-  env = _env()
+  env = active()
   if env is None:
     return original(session, fetches, feed_dict, options, run_metadata)
-  from epl.runtime import failures  # pylint: disable=import-outside-toplevel
-  from epl.runtime import session as epl_session  # pylint: disable=import-outside-toplevel
-  from epl.runtime import serving  # pylint: disable=import-outside-toplevel
   serving.maybe_serve(env, session.graph)
+  if _rewrite(session.graph) is None and dry_run.enabled():
+    dry_run.refuse_run()
   fetches = epl_session.before_run(session.graph, fetches)
   try:
     return original(session, fetches, feed_dict, options, run_metadata)
@@ -198,81 +196,73 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
 
 
 def _dataset_init(original, dataset, *args, **kwargs):
-  if _env() is not None:
-    from epl.capture import io_slicing  # pylint: disable=import-outside-toplevel
+  if active() is not None:
     what = type(dataset).__name__
     if "filenames" in kwargs:
-      kwargs["filenames"] = io_slicing.maybe_slice(kwargs["filenames"], what)
+      kwargs["filenames"] = io_slicing.maybe_slice(
+          kwargs["filenames"], what, planner.make_plan)
     elif args:
-      args = (io_slicing.maybe_slice(args[0], what),) + args[1:]
+      args = (io_slicing.maybe_slice(args[0], what, planner.make_plan),
+              *args[1:])
   original(dataset, *args, **kwargs)
 
 
 def _dataset_iterator(original, dataset, *args, **kwargs):
-  if _env() is not None:
-    from epl.capture import graph_mode  # pylint: disable=import-outside-toplevel
+  if active() is not None:
     graph_mode.check_dataset_in_graph(dataset)
   return original(dataset, *args, **kwargs)
 
 
 def _list_files(original, *args, **kwargs):
-  if _env() is None:
+  if active() is None:
     return original(*args, **kwargs)
-  from epl.capture import io_slicing  # pylint: disable=import-outside-toplevel
-  return io_slicing.list_files(original, *args, **kwargs)
+  return io_slicing.list_files(original, planner.make_plan, *args, **kwargs)
 
 
 def _saver_save(original, saver, sess, save_path, *args, **kwargs):
-  env = _env()
+  env = active()
   if env is None:
     return original(saver, sess, save_path, *args, **kwargs)
-  from epl.runtime import checkpoint  # pylint: disable=import-outside-toplevel
   return checkpoint.save(env, original, saver, sess, save_path, *args,
                          **kwargs)
 
 
 def _event_file_writer(original, logdir, *args, **kwargs):
-  env = _env()
+  env = active()
   if env is None:
     return original(logdir, *args, **kwargs)
-  from epl.runtime import summaries  # pylint: disable=import-outside-toplevel
   return summaries.event_file_writer(env, original, logdir, *args, **kwargs)
 
 
 def _write_graph(original, *args, **kwargs):
-  env = _env()
+  env = active()
   if env is None:
     return original(*args, **kwargs)
-  from epl.runtime import summaries  # pylint: disable=import-outside-toplevel
   return summaries.write_graph(env, original, *args, **kwargs)
 
 
 def _run_config_init(original, run_config, *args, **kwargs):
-  if _env() is None:
+  if active() is None:
     return original(run_config, *args, **kwargs)
-  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
   return estimator.run_config_init(original, run_config, *args, **kwargs)
 
 
 def _call_model_fn(original, estimator_object, *args, **kwargs):
-  if _env() is None:
+  if active() is None:
     return original(estimator_object, *args, **kwargs)
-  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
   return estimator.call_model_fn(original, estimator_object, *args, **kwargs)
 
 
 def _latest_checkpoint(original, estimator_object):
-  env = _env()
+  env = active()
   if env is None:
     return original(estimator_object)
-  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
   return estimator.latest_checkpoint(env, original, estimator_object)
 
 
 def _evaluate(original, estimator_object, *args, **kwargs):
-  if _env() is None:
+  if active() is None:
     return original(estimator_object, *args, **kwargs)
-  from epl.runtime import estimator  # pylint: disable=import-outside-toplevel
   return estimator.evaluate(original, estimator_object, *args, **kwargs)
 
 
@@ -285,15 +275,16 @@ def _estimator_hooks():
           (tf_estimator.EVALUATE, _evaluate))
 
 
-def _split_lowering(name, module="split_lowering"):
-  """A wrapper that forwards to `epl.ops.<module>.<name>` (autograph, which
+def _split_lowering(name, module=split_lowering):
+  """A wrapper that forwards to `<module>.<name>` (autograph, which
   converts Keras `call`s, leaves it alone)."""
+  lowering = getattr(module, name)
+
   @tf.autograph.experimental.do_not_convert
   def wrapper(original, *args, **kwargs):
-    if _env() is None:
+    if active() is None:
       return original(*args, **kwargs)
-    lowering = importlib.import_module("epl.ops." + module)
-    return getattr(lowering, name)(original, *args, **kwargs)
+    return lowering(original, *args, **kwargs)
   return wrapper
 
 
@@ -307,9 +298,8 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   def call(*call_args, **call_kwargs):
     return super(keras.targets().dense_class, layer).__call__(*call_args,
                                                               **call_kwargs)
-  if _env() is None:
+  if active() is None:
     return call(*args, **kwargs)
-  from epl.ops import split_lowering  # pylint: disable=import-outside-toplevel
   return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
 
 
@@ -336,9 +326,9 @@ _HOOKS = (
     (targets.ARG_MAX, _split_lowering("arg_max")),
     (targets.EQUAL, _split_lowering("equal")),
     (targets.TOP_K, _split_lowering("top_kv2")),
-    ((tf, "einsum"), _split_lowering("einsum", "expert_lowering")),
-    ((tf.linalg, "einsum"), _split_lowering("einsum", "expert_lowering")),
-    ((tf.compat.v1, "einsum"), _split_lowering("einsum", "expert_lowering")),
+    ((tf, "einsum"), _split_lowering("einsum", expert_lowering)),
+    ((tf.linalg, "einsum"), _split_lowering("einsum", expert_lowering)),
+    ((tf.compat.v1, "einsum"), _split_lowering("einsum", expert_lowering)),
 )
 # Static methods among the entry points: wrapped without a `self`.
 _STATIC = frozenset([targets.LIST_FILES])
@@ -349,7 +339,7 @@ def _keras_hooks():
   builds TF1 graph-mode layers on the v1 base layer, others on the v2 one
   (`epl.tf_compat.keras`)."""
   found = keras.targets()
-  hooks = [(target, _split_lowering("add_weight", "expert_lowering"))
+  hooks = [(target, _split_lowering("add_weight", expert_lowering))
            for target in found.add_weight]
   if found.v1_dense is not None:
     hooks.append((found.v1_dense, _split_lowering("dense")))

@@ -33,6 +33,8 @@ import time
 import tensorflow as tf
 
 from epl.capture.capture import VARIABLE_TYPES
+from epl.ir import graph_editor
+from epl.ir.graph_state import state_of
 from epl.tf_compat import stats
 
 logger = logging.getLogger("epl")
@@ -307,7 +309,6 @@ def profile_flops(graph=None, ops=None, unknown_dim=1):
 def taskgraph_costs(graph, ops, shape_of=static_shape):
   """{TaskGraph index: Cost} of `ops` by the TaskGraph capture gave each
   (None for ops without one)."""
-  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
   costs = collections.defaultdict(Cost)
   for op in ops:
@@ -423,8 +424,6 @@ class FlopsProfilerHook(tf.compat.v1.train.SessionRunHook):
                     human_count(self.flops_per_step / mean))
 
   def _profile(self, run_context, run_metadata):
-    from epl.ir import graph_editor  # pylint: disable=import-outside-toplevel
-    from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
     graph = run_context.session.graph
     roots = []
     for fetch in tf.nest.flatten(run_context.original_args.fetches):

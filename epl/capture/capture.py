@@ -24,6 +24,13 @@ from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import resource_variable_ops
 
 VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
+# Ops that read the next element of the input pipeline: each replica (and
+# micro-batch) runs its own, on the shared iterator.
+INPUT_READ_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
+PLACEHOLDER_TYPES = frozenset(
+    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
 
 
 class _ThreadState(threading.local):
@@ -68,7 +75,7 @@ def _is_function_graph(graph):
   return getattr(graph, "building_function", False)
 
 
-def on_op_created(env, op):
+def on_op_created(env, op, strategy_after_cut):
   """Tags a newly created op with its TaskGraph and phase.
 
   Ops built by `tf.gradients` are BACKWARD and belong to the TaskGraph of
@@ -77,6 +84,9 @@ def on_op_created(env, op):
   auto.auto_parallel, after the cut, the last stage) are FORWARD work of
   its TaskGraph; ops built before the first strategy scope are
   FORWARD work of the first TaskGraph; other ops are OTHER.
+  `strategy_after_cut(state)` is the strategy of ops built with no scope
+  once auto parallel has cut the graph, None before (`epl.plan.auto`,
+  which plans above capture: `epl.hooks` passes it in).
   """
   graph = op.graph
   if _thread.suspended or _is_function_graph(graph):
@@ -95,21 +105,13 @@ def on_op_created(env, op):
   else:
     strategy = env.current_strategy()
     if strategy is None and env.config.auto.auto_parallel:
-      from epl.plan import auto  # pylint: disable=import-outside-toplevel
-      strategy = auto.strategy_after_cut(state)
+      strategy = strategy_after_cut(state)
     if strategy is not None:
       state.tag(op, state.taskgraph_for(strategy), Phase.FORWARD)
     elif not state.taskgraphs:
       state.tag_before_first_strategy(op)
     else:
       state.tag(op, None, Phase.OTHER)
-
-
-def enter_strategy(env, strategy, graph):
-  """Opens `strategy`'s scope; its TaskGraph exists from now on, so the
-  TaskGraphs are ordered as their scopes were first entered."""
-  env.enter_strategy(strategy)
-  state_of(graph, create=True).taskgraph_for(strategy)
 
 
 def variable_op(source):

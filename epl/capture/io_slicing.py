@@ -17,8 +17,9 @@ neither, or with fewer files than parts, slicing is an error that says so.
 A file list only known when the graph runs (a tensor computed from other
 ops) is not sliced; EPL logs that it was left alone.
 
-`epl.hooks` routes the dataset constructors here; this module holds the
-logic.
+`epl.hooks` routes the dataset constructors here, with the planner
+(`epl.plan.planner.make_plan`, a layer above capture) that tells the
+replicas of each worker; this module holds the logic.
 """
 import collections
 import logging
@@ -27,6 +28,10 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+
+from epl.env import Env
+from epl.ir.graph_state import state_of
+from epl.ir.taskgraph import TaskGraph
 
 logger = logging.getLogger("epl")
 
@@ -41,19 +46,15 @@ def reader_shares(plan):
   return dict(sorted(counts.items()))
 
 
-def _expected_shares(env, graph):
+def _expected_shares(env, graph, make_plan):
   """Reader shares from the strategies known when the dataset is built."""
-  from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
-  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
-  from epl.plan import planner  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
   taskgraphs = list(state.taskgraphs) if state is not None else []
   if not taskgraphs and env.default_strategy is not None:
     taskgraphs = [TaskGraph(0, env.default_strategy)]
   if taskgraphs:
     try:
-      return reader_shares(planner.make_plan(env.cluster, taskgraphs,
-                                             env.config))
+      return reader_shares(make_plan(env.cluster, taskgraphs, env.config))
     except (ValueError, NotImplementedError):
       pass  # the rewrite reports it
   return {w: 1 for w in range(env.cluster.worker_num)}
@@ -112,7 +113,6 @@ def _static_files(filenames):
 
 
 def _active_env():
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
   if not Env.initialised():
     return None
   env = Env.get()
@@ -126,8 +126,9 @@ def _building_function():
   return getattr(graph, "building_function", False)
 
 
-def maybe_slice(filenames, what):
-  """`filenames` reduced to this worker's share when io.slicing is on."""
+def maybe_slice(filenames, what, make_plan):
+  """`filenames` reduced to this worker's share when io.slicing is on;
+  `make_plan(cluster, taskgraphs, config)` is the planner."""
   env = _active_env()
   if env is None:
     return filenames
@@ -139,7 +140,7 @@ def maybe_slice(filenames, what):
                      "use tf.data.Dataset.list_files).", what)
     return filenames
   graph = tf.compat.v1.get_default_graph()
-  shares = _expected_shares(env, graph)
+  shares = _expected_shares(env, graph, make_plan)
   config = env.config.io
   mine = slice_files(files, shares, env.cluster.worker_index,
                      drop_last=config.drop_last_files,
@@ -153,8 +154,10 @@ def maybe_slice(filenames, what):
   return mine
 
 
-def list_files(original, file_pattern, shuffle=None, seed=None, name=None):
-  """`Dataset.list_files` over this worker's share of the matching files."""
+def list_files(original, make_plan, file_pattern, shuffle=None, seed=None,
+               name=None):
+  """`Dataset.list_files` over this worker's share of the matching files
+  (`make_plan` as for `maybe_slice`)."""
   env = _active_env()
   patterns = _static_files(file_pattern) if env is not None else None
   if patterns is None:
@@ -162,7 +165,8 @@ def list_files(original, file_pattern, shuffle=None, seed=None, name=None):
   files = sorted(f for pattern in patterns for f in tf.io.gfile.glob(pattern))
   if not files:
     raise ValueError("io.slicing: no file matches %r." % (file_pattern,))
-  mine = maybe_slice(files, "Dataset.list_files(%r)" % (file_pattern,))
+  mine = maybe_slice(files, "Dataset.list_files(%r)" % (file_pattern,),
+                     make_plan)
   dataset = tf.data.Dataset.from_tensor_slices(mine)
   if shuffle is None or shuffle:
     dataset = dataset.shuffle(len(mine), seed=seed)
@@ -175,7 +179,6 @@ def check_rewritten(graph):
   assumed = _assumed.get(graph)
   if not assumed:
     return
-  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
   result = state.rewrite_result if state is not None else None
   if result is None:

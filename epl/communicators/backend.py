@@ -1,5 +1,6 @@
 """The communicator of the configured backend (communication.backend)."""
 from epl.communicators.collective import CollectiveCommunicator
+from epl.communicators.horovod import HorovodCommunicator
 from epl.communicators.local import LocalCommunicator
 
 
@@ -9,7 +10,6 @@ def communicator_class(ctx):
   replica is a CPU device of this process and
   communication.local_cpu_reduce allows it; else TensorFlow collectives."""
   if ctx.config.communication.backend == "horovod":
-    from epl.communicators.horovod import HorovodCommunicator  # pylint: disable=import-outside-toplevel
     return HorovodCommunicator
   if (ctx.config.communication.local_cpu_reduce and
       ctx.cluster.device_type == "CPU" and

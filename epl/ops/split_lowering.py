@@ -28,8 +28,10 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from epl.env import Env
 from epl.ir import graph_state
 from epl.ops import collective_gradients
+from epl.strategies.strategy import Split
 from epl.tf_compat.ops import collective_ops
 from epl.tf_compat.ops import tensor_util
 
@@ -106,20 +108,16 @@ def sharded_logits_of(tensor):
 
 def split_strategy():
   """The open split scope's strategy, or None."""
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
-  from epl.strategies.strategy import Split  # pylint: disable=import-outside-toplevel
   strategy = Env.get().current_strategy() if Env.initialised() else None
   return strategy if isinstance(strategy, Split) else None
 
 
 def group_size_of(strategy):
   """Devices a split strategy shards over (None: all)."""
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
   return strategy.device_count or Env.get().cluster.total_devices
 
 
 def _settings():
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
   env = Env.get()
   return dict(
       communication_hint="nccl" if env.cluster.device_type == "GPU" else "ring",
@@ -135,7 +133,6 @@ def _in_half_precision(exchange):
   """`exchange(tensor)` in float16 when communication.fp16 is set (float32
   tensors only): the bridges between replicas and shards send half the
   bytes; gradients flow back through the casts."""
-  from epl.env import Env  # pylint: disable=import-outside-toplevel
 
   def run(tensor):
     if not (Env.get().config.communication.fp16 and

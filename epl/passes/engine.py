@@ -39,7 +39,7 @@ The passes, in order (each a function with its own docstring):
  25. VariableSync.update           - init / restore reach every replica
 Later, before each run, VariableSync handles ops built since. In a dry run
 (`EPL_DRY_RUN`, `epl-plan`) the process prints the plan and exits once the
-rewrite is done (`epl.tools.dry_run`).
+rewrite is done (`epl.hooks` calls `epl.tools.dry_run`).
 """
 import collections
 import logging
@@ -71,7 +71,6 @@ from epl.passes.stage_checks import check_stages
 from epl.passes.training_subgraph import select_training_subgraph
 from epl.passes.variable_sync import VariableSync
 from epl.plan import planner
-from epl.tools import dry_run
 
 logger = logging.getLogger("epl")
 
@@ -155,12 +154,7 @@ def ensure_rewritten(graph):
       state.version_without_step = graph.version
       return None
     state.rewrite_result = rewrite(graph, state, subgraph)
-    dry_run.after_rewrite(state.rewrite_result)
   return state.rewrite_result
-
-
-def before_finalize(graph):
-  ensure_rewritten(graph)
 
 
 def before_run(graph):

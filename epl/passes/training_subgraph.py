@@ -24,19 +24,13 @@ from typing import List
 
 import tensorflow as tf
 
-from epl.capture.capture import VARIABLE_TYPES
+from epl.capture.capture import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
+                                  VARIABLE_TYPES)
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
 from epl.tf_compat import graph_edit
 
-# Ops that read the next element of the input pipeline: each replica (and
-# micro-batch) runs its own, on the shared iterator.
-INPUT_READ_TYPES = frozenset([
-    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
-    "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
-PLACEHOLDER_TYPES = frozenset(
-    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
 # Lookup tables are initialised once by the user's tables_initializer and
 # read by every replica.
 TABLE_TYPES = frozenset([

@@ -52,12 +52,11 @@ from typing import List
 
 from epl.analysis import checkpoint_search
 from epl.analysis import flops
-from epl.capture.capture import VARIABLE_TYPES
+from epl.capture.capture import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
+                                  VARIABLE_TYPES)
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.ir.phase import Phase
-from epl.passes.training_subgraph import (INPUT_READ_TYPES,
-                                          PLACEHOLDER_TYPES)
 from epl.strategies.strategy import Replicate
 from epl.tf_compat import graph_edit
 

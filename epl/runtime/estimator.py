@@ -30,8 +30,7 @@ import inspect
 import logging
 import os
 
-from epl import hooks
-from epl.env import Env
+from epl.env import Env, detached
 from epl.runtime import checkpoint
 from epl.tf_compat import estimator as tf_estimator
 
@@ -78,7 +77,7 @@ def call_model_fn(original, estimator, features, labels, mode, config):
     finally:
       env.default_strategy = default_strategy
   logger.debug("EPL leaves the Estimator's %s graph single-device.", mode)
-  with hooks.detached():
+  with detached():
     return original(estimator, features, labels, mode, config)
 
 

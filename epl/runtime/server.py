@@ -16,6 +16,9 @@ import logging
 
 import tensorflow as tf
 
+from epl.ir.graph_state import state_of
+from epl.plan import planner
+
 logger = logging.getLogger("epl")
 
 JOB = "worker"
@@ -80,8 +83,6 @@ def session_workers(env, graph):
   This worker, plus the workers that hold later pipeline stages of its
   replicas (from the plan, when the model is already annotated).
   """
-  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
-  from epl.plan import planner  # pylint: disable=import-outside-toplevel
   cluster = env.cluster
   workers = {cluster.worker_index}
   state = state_of(graph) if graph is not None else None

@@ -16,6 +16,9 @@ import logging
 import socket
 import time
 
+from epl.ir.graph_state import state_of
+from epl.plan import planner
+
 logger = logging.getLogger("epl")
 
 _POLL_SECONDS = 0.5
@@ -31,8 +34,6 @@ def _reachable(address):
 
 
 def _plan_without_local_replicas(env, graph):
-  from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
-  from epl.plan import planner  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
   if state is None or not state.gradient_records or (
       state.rewrite_result is not None):

@@ -9,6 +9,8 @@ import itertools
 
 import tensorflow as tf
 
+from epl.env import Env
+from epl.ir.graph_state import state_of
 from epl.tf_compat import keras
 
 _auto_name_counter = itertools.count()
@@ -36,13 +38,14 @@ class Strategy:
     self.name = name or "%s_%d" % (self.kind, next(_auto_name_counter))
 
   def __enter__(self):
-    from epl.env import Env  # pylint: disable=import-outside-toplevel
-    from epl.capture import capture  # pylint: disable=import-outside-toplevel
-    capture.enter_strategy(Env.get(), self, tf.compat.v1.get_default_graph())
+    Env.get().enter_strategy(self)
+    # The TaskGraph exists from now on, so that TaskGraphs are ordered as
+    # their scopes were first entered.
+    state_of(tf.compat.v1.get_default_graph(), create=True).taskgraph_for(
+        self)
     return self
 
   def __exit__(self, *exc_info):
-    from epl.env import Env  # pylint: disable=import-outside-toplevel
     Env.get().exit_strategy(self)
     return False
 

@@ -21,6 +21,7 @@ that ends without one under `epl-plan`.
 way of starting a script, not a property of the model, and a key could be
 left on in a script by mistake and stop every real run.
 """
+import importlib
 import logging
 import os
 import runpy
@@ -275,7 +276,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  # Run as `python -m epl.tools.dry_run`: use the module the engine imports, so
+  # Run as `python -m epl.tools.dry_run`, this file is `__main__`, a second
+  # copy of the module: run main() of the copy that epl.hooks imports, so
   # that its record of a printed plan is the one main() reads.
-  from epl.tools.dry_run import main as imported_main  # pylint: disable=import-self
-  imported_main()
+  importlib.import_module("epl.tools.dry_run").main()

@@ -20,6 +20,7 @@ import json
 
 import tensorflow as tf
 
+from epl.ir.graph_state import state_of
 from epl.ir.phase import Phase
 from epl.passes import schedule
 
@@ -99,7 +100,6 @@ class PipelineTrace:
   @classmethod
   def from_run_metadata(cls, graph, run_metadata):
     """Builds the trace of a step of `graph` (rewritten by EPL)."""
-    from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
     state = state_of(graph)
     if state is None or state.rewrite_result is None:
       raise ValueError("The graph was not rewritten by EPL: run a training "
