@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+import epl
 from epl import tf_compat
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import graph_edit
@@ -484,12 +485,36 @@ def test_keras_targets_are_what_v1_layers_use(calls):
   assert len(added) == 4 and len(dense) == 1
 
 
+def test_keras_3_installs_no_layer_hooks(monkeypatch):
+  # Under Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS) the v1 layers'
+  # package reports a 3.x version: nothing is hooked, and the error says
+  # how to get tf-keras.
+  package = sys.modules[tf.compat.v1.layers.Dense.__module__.split(".")[0]]
+  monkeypatch.setattr(package, "__version__", "3.6.0")
+  keras.targets.cache_clear()
+  try:
+    found = keras.targets()
+    assert not found.add_weight and found.dense_call is None
+    assert "Keras 3" in found.problem and "TF_USE_LEGACY_KERAS=1" in (
+        found.problem)
+    with pytest.raises(RuntimeError, match="tf-keras"):
+      keras.require_layer_hooks("epl.split")
+  finally:
+    monkeypatch.undo()
+    keras.targets.cache_clear()
+  assert keras.targets().problem is None
+
+
 def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
   keras.require_layer_hooks("epl.split")
   missing = keras.KerasTargets(problem="TensorFlow 9.9 uses Keras 3 ...")
   monkeypatch.setattr(keras, "targets", lambda: missing)
   with pytest.raises(RuntimeError, match="epl.split needs .*Keras 3"):
     keras.require_layer_hooks("epl.split")
+  epl.init()
+  with pytest.raises(RuntimeError, match="TensorFlow 9.9 uses Keras 3"):
+    with epl.split(1):
+      pass
 
 
 # ---------------------------------------------- estimator, horovod, VERSIONS

@@ -40,14 +40,16 @@ class KerasTargets:
 
 
 def _keras_package():
-  """'keras' or 'tf_keras': the package behind tf.compat.v1.layers; None
-  when it is neither (Keras 3)."""
+  """'keras' or 'tf_keras': the Keras 2 package behind
+  tf.compat.v1.layers; None under Keras 3."""
   try:
-    module = tf.compat.v1.layers.Dense.__module__
+    package = tf.compat.v1.layers.Dense.__module__.split(".")[0]
   except Exception:  # pylint: disable=broad-except  (Keras 3 refuses the v1 layers in several ways)
     return None
-  package = module.split(".")[0]
-  return package if package in ("keras", "tf_keras") else None
+  if package not in ("keras", "tf_keras"):
+    return None
+  version = getattr(importlib.import_module(package), "__version__", "")
+  return package if version.startswith("2.") else None
 
 
 def _find(module_name, class_name):
@@ -67,7 +69,7 @@ def targets():
         "TensorFlow %s uses Keras 3, whose layers EPL does not hook "
         "(keras.src.engine is missing and tf.compat.v1.layers is "
         "unavailable). Install tf-keras of the same version (pip install "
-        "'tf-keras~=%s') and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
+        "'tf-keras~=%s.0') and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
         "is imported." % (tf.__version__, tf.__version__.rsplit(".", 1)[0]))
     logger.debug("Keras layer hooks not installed: %s", problem)
     return KerasTargets(problem=problem)
@@ -85,7 +87,7 @@ def targets():
         "TensorFlow %s with %s %s lacks %s, which EPL hooks. Use a version "
         "that epl.tf_compat.VERSIONS lists." % (
             tf.__version__, package,
-            getattr(importlib.import_module(package), "__version__", "?"),
+            importlib.import_module(package).__version__,
             ", ".join(prefix + m for m in missing)))
     logger.debug("Keras hooks not installed: %s", problem)
   return KerasTargets(
