@@ -9,7 +9,7 @@ and batches (BERT from examples/bert_large, data parallel over
      EPL_<SECTION>_<KEY> environment variables, which the example's
      epl.Config reads), initialises, runs --warmup steps;
   2. traces one step and measures per device, with
-     epl.runtime.memory_profiler_hook.profile_memory: persistent bytes
+     epl.tools.memory_profiler_hook.profile_memory: persistent bytes
      (weights, replicas' copies, optimizer slots) and peak bytes
      (persistent + the step's high-water mark from the allocation
      records); the table shows the largest device;
@@ -43,7 +43,7 @@ if ROOT not in sys.path:
 
 import epl  # noqa: E402
 from epl.config import key_info  # noqa: E402
-from epl.runtime.memory_profiler_hook import profile_memory  # noqa: E402
+from epl.tools.memory_profiler_hook import profile_memory  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 # Row name -> EPL config keys of the savers it turns on.

@@ -18,7 +18,7 @@ EPL config keys (as EPL_<SECTION>_<KEY> environment variables), then:
      buffer until their first update writes them;
   3. measure: runs --warmup steps, then one step with
      RunOptions.FULL_TRACE, and takes each device's peak with
-     epl.runtime.memory_profiler_hook.profile_memory: the bytes of the
+     epl.tools.memory_profiler_hook.profile_memory: the bytes of the
      variables the step used on that device (persistent) plus the high-water
      mark of the allocation and deallocation records of that device's ops
      in the step stats, in time order (step peak);
@@ -47,7 +47,7 @@ import epl  # noqa: E402
 from epl.analysis import memory_estimate  # noqa: E402
 from epl.config import key_info  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
-from epl.runtime.memory_profiler_hook import profile_memory  # noqa: E402
+from epl.tools.memory_profiler_hook import profile_memory  # noqa: E402
 from epl.tools.timeline import device_key  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 

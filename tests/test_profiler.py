@@ -10,7 +10,7 @@ import tensorflow as tf
 import epl
 from epl.analysis import flops
 from epl.ir import graph_editor
-from epl.runtime.memory_profiler_hook import MemoryProfilerHook
+from epl.tools.memory_profiler_hook import MemoryProfilerHook
 from tests import training
 
 WIDTH = 128

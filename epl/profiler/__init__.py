@@ -15,7 +15,7 @@ import sys
 
 from epl.analysis import flops
 from epl.analysis import memory_estimate
-from epl.runtime import memory_profiler_hook
+from epl.tools import memory_profiler_hook
 
 # `import epl.profiler.flops` finds a submodule in sys.modules once its
 # package is imported: the re-exported modules answer to their old names.

@@ -1,6 +1,6 @@
 """Measured memory of a training step, per device.
 
-    from epl.runtime.memory_profiler_hook import MemoryProfilerHook
+    from epl.tools.memory_profiler_hook import MemoryProfilerHook
     hooks = [MemoryProfilerHook(save_steps=1, max_steps=5,
                                 output_dir="/tmp/memory")]
 
