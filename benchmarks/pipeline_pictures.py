@@ -1,6 +1,7 @@
-"""Draws docs/pipeline_gpipe.png and docs/pipeline_1f1b.png for README.md:
-one traced training step of a 4-stage pipeline with 4 micro-batches under
-each schedule, with epl.timeline's Gantt helper (needs matplotlib).
+"""Draws docs/pipeline_gpipe.png and docs/pipeline_1f1b.png for
+docs/pipeline.md: one traced training step of a 4-stage pipeline with 4
+micro-batches under each schedule, with epl.timeline's Gantt helper (needs
+matplotlib).
 
     python benchmarks/pipeline_pictures.py
 """

@@ -15,7 +15,7 @@ naming the key, the value and what is allowed.
 The keys and defaults follow Alibaba's original EPL. Keys whose feature is not
 built yet are accepted (so existing scripts keep working) and reported by
 :meth:`Config.unbuilt_settings`. ``python -m epl.config`` prints the reference
-table that README.md carries.
+table that docs/config.md carries.
 """
 
 import difflib

@@ -462,12 +462,12 @@ def test_markdown_reference_lists_every_key():
   assert "| `zero.level` |" in table
 
 
-def test_readme_has_current_reference_table():
-  with open(os.path.join(REPO_ROOT, "README.md")) as f:
-    readme = f.read()
-  assert markdown_reference() in readme, (
-      "README.md's configuration table is out of date: replace it with the "
-      "output of `python -m epl.config`.")
+def test_docs_have_current_reference_table():
+  with open(os.path.join(REPO_ROOT, "docs", "config.md")) as f:
+    page = f.read()
+  assert markdown_reference() in page, (
+      "docs/config.md's configuration table is out of date: replace it with "
+      "the output of `python -m epl.config`.")
 
 
 def test_module_prints_reference():

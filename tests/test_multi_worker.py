@@ -160,7 +160,8 @@ def test_checkpoints_kill_and_resume(tmp_path):
 
 def _crashed_while_aborting(job):
   """TensorFlow 2.15 sometimes crashes (signal 11) while aborting the
-  timed-out collectives, instead of raising (README, "Failures")."""
+  timed-out collectives, instead of raising (docs/multi_worker.md,
+  "Failures")."""
   return ("worker 0 exited with signal 11" in job.output and
           "Aborting Ring" in job.output)
 
