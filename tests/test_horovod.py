@@ -24,6 +24,7 @@ from epl.tools import horovod_launch
 from epl.tools import launcher
 from tests import tolerance
 from tests import multiworker
+from tests import tf_versions
 from tests import training
 from tests.workers import horovod_worker
 
@@ -46,10 +47,7 @@ def _write_files(directory):
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
   """Runs the Horovod job once; (results of rank 0, of rank 1, out dir)."""
-  pytest.importorskip(
-      "horovod.tensorflow",
-      reason="Horovod is not installed: `make horovod` (or `make test`) "
-             "builds Horovod 0.28.1 with TensorFlow and Gloo")
+  tf_versions.require_horovod()
   multiworker.require_namespaces()
   out = tmp_path_factory.mktemp("horovod")
   files = _write_files(out)
