@@ -24,8 +24,9 @@ Per device:
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), times
   the micro-batches in flight on that stage: all M for GPipe
-  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), M
-  with split TaskGraphs (no schedule orders their micro-batches);
+  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), one
+  more on every stage but the last for PreferBackwardOptimizer, M with
+  split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -86,9 +87,7 @@ def variable_bytes(op):
 def in_flight_micro_batches(schedule_name, num_stages, stage,
                             num_micro_batch):
   """Micro-batches whose activations stage `stage` holds at once."""
-  if schedule_name == schedule.PREFER_FORWARD:
-    return num_micro_batch
-  return min(num_stages - stage, num_micro_batch)
+  return schedule.warm_up(schedule_name, num_stages, stage, num_micro_batch)
 
 
 def bubble_fraction(num_stages, num_micro_batch):
