@@ -2,6 +2,8 @@
 `epl.init` and `epl.Env`, collections, nesting errors, the third pipeline
 schedule, the cluster and its VirtualDevices, the profiler's arguments and
 epl-launch's flags."""
+import json
+
 import pytest
 import tensorflow as tf
 
@@ -12,6 +14,90 @@ from epl.tools import timeline
 from tests import training
 
 F, B = "forward", "backward"
+
+
+# ----------------------------------------------------------- init and Env
+
+
+def test_env_before_init_is_the_one_init_fills_in():
+  epl.Env.install(None)
+  env = epl.Env.get()
+  assert env.config is None and env.cluster is None
+  assert not epl.Env.initialised()
+  assert epl.env.Env is epl.Env
+  epl.init(epl.Config({"pipeline.num_micro_batch": 3}))
+  assert epl.Env.get() is env
+  assert env.config.pipeline.num_micro_batch == 3
+  # A later epl.init starts the same object afresh, as the original did.
+  env.config.pipeline.num_micro_batch = 5
+  epl.init()
+  assert epl.Env.get() is env and env.config.pipeline.num_micro_batch == 1
+
+
+def test_init_again_resets_the_default_graph_outside_a_graph_block():
+  epl.init()
+  kept = tf.constant(1.0, name="built_before_the_second_init")
+  epl.init()
+  assert kept.graph is not tf.compat.v1.get_default_graph()
+  assert not tf.compat.v1.get_default_graph().get_operations()
+  # Inside a `with graph.as_default():` block the graph is the user's.
+  with tf.Graph().as_default() as graph:
+    tf.constant(1.0, name="inside")
+    epl.init()
+    assert tf.compat.v1.get_default_graph() is graph
+    assert graph.get_operation_by_name("inside")
+
+
+def test_first_init_keeps_what_was_built_before_it():
+  epl.Env.install(None)
+  tf.compat.v1.reset_default_graph()
+  before = tf.constant(1.0, name="before_init")
+  epl.init()
+  assert before.graph is tf.compat.v1.get_default_graph()
+
+
+# ------------------------------------------------------------ collections
+
+
+def test_add_to_collection_takes_a_list():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(1))
+  with tf.Graph().as_default():
+    x, y = training.input_batch(4)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    rows = tf.shape(x)[0]
+    epl.add_to_collection([rows, tf.reduce_sum(y)],
+                          epl.GraphKeys.GLOBAL_SUM_OBJECTS)
+    assert len(epl.get_collection(epl.GraphKeys.GLOBAL_SUM_OBJECTS)) == 2
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      _, merged_rows = session.run([train_op, rows])
+  assert merged_rows == 8  # 2 replicas x 4 rows
+
+
+def test_collection_errors_are_the_original_s_and_epl_s():
+  epl.init()
+  with tf.Graph().as_default():
+    tensor = tf.constant(1.0)
+    for error in (KeyError, ValueError):
+      with pytest.raises(error, match="Unknown EPL collection 'no_such'"):
+        epl.add_to_collection(tensor, "no_such")
+    with pytest.raises(ValueError, match="a list of them, got 3"):
+      epl.add_to_collection([tensor, 3], epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    # Nothing of a rejected list was added.
+    assert not epl.get_collection(epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_nesting_errors_are_runtime_and_value_errors(error):
+  epl.init()
+  with tf.Graph().as_default():
+    with epl.replicate(1, name="outer"):
+      with pytest.raises(error, match="do not nest"):
+        with epl.split(name="inner"):
+          pass
+  assert issubclass(epl.StrategyNestingError, (RuntimeError, ValueError))
 
 
 # --------------------------------------------------- PreferBackwardOptimizer
@@ -67,5 +153,82 @@ def test_prefer_backward_optimizer_traced_order():
                             (B, 1), (B, 2), (B, 3)]
   assert trace.order(2) == [(F, 0), (B, 0), (F, 1), (B, 1), (F, 2), (B, 2),
                             (F, 3), (B, 3)]
+
+
+# --------------------------------------------------------------- Cluster
+
+
+def _two_stages_model():
+  x, y = training.input_batch(8)
+  loss = tf.reduce_mean(tf.square(training.staged_model()(x) - y))
+  return tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+
+
+def test_virtual_devices_one_per_stage():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4,
+                       "pipeline.num_micro_batch": 2}))
+  cluster = epl.Env.get().cluster
+  # Before any strategy scope: the original's "all" layout.
+  [every] = cluster.virtual_devices
+  assert every.slice_devices == [["/device:CPU:%d" % i] for i in range(4)]
+  with tf.Graph().as_default():
+    _two_stages_model()
+    first, second = cluster.virtual_devices
+  assert first.slice_devices == [["/device:CPU:0"], ["/device:CPU:2"]]
+  assert second.slice_devices == [["/device:CPU:1"], ["/device:CPU:3"]]
+  assert first.num_replicas == 2 and second.get_device(1, 0) == (
+      "/device:CPU:3")
+  assert second.local_devices == ["/device:CPU:1", "/device:CPU:3"]
+
+
+def test_virtual_devices_of_a_split_model_are_shared():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                       "cluster.colocate_split_and_replicate": True}))
+  epl.set_default_strategy(epl.replicate(1))
+  with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, 4])
+    with epl.split():
+      tf.compat.v1.layers.dense(x, 6)
+    [shared] = epl.Env.get().cluster.virtual_devices
+  assert shared.slice_devices == [["/device:CPU:0"], ["/device:CPU:1"]]
+
+
+def test_cluster_built_as_the_original_built_it(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  cluster = epl.Cluster(worker_hosts="10.0.0.1:2222,10.0.0.2:2222",
+                        worker_index=1, layout="all")
+  assert (cluster.worker_num, cluster.worker_index) == (2, 1)
+  assert cluster.hosts == "10.0.0.1:2222,10.0.0.2:2222"
+  assert cluster.gpu_num_per_worker == 2 and cluster.total_gpu_num == 4
+  assert cluster.available_devices[2] == (
+      "/job:worker/replica:0/task:1/device:CPU:0")
+  assert cluster.virtual_devices[0].local_devices == (
+      cluster.available_devices[2:])
+  with cluster as entered:
+    assert entered is cluster and epl.Env.get().cluster is cluster
+  assert epl.Env.get().cluster is cluster
+  # Without worker_hosts: TF_CONFIG, else one local worker.
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["h0:1", "h1:1", "h2:1"]},
+      "task": {"type": "worker", "index": 2}}))
+  assert (epl.Cluster().worker_num, epl.Cluster().worker_index) == (3, 2)
+  monkeypatch.delenv("TF_CONFIG")
+  assert epl.Cluster(layout=None).hosts == "localhost:0"
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(layout={"specific": [[["/gpu:0"]]]}), NotImplementedError,
+     "'specific' and 'aware_row' layouts are not built"),
+    (dict(layout={"aware_row": 2}), NotImplementedError, "layout"),
+    (dict(worker_hosts="a:1", ps_hosts="b:1"), ValueError,
+     "no parameter servers"),
+    (dict(worker_hosts="a:1,b:1", worker_index=2), ValueError,
+     "is not a worker of"),
+    (dict(worker_hosts="a:1", job_name="ps"), ValueError, "job_name"),
+])
+def test_cluster_arguments_epl_does_not_build(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    epl.Cluster(**kwargs)
 
 
