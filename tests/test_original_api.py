@@ -3,14 +3,22 @@
 schedule, the cluster and its VirtualDevices, the profiler's arguments and
 epl-launch's flags."""
 import json
+import logging
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import epl
 from epl.ir.phase import Phase
 from epl.passes import schedule
+from epl.profiler import flops
+from epl.profiler import profiler
+from epl.tools import launcher
 from epl.tools import timeline
+from tests import multiworker
 from tests import training
 
 F, B = "forward", "backward"
@@ -232,3 +240,79 @@ def test_cluster_arguments_epl_does_not_build(kwargs, error, match):
     epl.Cluster(**kwargs)
 
 
+# -------------------------------------------------------------- profiler
+
+
+def _dense_model():
+  x = tf.compat.v1.data.make_one_shot_iterator(
+      tf.data.Dataset.from_tensor_slices(
+          np.ones((40, 10), np.float32)).batch(10)).get_next()
+  return tf.compat.v1.layers.dense(x, 16, name="dense1")
+
+
+def test_profile_flops_and_memory_of_the_default_graph():
+  with tf.Graph().as_default():
+    _dense_model()
+    counts = profiler.profile_flops()
+    sizes = profiler.profile_memory()
+  assert counts["dense1/MatMul"] == 10 * 10 * 16 * 2
+  assert counts["dense1/BiasAdd"] == 10 * 16
+  assert sizes["dense1/MatMul:0"] == 10 * 16 * 4
+
+
+def test_profile_flops_of_a_traced_step_and_the_hook_s_cmds(caplog):
+  logger = logging.getLogger("epl")
+  logger.addHandler(caplog.handler)
+  try:
+    with tf.Graph().as_default():
+      out = _dense_model()
+      hook = flops.FlopsProfilerHook(cmds=["scope", "op"])
+      with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+        metadata = tf.compat.v1.RunMetadata()
+        sess.run(out, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+        total = flops.profile_flops(sess, metadata, "graph")
+  finally:
+    logger.removeHandler(caplog.handler)
+  # Every op of the graph: the layer and its kernel's initializer.
+  assert total >= 10 * 10 * 16 * 2 + 10 * 16 + 2 * 10 * 16
+  assert hook.op_flops["dense1/MatMul"] == 10 * 10 * 16 * 2
+  assert "FLOPs profiler (scope)" in caplog.text
+  assert "FLOPs profiler (op)" in caplog.text and "MatMul" in caplog.text
+  assert "FLOPs profiler (graph)" in caplog.text
+  # The original's positional form, and its check of the views.
+  assert flops.FlopsProfilerHook("op")._cmds == ["op"]  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="cmds"):
+    flops.FlopsProfilerHook(cmds="timeline")
+
+
+# ------------------------------------------------------------ epl-launch
+
+
+def test_launcher_takes_the_original_s_flags():
+  parse = launcher._parser().parse_args  # pylint: disable=protected-access
+  assert parse(["--num_workers=2", "--debug=True", "t.sh"]).debug is True
+  assert parse(["--num_workers=2", "--debug", "yes", "t.sh"]).debug is True
+  assert parse(["--num_workers=2", "--debug=False", "t.sh"]).debug is False
+  assert parse(["--num_workers=2", "t.sh"]).debug is False
+  args = parse(["--num_workers=2", "--gpu_per_worker=1", "--task_label=x",
+                "train.py"])
+  assert launcher.log_dir(args).endswith("_2w1g_train_x")
+  assert launcher.log_dir(parse(["--num_workers=1", "--log_dir=L",
+                                 "--task_label=x", "t.sh"])) == "L"
+
+
+def test_debug_runs_worker_zero_in_the_foreground():
+  code = ("import json, os; "
+          "print('task', json.loads(os.environ['TF_CONFIG'])['task']"
+          "['index'], flush=True)")
+  job = subprocess.run(
+      [sys.executable, "-m", "epl.tools.launcher", "--num_workers=2", "--cpu",
+       "--debug=True", "--", sys.executable, "-c", code],
+      cwd=multiworker.ROOT, capture_output=True, text=True, timeout=120,
+      check=False)
+  assert job.returncode == 0, job.stdout + job.stderr
+  lines = job.stdout.splitlines()
+  assert "task 0" in lines  # unprefixed: on this terminal
+  assert "[worker 1] task 1" in lines

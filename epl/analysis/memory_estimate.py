@@ -167,7 +167,7 @@ _BATCH_DATASETS = frozenset(["BatchDataset", "BatchDatasetV2",
                              "ParallelBatchDataset"])
 
 
-def _dataset_batch_size(graph):
+def dataset_batch_size(graph):
   """The batch size of the graph's batching datasets when they all agree
   on one constant; else None."""
   found = set()
@@ -180,7 +180,7 @@ def _dataset_batch_size(graph):
   return found.pop()
 
 
-def _with_batch_size(graph, input_reads, batch_size):
+def with_batch_size(graph, input_reads, batch_size):
   """A copy of `graph` whose static shapes TensorFlow inferred again with
   the input reads' unknown leading dimension set to `batch_size`."""
   graph_def = graph.as_graph_def()
@@ -208,14 +208,14 @@ class _TensorSizes:
     reads = ctx.subgraph.input_reads
     if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
       return
-    batch_size = _dataset_batch_size(ctx.graph)
+    batch_size = dataset_batch_size(ctx.graph)
     if batch_size is None:
       return
     logger.info("Memory estimate: the input's batch dimension is not "
                 "static; shapes inferred again with the input pipeline's "
                 "batch size %d", batch_size)
     self.batch_size = batch_size
-    self._inferred = _with_batch_size(ctx.graph, reads, batch_size)
+    self._inferred = with_batch_size(ctx.graph, reads, batch_size)
 
   def __call__(self, tensor):
     if self._inferred is not None and not tensor.shape.is_fully_defined():
