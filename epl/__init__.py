@@ -15,6 +15,8 @@ import importlib
 # `python -m epl.tools.launcher` (epl-launch), does not import TensorFlow.
 _EXPORTS = {
     "Cluster": "epl.cluster",
+    "Graph": "epl.ir.graph",
+    "Operation": "epl.ir.graph",
     "StrategyNestingError": "epl.env",
     "GraphKeys": "epl.collections",
     "add_to_collection": "epl.collections",
@@ -30,7 +32,8 @@ _EXPORTS = {
 }
 # Public submodules and the modules they are, loaded on first use the same
 # way (the original EPL's names).
-_SUBMODULES = {"env": "epl.env", "timeline": "epl.tools.timeline"}
+_SUBMODULES = {"env": "epl.env", "ir": "epl.ir",
+               "timeline": "epl.tools.timeline"}
 
 
 def __getattr__(name):
@@ -51,7 +54,8 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cluster", "Config", "Env", "GraphKeys", "StrategyNestingError",
-    "WorkerFailureError", "add_to_collection", "get_collection", "init",
-    "replicate", "set_default_strategy", "shutdown", "split", "timeline",
+    "Cluster", "Config", "Env", "Graph", "GraphKeys", "Operation",
+    "StrategyNestingError", "WorkerFailureError", "add_to_collection",
+    "get_collection", "init", "replicate", "set_default_strategy",
+    "shutdown", "split", "timeline",
 ]
