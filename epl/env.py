@@ -114,6 +114,7 @@ class Env:
           "scope first; to give one stage several kinds of parallelism use "
           "consecutive scopes." % (strategy, self.active_strategy))
     self._scopes.strategy = strategy
+
   def exit_strategy(self, strategy):
     assert self.active_strategy is strategy
     self._scopes.strategy = None
