@@ -14,6 +14,10 @@ import importlib
 # use (PEP 562), so that `import epl` alone, as in
 # `python -m epl.tools.launcher` (epl-launch), does not import TensorFlow.
 _EXPORTS = {
+    "Cluster": "epl.cluster",
+    "Graph": "epl.ir.graph",
+    "Operation": "epl.ir.graph",
+    "StrategyNestingError": "epl.env",
     "GraphKeys": "epl.collections",
     "add_to_collection": "epl.collections",
     "get_collection": "epl.collections",
@@ -27,8 +31,9 @@ _EXPORTS = {
     "split": "epl.strategies",
 }
 # Public submodules and the modules they are, loaded on first use the same
-# way (`epl.timeline` is the original EPL's name).
-_SUBMODULES = {"timeline": "epl.tools.timeline"}
+# way (the original EPL's names).
+_SUBMODULES = {"env": "epl.env", "ir": "epl.ir",
+               "timeline": "epl.tools.timeline"}
 
 
 def __getattr__(name):
@@ -49,7 +54,8 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "Env", "GraphKeys", "add_to_collection", "get_collection",
-    "WorkerFailureError", "init", "replicate", "set_default_strategy",
+    "Cluster", "Config", "Env", "Graph", "GraphKeys", "Operation",
+    "StrategyNestingError", "WorkerFailureError", "add_to_collection",
+    "get_collection", "init", "replicate", "set_default_strategy",
     "shutdown", "split", "timeline",
 ]

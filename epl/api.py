@@ -2,13 +2,17 @@
 `epl.shutdown`, `epl.set_default_strategy`."""
 import logging
 
+import tensorflow as tf
+
+from epl import cluster
 from epl import hooks
 from epl.capture import graph_mode
-from epl.cluster import Cluster
 from epl.config import Config
 from epl.env import Env
+from epl.plan import planner
 from epl.runtime import server
 from epl.strategies.strategy import Replicate
+from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -19,7 +23,7 @@ def set_default_strategy(strategy):
     raise ValueError(
         "epl.set_default_strategy expects epl.replicate(...), got %r; a "
         "split part is built inside `with epl.split(...):`." % (strategy,))
-  Env.get().default_strategy = strategy
+  Env.require().default_strategy = strategy
 
 
 def _configure_logging():
@@ -37,7 +41,10 @@ def init(config=None):
   Switches TensorFlow to graph mode if it is executing eagerly, reads the
   cluster (TF_CONFIG, devices), installs the capture and session hooks, and
   in a multi-worker job starts this worker's tf.distribute.Server.
-  Calling it again starts afresh with the new config.
+  Calling it again starts afresh with the new config, in the same
+  `epl.Env.get()` object; as in the original EPL, it then also resets
+  TensorFlow's default graph unless a `with graph.as_default():` block is
+  open, so that the model is built again from an empty graph.
   """
   _configure_logging()
   if config is None:
@@ -52,8 +59,12 @@ def init(config=None):
     logger.warning("epl.init: these settings are accepted but their feature "
                    "is not built yet, so they have no effect: %s", unbuilt)
   graph_mode.ensure_graph_mode()
-  env = Env(config, Cluster.from_environment(config))
-  Env.install(env)
+  job = cluster.Cluster.from_environment(config)
+  if Env.initialised() and not graph_edit.in_graph_context():
+    tf.compat.v1.reset_default_graph()
+  env = Env.get()
+  env.reset(config, job)
+  cluster.set_layout_planner(planner.planned_virtual_devices)
   hooks.install()
   # A multi-worker job (TF_CONFIG) starts this worker's gRPC server now, so
   # that peers can reach it before the first collective.

@@ -6,6 +6,8 @@ import os
 
 import tensorflow as tf
 
+from epl.config import Config
+from epl.env import Env
 from epl.tf_compat.horovod import horovod_api
 
 logger = logging.getLogger("epl")
@@ -63,15 +65,96 @@ def _visible_gpu_count(run_visible_devices):
   return len(gpus)
 
 
-class Cluster:
-  """Workers x devices. Every worker has the same number of devices."""
+# The VirtualDevices of the model being built in the default graph, one per
+# stage, from its plan: (cluster) -> list, or None before any strategy
+# scope. The model and its plan live above the cluster; epl.api sets it.
+_layout_planner = None
 
-  def __init__(self, worker_addresses, worker_index, device_type,
-               devices_per_worker):
+
+def set_layout_planner(planner):
+  """Lets `Cluster.virtual_devices` report the model's plan (epl.api)."""
+  global _layout_planner
+  _layout_planner = planner
+
+
+def _check_layout(layout):
+  """The original's layouts "all", "auto" and None are EPL's one layout:
+  the planner's. Its "specific" and "aware_row" layouts are not built."""
+  if layout is None or (isinstance(layout, str) and
+                        layout.lower() in ("all", "auto")):
+    return
+  raise NotImplementedError(
+      "epl.Cluster(layout=%r): EPL lays the stages and replicas out itself "
+      "(one device per stage, a replica's stages on consecutive devices; "
+      "cluster.device_place_prefer_intra_node False spreads a replica over "
+      "the workers). Pass layout 'all', 'auto' or None, which all mean "
+      "that; 'specific' and 'aware_row' layouts are not built." % (layout,))
+
+
+def _split_hosts(hosts):
+  if isinstance(hosts, str):
+    return [h.strip() for h in hosts.split(",") if h.strip()]
+  return list(hosts)
+
+
+def _local_devices(config):
+  """(device type, devices per worker) of this machine under `config`."""
+  gpus = _visible_gpu_count(config.cluster.run_visible_devices)
+  if gpus:
+    return "GPU", gpus
+  return "CPU", config.cluster.num_cpu_devices or 1
+
+
+class Cluster:
+  """Workers x devices. Every worker has the same number of devices.
+
+  `epl.Cluster(worker_hosts=None, ps_hosts=None, job_name="worker",
+  worker_index=0, layout="all")` builds one as the original EPL did: the
+  workers of `worker_hosts` ('host:port' strings, a list or one
+  comma-separated string), else of TF_CONFIG, else one local worker;
+  devices counted as `epl.init` counts them. `with cluster:` makes it the
+  cluster of `epl.Env.get()`.
+  """
+
+  def __init__(self, worker_hosts=None, ps_hosts=None, job_name="worker",
+               worker_index=0, layout="all", config=None):
+    if ps_hosts:
+      raise ValueError(
+          "epl.Cluster(ps_hosts=%r): EPL runs worker tasks only (no "
+          "parameter servers); list every process in worker_hosts." %
+          (ps_hosts,))
+    _check_layout(layout)
+    if worker_hosts:
+      if job_name not in ("worker", "chief"):
+        raise ValueError("epl.Cluster(job_name=%r): EPL runs 'worker' (or "
+                         "'chief') tasks only." % (job_name,))
+      addresses = _split_hosts(worker_hosts)
+      if not 0 <= worker_index < len(addresses):
+        raise ValueError("epl.Cluster(worker_index=%r) is not a worker of "
+                         "%s." % (worker_index, addresses))
+    else:
+      raw = os.environ.get("TF_CONFIG", "").strip()
+      addresses, worker_index = _parse_tf_config(raw) if raw else ([], 0)
+    if config is None:
+      config = Env.get().config if Env.initialised() else Config()
+    self._set(addresses, worker_index, *_local_devices(config))
+
+  def _set(self, worker_addresses, worker_index, device_type,
+           devices_per_worker):
     self.worker_addresses = list(worker_addresses)
     self.worker_index = worker_index
     self.device_type = device_type
     self.devices_per_worker = devices_per_worker
+
+  @classmethod
+  def of(cls, worker_addresses, worker_index, device_type,
+         devices_per_worker):
+    """A cluster of the given workers and devices, nothing read from the
+    environment."""
+    cluster = cls.__new__(cls)
+    cluster._set(worker_addresses, worker_index, device_type,
+                 devices_per_worker)
+    return cluster
 
   @classmethod
   def from_environment(cls, config):
@@ -81,10 +164,16 @@ class Cluster:
       return HorovodCluster.from_horovod(config)
     raw = os.environ.get("TF_CONFIG", "").strip()
     addresses, index = _parse_tf_config(raw) if raw else ([], 0)
-    gpus = _visible_gpu_count(config.cluster.run_visible_devices)
-    if gpus:
-      return cls(addresses, index, "GPU", gpus)
-    return cls(addresses, index, "CPU", config.cluster.num_cpu_devices or 1)
+    return cls.of(addresses, index, *_local_devices(config))
+
+  def __enter__(self):
+    """`with epl.Cluster(...):` makes this the cluster EPL plans on (the
+    original's idiom); it stays so after the block, as there."""
+    Env.get().cluster = self
+    return self
+
+  def __exit__(self, *exc_info):
+    return False
 
   @property
   def worker_num(self):
@@ -144,14 +233,23 @@ class Cluster:
 
   @property
   def virtual_devices(self):
-    """The original's default ("all") layout: one VirtualDevice whose
-    slices are the job's devices, one each."""
-    return [VirtualDevice([[d] for d in self.available_devices],
-                          self.worker_index, self)]
+    """One VirtualDevice per stage of the model being built in the default
+    graph (slice r: the devices of replica r), as the original's planned
+    ("auto") layout; a split model's stages share one, and before any
+    strategy scope it is the "all" layout: one of every device."""
+    planned = _layout_planner(self) if _layout_planner else None
+    if planned:
+      return planned
+    return [VirtualDevice([[d] for d in self.available_devices], self)]
+
+  def worker_of_device(self, device):
+    """The worker that holds `device` (one of `available_devices`)."""
+    return self.worker_of(self.available_devices.index(device))
 
   @property
   def hosts(self):
-    return [address.rsplit(":", 1)[0] for address in self.worker_addresses]
+    """The workers' addresses, comma-separated (the original's string)."""
+    return ",".join(self.worker_addresses or ["localhost:0"])
 
   @property
   def cluster_spec(self):
@@ -198,7 +296,8 @@ class HorovodCluster(Cluster):
   same number of local devices."""
 
   def __init__(self, rank, size, device_type, devices_per_worker):
-    super().__init__([], rank, device_type, devices_per_worker)
+    # pylint: disable=super-init-not-called
+    self._set([], rank, device_type, devices_per_worker)
     self.num_processes = size
 
   @classmethod
@@ -264,9 +363,8 @@ class VirtualDevice:
   """Device slices, as the original EPL's `cluster.virtual_devices` gave
   them: slice r holds the devices of model replica r."""
 
-  def __init__(self, slices, worker_index, cluster):
+  def __init__(self, slices, cluster):
     self.slice_devices = [list(s) for s in slices]
-    self._worker_index = worker_index
     self._cluster = cluster
 
   @property
@@ -276,9 +374,8 @@ class VirtualDevice:
   @property
   def local_devices(self):
     """The devices of this worker."""
-    per_worker = self._cluster.devices_per_worker
-    return [d for i, d in enumerate(self.all_devices)
-            if i // per_worker == self._worker_index]
+    return [d for d in self.all_devices
+            if self._cluster.worker_of_device(d) == self._cluster.worker_index]
 
   @property
   def num_replicas(self):

@@ -15,15 +15,28 @@ _KEYS = (GraphKeys.GLOBAL_MEAN_OBJECTS, GraphKeys.GLOBAL_SUM_OBJECTS,
          GraphKeys.GLOBAL_CONCAT_OBJECTS)
 
 
-def add_to_collection(tensor, key):
-  """Adds `tensor` to the EPL collection `key` of its graph."""
+class UnknownCollectionError(KeyError, ValueError):
+  """A collection name that is not one of epl.GraphKeys (the original EPL
+  raised KeyError)."""
+
+  def __str__(self):
+    return self.args[0]
+
+
+def add_to_collection(tensors, key):
+  """Adds `tensors` (a tf.Tensor or a list of them) to the EPL collection
+  `key` of their graph."""
   if key not in _KEYS:
-    raise ValueError("Unknown EPL collection %r; use one of epl.GraphKeys: "
-                     "%s." % (key, ", ".join(_KEYS)))
-  if not isinstance(tensor, tf.Tensor):
-    raise ValueError("epl.add_to_collection expects a tf.Tensor, got %r." %
-                     (tensor,))
-  tensor.graph.add_to_collection(key, tensor)
+    raise UnknownCollectionError(
+        "Unknown EPL collection %r; use one of epl.GraphKeys: %s." %
+        (key, ", ".join(_KEYS)))
+  tensors = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+  for tensor in tensors:
+    if not isinstance(tensor, tf.Tensor):
+      raise ValueError("epl.add_to_collection expects a tf.Tensor or a list "
+                       "of them, got %r." % (tensor,))
+  for tensor in tensors:
+    tensor.graph.add_to_collection(key, tensor)
 
 
 def get_collection(key, graph=None):

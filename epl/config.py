@@ -353,10 +353,12 @@ _KEYS = (
        "Number of pipeline stages: auto.auto_parallel cuts the model into "
        "this many; with stage scopes written by hand, their count (-1: any).",
        built=True),
-    _k("pipeline", "strategy", _Choice(["PreferBackward", "PreferForward"]),
+    _k("pipeline", "strategy",
+       _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer"]),
        "PreferBackward",
-       "Pipeline schedule: \"PreferBackward\" (1F1B) or \"PreferForward\" "
-       "(GPipe).", built=True),
+       "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
+       "(GPipe) or \"PreferBackwardOptimizer\" (1F1B with one more forward "
+       "in flight on every stage but the last).", built=True),
 )
 
 _KEYS_BY_NAME = {k.key: k for k in _KEYS}

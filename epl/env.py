@@ -40,12 +40,29 @@ def active():
   return Env.get()
 
 
+class StrategyNestingError(RuntimeError, ValueError):
+  """A strategy scope opened inside another. The original EPL raised
+  RuntimeError; EPL's checks raise ValueError: this is both."""
+
+
 class Env:
-  """What `epl.init` set up: `Env.get().config` and `Env.get().cluster`."""
+  """The process's EPL environment: `Env.get().config` and
+  `Env.get().cluster`.
+
+  As in the original EPL there is one, for the whole process: `Env.get()`
+  before `epl.init` returns it uninitialised (config and cluster None), and
+  each `epl.init` starts it afresh in place, so an `Env.get()` held from
+  before sees the new config and cluster.
+  """
 
   _instance = None
 
-  def __init__(self, config, cluster):
+  def __init__(self, config=None, cluster=None):
+    self.reset(config, cluster)
+
+  def reset(self, config, cluster):
+    """Starts this environment afresh with `config` and `cluster` (None,
+    None: uninitialised)."""
     self.config = config
     self.cluster = cluster
     self.default_strategy = None
@@ -56,15 +73,23 @@ class Env:
 
   @classmethod
   def get(cls):
-    """The environment of the last `epl.init`; raises if there was none."""
+    """The process's environment, created uninitialised on first use."""
     if cls._instance is None:
-      raise RuntimeError(
-          "EPL is not initialised: call epl.init() before building the model.")
+      cls._instance = cls()
     return cls._instance
 
   @classmethod
   def initialised(cls):
-    return cls._instance is not None
+    """True between `epl.init` and `epl.shutdown`."""
+    return cls._instance is not None and cls._instance.config is not None
+
+  @classmethod
+  def require(cls):
+    """The environment of the last `epl.init`; raises if there was none."""
+    if not cls.initialised():
+      raise RuntimeError(
+          "EPL is not initialised: call epl.init() before building the model.")
+    return cls._instance
 
   @classmethod
   def install(cls, env):
@@ -84,7 +109,7 @@ class Env:
           "epl.replicate/epl.split scopes, or set auto.auto_parallel to "
           "False to annotate the model by hand." % (strategy,))
     if self.active_strategy is not None:
-      raise ValueError(
+      raise StrategyNestingError(
           "Strategies do not nest: %r was opened inside %r. Close the outer "
           "scope first; to give one stage several kinds of parallelism use "
           "consecutive scopes." % (strategy, self.active_strategy))

@@ -25,9 +25,12 @@ def test_env_reports_cluster_and_config():
   assert cluster.devices_per_worker == 3 and cluster.total_devices == 3
 
 
-def test_env_before_init_says_what_to_call():
+def test_model_before_init_says_what_to_call():
   with pytest.raises(RuntimeError, match="epl.init"):
-    epl.Env.get()
+    with epl.replicate(1):
+      pass
+  with pytest.raises(RuntimeError, match="epl.init"):
+    epl.set_default_strategy(epl.replicate(1))
 
 
 def test_init_accepts_a_dict_and_rejects_bad_keys():
@@ -122,8 +125,8 @@ class _Strategy:
 
 
 def _plan(taskgraphs, workers=1, devices=4, intra_node=True):
-  cluster = Cluster(["w%d:1" % i for i in range(workers)] if workers > 1
-                    else [], 0, "CPU", devices)
+  cluster = Cluster.of(["w%d:1" % i for i in range(workers)] if workers > 1
+                       else [], 0, "CPU", devices)
   config = epl.Config({"cluster.device_place_prefer_intra_node": intra_node})
   return planner.make_plan(cluster, taskgraphs, config)
 
@@ -174,7 +177,7 @@ def test_run_visible_devices_reach_a_single_worker_session():
   from epl.env import Env  # pylint: disable=import-outside-toplevel
   from epl.runtime import session as epl_session  # pylint: disable=import-outside-toplevel
   config = epl.Config({"cluster.run_visible_devices": "1,3"})
-  env = Env(config, Cluster([], 0, "GPU", 2))
+  env = Env(config, Cluster.of([], 0, "GPU", 2))
   _, proto = epl_session.session_settings(env, "", None)
   assert proto.gpu_options.visible_device_list == "1,3"
   assert proto.allow_soft_placement
@@ -183,11 +186,11 @@ def test_run_visible_devices_reach_a_single_worker_session():
 def test_replicate_device_count_replicates_over_every_device():
   # As documented (and as the original EPL): one replicate scope is data
   # parallel over every device; device_count must divide the device count.
-  plan = planner.make_plan(Cluster([], 0, "CPU", 4),
+  plan = planner.make_plan(Cluster.of([], 0, "CPU", 4),
                            [TaskGraph(0, epl.replicate(device_count=2))],
                            epl.Config())
   assert plan.num_replicas == 4
   with pytest.raises(ValueError, match="do not divide"):
-    planner.make_plan(Cluster([], 0, "CPU", 4),
+    planner.make_plan(Cluster.of([], 0, "CPU", 4),
                       [TaskGraph(0, epl.replicate(device_count=3))],
                       epl.Config())

@@ -55,7 +55,7 @@ def _fake_worker(worker, config, workers=2):
   """EPL set up as worker `worker` of a job, without starting a server."""
   addresses = ["127.0.0.1:%d" % (1 + w) for w in range(workers)]
   Env._instance = Env(epl.Config(config),  # pylint: disable=protected-access
-                      Cluster(addresses, worker, "CPU", 1))
+                      Cluster.of(addresses, worker, "CPU", 1))
   hooks.install()
 
 

@@ -161,6 +161,15 @@ def test_graph_function_finds_a_called_function():
   assert graph_edit.graph_function(graph, "no_such_function") is None
 
 
+def test_in_graph_context_tells_a_nested_default_graph():
+  assert not graph_edit.in_graph_context()
+  with tf.Graph().as_default():
+    assert graph_edit.in_graph_context()
+    with pytest.raises(AssertionError):
+      tf.compat.v1.reset_default_graph()
+  assert not graph_edit.in_graph_context()
+
+
 # --------------------------------------------------------------- importer
 
 

@@ -21,7 +21,9 @@ The small API the cost model and the planner use:
   variable_bytes(variable_op)     bytes of one variable
   summarize(ops, shape_of)        Cost(ops, flops, parameter and activation
                                   bytes) of a set of ops
-  profile_flops(graph, ...)       {op name: FLOPs}
+  profile_flops(graph, ...)       {op name: FLOPs}; the original EPL's
+                                  profile_flops(session, run_metadata, cmds)
+                                  gives a traced step's total
   taskgraph_costs(graph, ops)     {TaskGraph index: Cost}
 """
 import collections
@@ -297,13 +299,63 @@ def summarize(ops, shape_of=static_shape):
 def profile_flops(graph=None, ops=None, unknown_dim=1):
   """{op name: FLOPs} of `ops` (default: every op of `graph`, default the
   default graph) from static shapes, unknown dimensions taken as
-  `unknown_dim` (pass the batch size when the model's is unknown)."""
+  `unknown_dim` (pass the batch size when the model's is unknown).
+
+  The original EPL's form, `profile_flops(session, run_metadata, cmds)`,
+  returns the total FLOPs of every op of the session's graph, with the
+  shapes the traced step (`run_metadata`) recorded, and logs them per view
+  of `cmds` (see `FlopsProfilerHook`).
+  """
+  if graph is not None and not isinstance(graph, tf.Graph):
+    return _profile_traced(graph.graph, ops, unknown_dim)
   graph = graph or tf.compat.v1.get_default_graph()
   ops = graph.get_operations() if ops is None else ops
 
   def shape_of(tensor):
     return static_shape(tensor, unknown_dim)
   return {op.name: op_flops(op, shape_of) for op in ops}
+
+
+def _profile_traced(graph, run_metadata, cmds):
+  shape_of = _traced_shape_of(graph, traced_shapes(run_metadata))
+  counts = {op.name: op_flops(op, shape_of) for op in graph.get_operations()}
+  _log_views(counts, graph, _views(cmds))
+  return sum(counts.values())
+
+
+# The original EPL's views of a FLOPs profile (tf.profiler's cmds): by top
+# name scope, by op type, by op.
+_VIEWS = ("scope", "op", "graph")
+_VIEW_ENTRIES_LOGGED = 10
+
+
+def _views(cmds):
+  cmds = [cmds] if isinstance(cmds, str) else cmds
+  if not isinstance(cmds, (list, tuple)) or any(c not in _VIEWS
+                                                for c in cmds):
+    raise ValueError("FLOPs profiler cmds=%r: give one of %s or a list of "
+                     "them." % (cmds, ", ".join('"%s"' % v for v in _VIEWS)))
+  return list(cmds)
+
+
+def _log_views(counts, graph, cmds):
+  """Logs FLOPs `counts` ({op name: FLOPs}) grouped per view of `cmds`:
+  "scope" by top-level name scope, "op" by op type, "graph" by op; the
+  largest groups first."""
+  for cmd in cmds:
+    groups = collections.Counter()
+    for name, count in counts.items():
+      if cmd == "scope":
+        key = name.split("/", 1)[0]
+      elif cmd == "op":
+        key = graph.get_operation_by_name(name).type
+      else:
+        key = name
+      groups[key] += count
+    logger.info("FLOPs profiler (%s): %s FLOPs in total; %s", cmd,
+                human_count(sum(counts.values())), ", ".join(
+                    "%s %s" % (key, human_count(count)) for key, count in
+                    groups.most_common(_VIEW_ENTRIES_LOGGED)))
 
 
 def taskgraph_costs(graph, ops, shape_of=static_shape):
@@ -379,9 +431,16 @@ class FlopsProfilerHook(tf.compat.v1.train.SessionRunHook):
   index: FLOPs per step}, None for ops of no TaskGraph), `flops_per_step`,
   `step_times` and `flops_per_second`. In a rewritten graph a TaskGraph's
   figure covers all its replicas and micro-batches on this worker.
+
+  `cmds` (the original EPL's argument: "scope", "op", "graph" or a list
+  of them, also taken as the first positional argument) also logs the
+  traced step's FLOPs grouped by top-level name scope, op type or op.
   """
 
-  def __init__(self, log_steps=10, trace_step=1):
+  def __init__(self, log_steps=10, trace_step=1, cmds=()):
+    if isinstance(log_steps, (str, list, tuple)):
+      log_steps, cmds = 10, log_steps
+    self._cmds = _views(cmds)
     if log_steps < 1 or trace_step < 1:
       raise ValueError("FlopsProfilerHook(log_steps=%r, trace_step=%r): both "
                        "must be >= 1." % (log_steps, trace_step))
@@ -440,6 +499,7 @@ class FlopsProfilerHook(tf.compat.v1.train.SessionRunHook):
           self.op_flops[op.name])
     self.taskgraph_flops = dict(per_taskgraph)
     self.flops_per_step = sum(self.op_flops.values())
+    _log_views(self.op_flops, graph, self._cmds)
     for index, count in sorted(per_taskgraph.items(),
                                key=lambda kv: (kv[0] is None, kv[0] or 0)):
       logger.info("FLOPs profiler: TaskGraph %s: %s FLOPs per step",

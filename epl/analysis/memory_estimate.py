@@ -24,8 +24,9 @@ Per device:
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), times
   the micro-batches in flight on that stage: all M for GPipe
-  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), M
-  with split TaskGraphs (no schedule orders their micro-batches);
+  (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), one
+  more on every stage but the last for PreferBackwardOptimizer, M with
+  split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -86,9 +87,7 @@ def variable_bytes(op):
 def in_flight_micro_batches(schedule_name, num_stages, stage,
                             num_micro_batch):
   """Micro-batches whose activations stage `stage` holds at once."""
-  if schedule_name == schedule.PREFER_FORWARD:
-    return num_micro_batch
-  return min(num_stages - stage, num_micro_batch)
+  return schedule.warm_up(schedule_name, num_stages, stage, num_micro_batch)
 
 
 def bubble_fraction(num_stages, num_micro_batch):
@@ -168,7 +167,7 @@ _BATCH_DATASETS = frozenset(["BatchDataset", "BatchDatasetV2",
                              "ParallelBatchDataset"])
 
 
-def _dataset_batch_size(graph):
+def dataset_batch_size(graph):
   """The batch size of the graph's batching datasets when they all agree
   on one constant; else None."""
   found = set()
@@ -181,7 +180,7 @@ def _dataset_batch_size(graph):
   return found.pop()
 
 
-def _with_batch_size(graph, input_reads, batch_size):
+def with_batch_size(graph, input_reads, batch_size):
   """A copy of `graph` whose static shapes TensorFlow inferred again with
   the input reads' unknown leading dimension set to `batch_size`."""
   graph_def = graph.as_graph_def()
@@ -209,14 +208,14 @@ class _TensorSizes:
     reads = ctx.subgraph.input_reads
     if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
       return
-    batch_size = _dataset_batch_size(ctx.graph)
+    batch_size = dataset_batch_size(ctx.graph)
     if batch_size is None:
       return
     logger.info("Memory estimate: the input's batch dimension is not "
                 "static; shapes inferred again with the input pipeline's "
                 "batch size %d", batch_size)
     self.batch_size = batch_size
-    self._inferred = _with_batch_size(ctx.graph, reads, batch_size)
+    self._inferred = with_batch_size(ctx.graph, reads, batch_size)
 
   def __call__(self, tensor):
     if self._inferred is not None and not tensor.shape.is_fully_defined():

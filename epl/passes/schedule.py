@@ -13,6 +13,9 @@ from epl.tf_compat import graph_edit
 
 PREFER_FORWARD = "PreferForward"    # GPipe
 PREFER_BACKWARD = "PreferBackward"  # 1F1B
+# 1F1B with one more forward in flight on every stage but the last (the
+# original EPL's third schedule).
+PREFER_BACKWARD_OPTIMIZER = "PreferBackwardOptimizer"
 SCHEDULE_SCOPE = "EPL_SCHEDULE"
 
 
@@ -26,27 +29,37 @@ class Block:
   micro_batch: Optional[int]
 
 
-def stage_order(schedule, num_stages, stage, num_micro_batch):
-  """The (phase, micro-batch) pairs stage `stage` runs, in order.
+def warm_up(schedule, num_stages, stage, num_micro_batch):
+  """The forwards stage `stage` runs before its first backward: the most
+  micro-batches whose activations it holds at once.
 
-  PreferForward (GPipe): every forward, then every backward.
-  PreferBackward (1F1B): min(num_stages - stage, num_micro_batch) forwards
-  (the warm-up), then one backward and one forward in turn, then the
-  backwards left.
+  PreferForward (GPipe): all of them. PreferBackward (1F1B):
+  num_stages - stage. PreferBackwardOptimizer: one more than 1F1B on every
+  stage but the last, so that a stage has the next forward done when the
+  backward it waits for arrives (the original EPL's ordering).
   """
-  micro_batches = range(num_micro_batch)
   if schedule == PREFER_FORWARD:
-    return ([(Phase.FORWARD, m) for m in micro_batches] +
-            [(Phase.BACKWARD, m) for m in micro_batches])
-  if schedule != PREFER_BACKWARD:
-    raise ValueError("Unknown pipeline.strategy %r; use %r or %r." %
-                     (schedule, PREFER_BACKWARD, PREFER_FORWARD))
-  warm_up = min(num_stages - stage, num_micro_batch)
-  order = [(Phase.FORWARD, m) for m in range(warm_up)]
-  for m in micro_batches:
+    return num_micro_batch
+  if schedule == PREFER_BACKWARD:
+    ahead = num_stages - stage
+  elif schedule == PREFER_BACKWARD_OPTIMIZER:
+    ahead = num_stages - stage + (1 if stage < num_stages - 1 else 0)
+  else:
+    raise ValueError("Unknown pipeline.strategy %r; use %r, %r or %r." % (
+        schedule, PREFER_BACKWARD, PREFER_FORWARD, PREFER_BACKWARD_OPTIMIZER))
+  return min(ahead, num_micro_batch)
+
+
+def stage_order(schedule, num_stages, stage, num_micro_batch):
+  """The (phase, micro-batch) pairs stage `stage` runs, in order: the
+  `warm_up` forwards, then one backward and one forward in turn, then the
+  backwards left (for GPipe: every forward, then every backward)."""
+  ahead = warm_up(schedule, num_stages, stage, num_micro_batch)
+  order = [(Phase.FORWARD, m) for m in range(ahead)]
+  for m in range(num_micro_batch):
     order.append((Phase.BACKWARD, m))
-    if warm_up + m < num_micro_batch:
-      order.append((Phase.FORWARD, warm_up + m))
+    if ahead + m < num_micro_batch:
+      order.append((Phase.FORWARD, ahead + m))
   return order
 
 

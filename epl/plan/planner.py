@@ -6,6 +6,11 @@ any graph is touched, so it can be printed and unit-tested alone.
 import dataclasses
 from typing import List
 
+import tensorflow as tf
+
+from epl.cluster import VirtualDevice
+from epl.env import Env
+from epl.ir.graph_state import state_of
 from epl.strategies.strategy import Replicate, Split
 
 
@@ -65,6 +70,16 @@ class Plan:
           t, taskgraph.name, taskgraph.kind,
           ", ".join(self.device(r, t) for r in range(self.num_replicas))))
     return "\n".join(lines)
+
+  def virtual_devices(self, cluster):
+    """The plan as the original EPL's VirtualDevices: one per TaskGraph,
+    slice r holding its device in replica r. Split TaskGraphs share the
+    devices of the data-parallel one: one VirtualDevice, as the original's
+    "all" layout."""
+    stages = 1 if self.has_split else self.num_stages
+    return [VirtualDevice([[self.device(r, t)]
+                           for r in range(self.num_replicas)], cluster)
+            for t in range(stages)]
 
   def split_groups(self, taskgraph_index):
     """The replicas of each shard group of split TaskGraph
@@ -191,3 +206,19 @@ def _device_index(replica, stage, num_replicas, stages, prefer_intra_node):
   if prefer_intra_node:
     return replica * stages + stage
   return stage * num_replicas + replica
+
+
+def planned_virtual_devices(cluster):
+  """The VirtualDevices of the model built so far in the default graph on
+  `cluster`: its rewrite's plan, or the plan it would get now; None
+  before any strategy scope (`Cluster.virtual_devices`)."""
+  state = state_of(tf.compat.v1.get_default_graph())
+  if state is None or not state.taskgraphs:
+    return None
+  env = Env.get()
+  result = state.rewrite_result
+  if result is not None and cluster is env.cluster:
+    plan = result.plan
+  else:
+    plan = make_plan(cluster, state.taskgraphs, env.config)
+  return plan.virtual_devices(cluster)

@@ -6,6 +6,8 @@
   step runs.
 - `epl.profiler.flops`: static FLOPs, tensor and parameter bytes per op and
   TaskGraph, and the FLOPs hook (`FlopsProfilerHook`).
+- `epl.profiler.profiler`: FLOPs and bytes of every op of the default graph
+  (`profile_flops`, `profile_memory`), the original's names.
 
 The modules live where their layer is (`epl.analysis`, `epl.runtime`); this
 package only re-exports them, so that `from epl.profiler.flops import ...`
@@ -15,6 +17,7 @@ import sys
 
 from epl.analysis import flops
 from epl.analysis import memory_estimate
+from epl.profiler import profiler
 from epl.tools import memory_profiler_hook
 
 # `import epl.profiler.flops` finds a submodule in sys.modules once its
@@ -23,4 +26,4 @@ for _module in (flops, memory_estimate, memory_profiler_hook):
   sys.modules[__name__ + "." + _module.__name__.rsplit(".", 1)[1]] = _module
 del _module
 
-__all__ = ["flops", "memory_estimate", "memory_profiler_hook"]
+__all__ = ["flops", "memory_estimate", "memory_profiler_hook", "profiler"]

@@ -38,7 +38,7 @@ class Strategy:
     self.name = name or "%s_%d" % (self.kind, next(_auto_name_counter))
 
   def __enter__(self):
-    Env.get().enter_strategy(self)
+    Env.require().enter_strategy(self)
     # The TaskGraph exists from now on, so that TaskGraphs are ordered as
     # their scopes were first entered.
     state_of(tf.compat.v1.get_default_graph(), create=True).taskgraph_for(

@@ -48,6 +48,7 @@ VERSIONS = {
     "Graph._create_op_internal": Support(_ALL_TF, _ANY_KERAS),
     "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
     "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
+    "ops._default_graph_stack.is_cleared": Support(_ALL_TF, _ANY_KERAS),
     # importer
     "importer._PopulateTFImportGraphDefOptions": Support(_ALL_TF,
                                                          _ANY_KERAS),

@@ -6,6 +6,7 @@ them through these calls. Each is one line here, so that a TensorFlow that
 renames or changes one fails in tests/test_tf_compat.py first.
 """
 # pylint: disable=protected-access
+from tensorflow.python.framework import ops
 
 
 def update_input(op, index, tensor):
@@ -72,3 +73,9 @@ def graph_function(graph, name):
   """The function `name` defined in `graph` (a tf.function or Defun the
   graph calls), or None."""
   return graph._get_function(name)
+
+
+def in_graph_context():
+  """True inside a `with graph.as_default():` block of this thread, where
+  `tf.compat.v1.reset_default_graph` must not be called."""
+  return not ops._default_graph_stack.is_cleared()

@@ -35,7 +35,9 @@ logger = logging.getLogger("epl")
 
 ENV_VAR = "EPL_DRY_RUN"
 _SCHEDULE_NAMES = {schedule.PREFER_BACKWARD: "1F1B",
-                   schedule.PREFER_FORWARD: "GPipe"}
+                   schedule.PREFER_FORWARD: "GPipe",
+                   schedule.PREFER_BACKWARD_OPTIMIZER:
+                       "1F1B, one more forward in flight"}
 # Replicas whose devices are listed by name (the first ones and the last).
 _LISTED_REPLICAS = 4
 # Set once a plan was printed (epl-plan tells a planned exit from the

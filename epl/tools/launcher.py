@@ -20,10 +20,17 @@ then they are stopped; Ctrl-C or SIGTERM stops them all at once. Workers are
 stopped by process group (each runs in its own), by pid. The exit status is
 0 when every worker succeeded, else the first failed worker's status.
 
+`--debug` (the original's flag) runs worker 0 in the foreground: it reads
+this terminal (for pdb) and writes to it unprefixed. `--task_label LABEL`
+(also the original's) writes the workers' output under
+`experiments/<date>_<W>w<G>g_<script>_<LABEL>/` when `--log_dir` is not
+given.
+
 `--backend horovod` runs the job with horovodrun instead
 (`epl.tools.horovod_launch`).
 """
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -65,6 +72,14 @@ def _parser():
   parser.add_argument("--log_dir", default=None,
                       help="also write worker i's output to "
                            "LOG_DIR/worker_<i>.log")
+  parser.add_argument("--task_label", default=None,
+                      help="label of the job: without --log_dir, output "
+                           "goes to experiments/<date>_<W>w<G>g_<script>_"
+                           "<label>/worker_<i>.log")
+  parser.add_argument("--debug", default=False, type=_flag,
+                      help="True: run worker 0 in the foreground, on this "
+                           "terminal (for pdb): --debug=True, as the "
+                           "original EPL's launcher took it")
   parser.add_argument("--cpu", action="store_true",
                       help="use logical CPU devices even if GPUs exist")
   parser.add_argument("--grace_period", type=float, default=5.0,
@@ -80,6 +95,27 @@ def _parser():
                       help="script.sh, script.py or a command, with its "
                            "arguments")
   return parser
+
+
+def _flag(value):
+  """A boolean flag's value: true/false, yes/no, 1/0 (any case)."""
+  text = str(value).strip().lower()
+  if text in ("true", "yes", "1"):
+    return True
+  if text in ("false", "no", "0"):
+    return False
+  raise argparse.ArgumentTypeError("expected True or False, got %r" % value)
+
+
+def log_dir(args):
+  """Where the workers' output is written: --log_dir, else with
+  --task_label the original's experiments/ directory, else None."""
+  if args.log_dir or not args.task_label:
+    return args.log_dir
+  script = os.path.basename(args.command[-1] if args.command else "job")
+  return os.path.join("experiments", "%s_%dw%dg_%s_%s" % (
+      datetime.date.today(), args.num_workers, args.gpu_per_worker,
+      os.path.splitext(script)[0], args.task_label))
 
 
 def _log(message):
@@ -177,12 +213,20 @@ def worker_env(addresses, index, local, args, gpus):
 
 
 class _Worker:
-  """One worker process, in its own process group, and its output pump."""
+  """One worker process, in its own process group, and its output pump;
+  or, in the foreground, on this terminal (--debug)."""
 
-  def __init__(self, index, command, env, log_dir, lock):
+  def __init__(self, index, command, env, directory, lock, foreground=False):
     self.index = index
-    log_path = (os.path.join(log_dir, "worker_%d.log" % index)
-                if log_dir else None)
+    self._foreground = foreground
+    self._log = None
+    self._pump = None
+    if foreground:
+      self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+          command, env=env)
+      return
+    log_path = (os.path.join(directory, "worker_%d.log" % index)
+                if directory else None)
     self._log = open(log_path, "ab") if log_path else None  # pylint: disable=consider-using-with
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -206,12 +250,16 @@ class _Worker:
   def signal(self, signum):
     if self.process.poll() is None:
       try:
-        os.killpg(self.process.pid, signum)
+        if self._foreground:
+          self.process.send_signal(signum)
+        else:
+          os.killpg(self.process.pid, signum)
       except ProcessLookupError:
         pass
 
   def finish(self):
-    self._pump.join(timeout=5)
+    if self._pump is not None:
+      self._pump.join(timeout=5)
     if self._log is not None:
       self._log.close()
 
@@ -255,8 +303,9 @@ class Launcher:
 
   def run(self):
     args = self.args
-    if args.log_dir:
-      os.makedirs(args.log_dir, exist_ok=True)
+    directory = log_dir(args)
+    if directory:
+      os.makedirs(directory, exist_ok=True)
     if self.gpus:
       _log("%d worker(s) on this machine, %d GPU(s) each (CUDA_VISIBLE_"
            "DEVICES)" % (len(self.indices), args.gpu_per_worker))
@@ -272,8 +321,8 @@ class Launcher:
     try:
       for local, index in enumerate(self.indices):
         env = worker_env(self.addresses, index, local, args, self.gpus)
-        self.workers.append(_Worker(index, self.command, env, args.log_dir,
-                                    lock))
+        self.workers.append(_Worker(index, self.command, env, directory,
+                                    lock, foreground=args.debug and index == 0))
         _log("worker %d started (pid %d, %s)" % (
             index, self.workers[-1].process.pid, self.addresses[index]))
       return self._wait()
