@@ -47,15 +47,20 @@ def _expected_shares(env, graph):
   from epl.ir.graph_state import state_of  # pylint: disable=import-outside-toplevel
   from epl.parallel import planner  # pylint: disable=import-outside-toplevel
   state = state_of(graph)
-  taskgraphs = list(state.taskgraphs) if state is not None else []
-  if not taskgraphs and env.default_strategy is not None:
-    taskgraphs = [TaskGraph(0, env.default_strategy)]
-  if taskgraphs:
+  if state is not None and state.taskgraphs:
+    plan = planner.plan_of(graph)
+  elif env.default_strategy is not None:
+    # No op built yet: the plan the default strategy's TaskGraph will get.
     try:
-      return reader_shares(planner.make_plan(env.cluster, taskgraphs,
-                                             env.config))
+      plan = planner.make_plan(env.cluster,
+                               [TaskGraph(0, env.default_strategy)],
+                               env.config)
     except (ValueError, NotImplementedError):
-      pass  # the rewrite reports it
+      plan = None  # the rewrite reports it
+  else:
+    plan = None
+  if plan is not None:
+    return reader_shares(plan)
   return {w: 1 for w in range(env.cluster.worker_num)}
 
 

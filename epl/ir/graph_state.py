@@ -71,6 +71,9 @@ class GraphState:
     self.gradient_records: List[GradientRecord] = []
     self.apply_records: List[ApplyRecord] = []
     self.split = SplitRecords()
+    # (what the plan was made from, or None once the rewrite uses it; the
+    # plan), kept by epl.parallel.planner.plan_of.
+    self.plan_cache = None
     # Set once the rewrite has run; the engine keeps its result here.
     self.rewrite_result = None
     # The graph version at which gradients were found without updates.
