@@ -13,6 +13,9 @@ code and calls the original:
   variables are recorded
   (`epl.ir.capture.record_gradients`), dense when
   communication.sparse_as_dense.
+- `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
+  backward pass with): the seeds of the losses are recorded
+  (`epl.ir.capture.record_loss_seeds`), for the loss scale.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -141,6 +144,13 @@ def _gradients_helper(original, ys, xs, *args, **kwargs):
       grads = capture.densify_sparse_gradients(grads)
   capture.record_gradients(nest.flatten(xs), grads)
   return grads
+
+
+def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
+  seeds = original(grad_ys, ys, *args, **kwargs)
+  if _env() is not None:
+    capture.record_loss_seeds(grad_ys, seeds)
+  return seeds
 
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
@@ -333,6 +343,7 @@ def _dense_layer_call(original, layer, *args, **kwargs):
 _PATCHES = (
     (ops.Graph, "_create_op_helper", _create_op_helper),
     (gradients_util, "_GradientsHelper", _gradients_helper),
+    (gradients_util, "_DefaultGradYs", _default_grad_ys),
     (backprop.GradientTape, "gradient", _tape_gradient),
     (optimizer_lib.Optimizer, "apply_gradients", _apply_gradients),
     (ops.Graph, "finalize", _finalize),

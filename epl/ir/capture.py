@@ -20,9 +20,8 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
-
-VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 
 
 class _ThreadState(threading.local):
@@ -34,6 +33,8 @@ class _ThreadState(threading.local):
     # Set while EPL itself builds ops (the rewrite), so that they are not
     # captured as user ops.
     self.suspended = 0
+    # Provenance roles opened by `role_scope`.
+    self.roles = []
 
 
 _thread = _ThreadState()
@@ -51,6 +52,17 @@ def phase_scope(phase):
 
 def current_phase():
   return _thread.phases[-1] if _thread.phases else None
+
+
+@contextlib.contextmanager
+def role_scope(role):
+  """Ops created inside (while the user builds the model) are recorded with
+  `role` in the graph's provenance (epl.ir.provenance)."""
+  _thread.roles.append(role)
+  try:
+    yield
+  finally:
+    _thread.roles.pop()
 
 
 @contextlib.contextmanager
@@ -75,12 +87,15 @@ def on_op_created(env, op):
   APPLY; ops built under a strategy (a scope or the default; with
   auto.auto_parallel, after the cut, the last stage) are FORWARD work of
   its TaskGraph; ops built before the first strategy scope are
-  FORWARD work of the first TaskGraph; other ops are OTHER.
+  FORWARD work of the first TaskGraph; other ops are OTHER. Inside a
+  `role_scope`, the op's role is recorded too.
   """
   graph = op.graph
   if _thread.suspended or _is_function_graph(graph):
     return
   state = state_of(graph, create=True)
+  if _thread.roles:
+    state.provenance.record_role(op, _thread.roles[-1])
   phase = current_phase()
   if phase is Phase.BACKWARD:
     # tf.gradients builds each gradient under `_original_op(forward_op)`;
@@ -143,6 +158,17 @@ def record_gradients(sources, grads):
   if pairs:
     state_of(pairs[0][1].graph, create=True).gradient_records.append(
         GradientRecord(pairs))
+
+
+def record_loss_seeds(grad_ys, seeds):
+  """Records the seeds `tf.gradients` made (`seeds`, one per output) for
+  the outputs it was given no `grad_ys` for: the losses' gradients, which
+  the loss scale multiplies."""
+  made = [seed.op for given, seed in zip(grad_ys, seeds) if given is None]
+  if not made or _thread.suspended or _is_function_graph(made[0].graph):
+    return
+  state = state_of(made[0].graph, create=True)
+  state.loss_seeds.update(op.name for op in made)
 
 
 def record_apply(grads_and_vars, train_op, global_step):

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from epl.env import Env
 from epl.ir.phase import Phase
+from epl.ir.provenance import Provenance
 from epl.ir.taskgraph import TaskGraph
 
 _ATTRIBUTE = "_epl_graph_state"
@@ -70,7 +71,12 @@ class GraphState:
     self._op_micro_batch = {}
     self.gradient_records: List[GradientRecord] = []
     self.apply_records: List[ApplyRecord] = []
+    # Names of the ones-fills `tf.gradients` seeded the backward pass with
+    # (the losses' gradients), for the loss scale.
+    self.loss_seeds = set()
     self.split = SplitRecords()
+    # Where each op EPL built comes from (epl.ir.provenance).
+    self.provenance = Provenance()
     # (what the plan was made from, or None once the rewrite uses it; the
     # plan), kept by epl.parallel.planner.plan_of.
     self.plan_cache = None
@@ -136,6 +142,11 @@ class GraphState:
       return self.taskgraphs[0] if self.taskgraphs else None
     return taskgraph
 
+  def taskgraph_index(self, op):
+    """The index of `op`'s TaskGraph; 0 when it has none."""
+    taskgraph = self.taskgraph_of(op)
+    return taskgraph.index if taskgraph is not None else 0
+
   def phase_of(self, op) -> Phase:
     return self._op_phase.get(op.name, Phase.OTHER)
 
@@ -150,6 +161,11 @@ class GraphState:
 
   def set_micro_batch(self, op, micro_batch):
     self._op_micro_batch[op.name] = micro_batch
+
+  def micro_batch_tags(self):
+    """{op name: micro-batch index} of the ops of a micro-batch (read
+    only: for recording a whole copy at once)."""
+    return self._op_micro_batch
 
 
 def state_of(graph, create=False):

@@ -35,7 +35,7 @@ from tensorflow.python.framework import graph_util
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.profiler.internal import flops_registry  # pylint: disable=unused-import  (registers TF's FLOPs statistics)
 
-from epl.ir.capture import VARIABLE_TYPES
+from epl.ir.op_types import VARIABLE_TYPES
 
 logger = logging.getLogger("epl")
 
