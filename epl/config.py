@@ -357,6 +357,10 @@ _KEYS = (
        "PreferBackward",
        "Pipeline schedule: \"PreferBackward\" (1F1B) or \"PreferForward\" "
        "(GPipe).", built=True),
+    # log
+    _k("log", "passes", _Bool(), False,
+       "Log each rewrite pass at INFO: whether it ran, the ops it added and "
+       "the time it took.", built=True),
 )
 
 _KEYS_BY_NAME = {k.key: k for k in _KEYS}

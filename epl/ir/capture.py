@@ -157,7 +157,7 @@ def record_gradients(sources, grads):
       pairs.append((grad, variable))
   if pairs:
     state_of(pairs[0][1].graph, create=True).gradient_records.append(
-        GradientRecord(pairs))
+        GradientRecord(tuple(pairs)))
 
 
 def record_loss_seeds(grad_ys, seeds):
@@ -178,5 +178,5 @@ def record_apply(grads_and_vars, train_op, global_step):
   if not pairs:
     return
   state_of(pairs[0][1].graph, create=True).apply_records.append(
-      ApplyRecord(grads_and_vars=pairs, train_op=train_op,
+      ApplyRecord(grads_and_vars=tuple(pairs), train_op=train_op,
                   global_step=global_step))

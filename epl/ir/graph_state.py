@@ -18,7 +18,7 @@ _ATTRIBUTE = "_epl_graph_state"
 _FIRST_TASKGRAPH = object()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class GradientRecord:
   """One `tf.gradients` (or `GradientTape.gradient`) call.
 
@@ -26,17 +26,17 @@ class GradientRecord:
   variables, gradients as TensorFlow returned them (Tensors or
   IndexedSlices), before any user post-processing.
   """
-  pairs: list
+  pairs: tuple
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ApplyRecord:
   """One call of `Optimizer.apply_gradients` of the base class.
 
   `grads_and_vars` are the pairs the optimizer applied (possibly
   post-processed, e.g. clipped); `train_op` is the op it returned.
   """
-  grads_and_vars: list
+  grads_and_vars: tuple
   train_op: object
   global_step: object = None
 

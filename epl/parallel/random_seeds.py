@@ -70,20 +70,18 @@ def _seeded_random_in_functions(graph, op, seen=None):
   return None
 
 
-def _copies(ctx, op):
+def _copies(ctx, copies, op):
   """(copy index, op) for every copy of `op` but the user's own: copy
   index replica * num_micro_batch + micro-batch, replicas numbered over the
   whole job, so every worker derives the same seeds."""
-  micro_batches = [clones.get(op.name) for clones in ctx.micro_batches]
-  if not micro_batches or micro_batches[0] is None:
-    micro_batches = [op]
+  micro_batches = copies.micro_batch_ops(op)
   count = ctx.plan.num_micro_batch
   result = []
   for local, replica in enumerate(ctx.replicas):
     for micro_batch, copy in enumerate(micro_batches):
       index = replica * count + micro_batch
       if index:
-        result.append((index, ctx.op(local, copy)))
+        result.append((index, copies.op(local, copy)))
   return result
 
 
@@ -92,7 +90,7 @@ def _derived_seed2(seed, seed2, index):
   return derived or (1 if not seed else 0)
 
 
-def vary_random_seeds(ctx):
+def vary_random_seeds(ctx, subgraph, copies):
   """Gives every replica and micro-batch its own random numbers.
 
   Each copy of a seeded random op (dropout's RandomUniform, ...) gets a
@@ -108,7 +106,7 @@ def vary_random_seeds(ctx):
   if len(ctx.replicas) * ctx.plan.num_micro_batch == 1 and (
       ctx.plan.num_replicas == 1):
     return
-  originals = [op for op in ctx.subgraph.cloned
+  originals = [op for op in subgraph.cloned
                if ctx.state.micro_batch_of(op) in (None, 0)]
   for op in originals:
     if op.type in GENERATOR_TYPES:
@@ -133,12 +131,12 @@ def vary_random_seeds(ctx):
         seed, seed2 = op.get_attr("seed"), op.get_attr("seed2")
         if not seed and not seed2:
           continue
-        for index, copy in _copies(ctx, op):
+        for index, copy in _copies(ctx, copies, op):
           copy._set_attr("seed2", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
               i=_derived_seed2(seed, seed2, index)))
       elif op.type in SEED_INPUT_TYPES:
         position = [a.name for a in op.op_def.input_arg].index("seed")
-        for index, copy in _copies(ctx, op):
+        for index, copy in _copies(ctx, copies, op):
           seed = copy.inputs[position]
           with tf.device(copy.device), tf.name_scope(
               "EPL_RANDOM_SEEDS/%s" % copy.name):

@@ -12,13 +12,11 @@ which write values that come from no other variable, pass.
 import tensorflow as tf
 
 from epl.ir import graph_editor
-from epl.ir.capture import VARIABLE_TYPES, variable_op
+from epl.ir.capture import variable_op
 from epl.ir.graph_state import state_of
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.parallel.training_subgraph import written_variables
 
-# EPL's own ops (replica copies, variable sync, collectives) are named
-# under EPL_* scopes.
-_EPL_PREFIX = "EPL_"
 _FUNCTION_CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
 
@@ -49,10 +47,9 @@ def _covered_names(state):
   if result is None:
     return frozenset()
   if result.covered_names is None:
-    ctx = result.context
-    names = set(ctx.subgraph.cloned_names)
-    names.update(op.name for op in ctx.subgraph.shared + ctx.subgraph.joins)
-    names.update(ctx.clones[0])
+    names = set(result.subgraph.cloned_names)
+    names.update(op.name for op in result.step.shared + result.step.joins)
+    names.update(result.copies.clones[0])
     result.covered_names = frozenset(names)
   return result.covered_names
 
@@ -104,7 +101,9 @@ def check_run(graph, fetches):
   initializers = {getattr(v, "initializer", None) for v in graph.get_collection(
       tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
   for op in _uncovered_ancestors(ops, covered):
-    if (op.name in covered or op.name.startswith(_EPL_PREFIX) or
+    # EPL's own ops (replica copies, variable sync, collectives) are known
+    # by their provenance.
+    if (op.name in covered or state.provenance.built_by_rewrite(op) or
         op in initializers):
       continue
     written = [v for v in written_variables(op) if v.name in trainable]

@@ -1,0 +1,1 @@
+"""The rewrite passes and the pass manager that orders and runs them."""
