@@ -13,6 +13,7 @@ from epl.ir import provenance
 from epl.ir.graph_state import state_of
 from epl.parallel import engine
 from epl.parallel import planner
+from epl.passes import diagram
 from epl.passes.manager import Artifact, Pass, PassError, PassManager
 from tests import training
 
@@ -259,3 +260,18 @@ def test_no_plan_before_the_rewrite_reports_it():
     assert planner.plan_of(graph) is None
     with pytest.raises(ValueError, match="only 2"):
       planner.plan_of(graph, for_rewrite=True)
+
+
+# ------------------------------------------------------------ the diagram
+
+
+def test_the_architecture_diagram_matches_the_declarations():
+  manager = engine.pass_manager()
+  with open(diagram.SVG_PATH) as f:
+    assert f.read() == diagram.svg(manager), (
+        "docs/architecture.svg is out of date: run python -m "
+        "epl.passes.diagram")
+  with open(diagram.MARKDOWN_PATH) as f:
+    text = f.read()
+  assert diagram.updated_markdown(text, manager) == text, (
+      "docs/architecture.md is out of date: run python -m epl.passes.diagram")

@@ -4,7 +4,8 @@ distributed one, once, before the graph first runs.
 The rewrite is the passes of `PASSES`, run by the pass manager
 (`epl.passes.manager`) over the artifacts of `ARTIFACTS`: each pass
 declares what it reads and writes, and runs when its configuration asks
-for it. The engine starts the rewrite with the training
+for it. `python -m epl.passes.diagram` draws them (docs/architecture.svg,
+docs/architecture.md). The engine starts the rewrite with the training
 step `select_training_subgraph` found (given: `captured_step`,
 `subgraph`, the captured gradients, and the op tags and provenance kept
 with the graph's state).
