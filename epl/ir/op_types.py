@@ -22,6 +22,10 @@ INPUT_READ_TYPES = frozenset([
     "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
 PLACEHOLDER_TYPES = frozenset(
     ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+# Calls of a function of the graph's library.
+FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+# Ops that read only the shape of their input: they keep nothing alive.
+SHAPE_READER_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 # Lookup tables are initialised once by the user's tables_initializer and
 # read by every replica.
 TABLE_TYPES = frozenset([

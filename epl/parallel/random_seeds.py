@@ -8,6 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
 from epl.ir import capture
+from epl.ir.op_types import FUNCTION_CALL_TYPES
 
 # Stateful random ops seeded by their `seed` and `seed2` attributes.
 SEEDED_RANDOM_TYPES = frozenset([
@@ -31,9 +32,8 @@ GENERATOR_TYPES = frozenset([
     "StatefulStandardNormal", "StatefulStandardNormalV2",
     "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip",
     "RngReadAndSkip"])
-_CONTROL_FLOW_CALLS = frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall"])
+_CONTROL_FLOW_CALLS = FUNCTION_CALL_TYPES | frozenset([
+    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"])
 
 
 def _function_names(op):

@@ -43,7 +43,7 @@ from typing import List
 
 import tensorflow as tf
 
-from epl.ir.op_types import VARIABLE_TYPES
+from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel import schedule
 from epl.parallel.training_subgraph import tensors_of
@@ -54,8 +54,6 @@ logger = logging.getLogger("epl")
 _VIEWS = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze",
                     "StopGradient", "Snapshot", "ReadVariableOp",
                     "IdentityN", "Bitcast"])
-# Ops that read only the shape of their input: they keep nothing alive.
-_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 
 
 def tensor_bytes(tensor):
@@ -267,7 +265,7 @@ def _kept_activations(result, devices, sizes):
   kept = collections.defaultdict(set)
   for op in result.context.graph.get_operations():
     if (state.phase_of(op) is not Phase.BACKWARD or
-        op.type in _SHAPE_READERS):
+        op.type in SHAPE_READER_TYPES):
       continue
     for tensor in op.inputs:
       root = _root(tensor)
@@ -299,7 +297,7 @@ def _count_recomputed(result, devices, sizes):
     names = {op.name for op in segment}
     read_sizes = [sum(sizes(t) or 0 for t in op.outputs
                       if any(c.name not in names and
-                             c.type not in _SHAPE_READERS
+                             c.type not in SHAPE_READER_TYPES
                              for c in t.consumers()))
                   for op in segment]
     for local in range(len(result.context.replicas)):

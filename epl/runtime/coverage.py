@@ -14,10 +14,8 @@ import tensorflow as tf
 from epl.ir import graph_editor
 from epl.ir.capture import variable_op
 from epl.ir.graph_state import state_of
-from epl.ir.op_types import VARIABLE_TYPES
+from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
 from epl.parallel.training_subgraph import written_variables
-
-_FUNCTION_CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
 
 def _fetched_ops(fetch, graph, result):
@@ -67,7 +65,7 @@ def _trains(op, written, trainable, covered):
   a function call (which reads what it is given), or an op whose inputs
   other than its targets come from a trainable variable or from the
   rewritten training step."""
-  if op.type in _FUNCTION_CALLS:
+  if op.type in FUNCTION_CALL_TYPES:
     return True
   targets = {v.name for v in written}
   roots = [t.op for t in op.inputs if t.op.name not in targets]

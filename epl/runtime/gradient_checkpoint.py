@@ -21,6 +21,7 @@ import logging
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
 from epl.runtime import checkpoint_search
 
@@ -29,9 +30,6 @@ logger = logging.getLogger("epl")
 CHECKPOINTS_COLLECTION = "checkpoints"
 RECOMPUTE_PREFIX = "EPL_GRADIENT_CHECKPOINTS/"
 CHECK_PREFIX = "EPL_GRADIENT_CHECKPOINTS_CHECK/"
-# Ops that only read their input's shape: they run in forward and keep
-# nothing alive, so they keep reading the forward value.
-_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 # check_gradients tolerance: recomputation may reorder float additions.
 _RTOL, _ATOL = 1e-4, 1e-5
 
@@ -228,7 +226,10 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
             p in before or p not in recomputable for p in producers):
       before.add(op.name)
   candidates = (before & recomputable) - checkpoint_ops
-  reads = [(op, index, t) for op in backward if op.type not in _SHAPE_READERS
+  # Shape readers run in forward and keep nothing alive: they keep reading
+  # the forward value.
+  reads = [(op, index, t) for op in backward
+           if op.type not in SHAPE_READER_TYPES
            for index, t in enumerate(op.inputs) if t.op.name in candidates]
   needed = _ancestors_within([t.op for _, _, t in reads], candidates,
                              stop=())
