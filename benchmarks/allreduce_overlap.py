@@ -4,8 +4,8 @@ BERT under EPL data parallelism (4 replicas on 4 logical CPU devices).
 The step runs with a full trace (RunMetadata, FULL_TRACE). Each traced op is
 looked up in the rewrite: forward, backward or update op of a replica
 (epl.passes.schedule.blocks), or an all-reduce of gradient aggregation
-(CollectiveReduceV2 under EPL_GRADIENT_AGGREGATION, with its communicator
-group; with --local_cpu_reduce the AddN that sums a bucket). Printed, over the union of the all-reduce ops' spans (start to end,
+(a CollectiveReduceV2 the aggregate_gradients pass built, by the graph's
+provenance, with its communicator group; with --local_cpu_reduce the AddN that sums a bucket). Printed, over the union of the all-reduce ops' spans (start to end,
 waits for the peers included):
 
   before backward ends   the fraction that lies before the last backward op
@@ -72,16 +72,19 @@ def _intersection(first, second):
 def classify(graph):
   """{op name: (replica, kind)}: kind is a phase name or ("all-reduce",
   communicator group)."""
-  ctx = state_of(graph).rewrite_result.context
+  state = state_of(graph)
+  result = state.rewrite_result
+  ctx = result.context
   kinds = {}
-  for block, ops in schedule.blocks(ctx).items():
+  for block, ops in schedule.blocks(ctx, result.subgraph,
+                                    result.copies).items():
     for op in ops:
       kinds[op.name] = (block.replica, _PHASES[block.phase])
   devices = [ctx.device(local, 0) for local in range(len(ctx.replicas))]
   groups = {}
   for op in graph.get_operations():
     if (op.type in ("CollectiveReduceV2", "AddN") and
-        op.name.startswith("EPL_GRADIENT_AGGREGATION")):
+        state.provenance.pass_of(op) == "aggregate_gradients"):
       group_key = (int(tf.get_static_value(op.inputs[2]))
                    if op.type == "CollectiveReduceV2" else 0)
       group = groups.setdefault(group_key, len(groups))

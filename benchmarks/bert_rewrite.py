@@ -63,7 +63,7 @@ def build_single(args):
 
 def build_and_rewrite(args):
   """Build seconds, op count before, rewrite seconds, op count after, the
-  plan, and the op count per name prefix after the rewrite."""
+  plan, and the op count per rewrite pass that built them (provenance)."""
   graph = tf.Graph()
   try:
     with graph.as_default():
@@ -76,11 +76,12 @@ def build_and_rewrite(args):
       result = engine.ensure_rewritten(graph)
       rewrite_s = time.perf_counter() - start
       operations = graph.get_operations()
-      prefixes = collections.Counter(
-          op.name.split("/", 1)[0] if op.name.startswith("EPL_") else
-          "(user's ops: replica 0, micro-batch 0)" for op in operations)
+      origins = result.context.state.provenance
+      by_pass = collections.Counter(
+          origins.pass_of(op) or "(user's ops: replica 0, micro-batch 0)"
+          for op in operations)
       return build_s, before, rewrite_s, len(operations), result.plan, (
-          prefixes)
+          by_pass)
   finally:
     epl.shutdown()
 
@@ -117,13 +118,13 @@ def main(argv=None):
   gc.collect()
   print("single device (plain TF): built in %.1fs, %d ops, %.1fM parameters"
         % (single_s, single_ops, params / 1e6), flush=True)
-  build_s, before, rewrite_s, after, plan, prefixes = build_and_rewrite(args)
+  build_s, before, rewrite_s, after, plan, by_pass = build_and_rewrite(args)
   print("EPL plan: " + plan.describe().replace("\n", "\n  "))
   print("EPL: built with annotations in %.1fs (%d ops), rewritten in %.1fs "
         "to %d ops" % (build_s, before, rewrite_s, after))
-  print("ops after the rewrite by name prefix:")
-  for prefix, count in sorted(prefixes.items()):
-    print("  %-42s %8d" % (prefix, count))
+  print("ops after the rewrite by the pass that built them:")
+  for name, count in sorted(by_pass.items()):
+    print("  %-42s %8d" % (name, count))
   copies = plan.num_replicas * plan.num_micro_batch
   print()
   print("%-44s %10s %10s" % ("", "seconds", "ops"))

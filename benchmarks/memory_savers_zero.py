@@ -43,8 +43,10 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
-from epl.passes import engine  # noqa: E402
 from epl.tools import timeline  # noqa: E402
+from epl.ir.graph_state import state_of  # noqa: E402
+from epl.ir.op_types import VARIABLE_TYPES  # noqa: E402
+from epl.passes import engine  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4
@@ -77,14 +79,14 @@ def _short_device(device):
 def state_bytes(graph, weights):
   """({device: variable bytes}, {device: optimizer-state bytes})."""
   persistent, optimizer = {}, {}
+  provenance = state_of(graph).provenance
   for op in graph.get_operations():
-    if op.type not in ("VarHandleOp", "VariableV2"):
+    if op.type not in VARIABLE_TYPES:
       continue
     device = _short_device(op.device)
     size = _variable_bytes(op)
     persistent[device] = persistent.get(device, 0) + size
-    name = op.name.split("/", 1)[1] if op.name.startswith("EPL_REPLICA_") \
-        else op.name
+    name = provenance.origin(op).source or op.name
     if name not in weights and name != "global_step":
       optimizer[device] = optimizer.get(device, 0) + size
   return persistent, optimizer

@@ -96,8 +96,7 @@ def measure(flags, keys, warmup):
     with tf.Session() as session:
       before = _allocator("current")
       session.run(tf.global_variables_initializer())
-      estimates = memory_estimate.estimate(
-          state_of(graph).rewrite_result.context)
+      estimates = memory_estimate.estimate(state_of(graph).rewrite_result)
       for _ in range(warmup):
         session.run(fetches)
       persistent = _allocator("current") - before

@@ -359,6 +359,10 @@ _KEYS = (
        "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
        "(GPipe) or \"PreferBackwardOptimizer\" (1F1B with one more forward "
        "in flight on every stage but the last).", built=True),
+    # log
+    _k("log", "passes", _Bool(), False,
+       "Log each rewrite pass at INFO: whether it ran, the ops it added and "
+       "the time it took.", built=True),
 )
 
 _KEYS_BY_NAME = {k.key: k for k in _KEYS}

@@ -15,6 +15,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   variables are recorded
   (`epl.capture.capture.record_gradients`), dense when
   communication.sparse_as_dense.
+- `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
+  backward pass with): the seeds of the losses are recorded
+  (`epl.capture.capture.record_loss_seeds`), for the loss scale.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -128,6 +131,13 @@ def _gradients_helper(original, ys, xs, *args, **kwargs):
       grads = capture.densify_sparse_gradients(grads)
   capture.record_gradients(tf.nest.flatten(xs), grads)
   return grads
+
+
+def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
+  seeds = original(grad_ys, ys, *args, **kwargs)
+  if active() is not None:
+    capture.record_loss_seeds(grad_ys, seeds)
+  return seeds
 
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
@@ -306,6 +316,7 @@ def _dense_layer_call(original, layer, *args, **kwargs):
 _HOOKS = (
     (targets.CREATE_OP, _create_op_helper),
     (targets.GRADIENTS, _gradients_helper),
+    (targets.DEFAULT_GRAD_YS, _default_grad_ys),
     (targets.TAPE_GRADIENT, _tape_gradient),
     (targets.APPLY_GRADIENTS, _apply_gradients),
     (targets.GRAPH_FINALIZE, _finalize),

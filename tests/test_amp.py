@@ -10,7 +10,8 @@ import tensorflow as tf
 import epl
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
-from epl.passes import amp
+from epl.passes import loss_scale
+from epl.ir import names
 from epl.passes import loss_scale
 from tests import tolerance
 from tests import training
@@ -50,7 +51,7 @@ def _amp(devices=1, **extra):
 
 def _half_ops(graph, dtype="float16"):
   return [op.name for op in graph.get_operations()
-          if op.name.endswith(amp.SUFFIX + dtype)]
+          if op.name.endswith(names.half_precision("", dtype))]
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
@@ -65,17 +66,18 @@ def test_o1_single_device(optimizer):
   for name in ("dense/MatMul", "dense/BiasAdd", "dense/Tanh",
                "dense_1/MatMul", "gradients/dense_1/MatMul_grad/MatMul",
                "gradients/dense/MatMul_grad/MatMul_1"):
-    assert name + amp.SUFFIX + "float16" in half
+    assert names.half_precision(name, "float16") in half
   # Weights stay float32 and are cast by each consumer.
   kernel = graph.get_operation_by_name("dense/kernel")
   assert kernel.get_attr("dtype") == tf.float32
-  assert not any(op.name.startswith("dense_1/BiasAdd" + amp.SUFFIX)
+  assert not any(op.name.startswith(names.half_precision("dense_1/BiasAdd",
+                                                         ""))
                  for op in graph.get_operations())
   # The float32 originals of converted ops no longer run.
   state = state_of(graph)
   step = {op.name for op in graph_editor.ancestors(
       [state.apply_records[0].train_op])}
-  assert "dense/MatMul" + amp.SUFFIX + "float16" in step
+  assert names.half_precision("dense/MatMul", "float16") in step
   assert not {"dense/MatMul", "dense/Tanh", "dense_1/MatMul"} & step
 
 
@@ -95,7 +97,7 @@ def test_bfloat16_needs_no_loss_scale():
   expected, _, _ = training.train(with_epl=False)
   actual, _, graph = training.train(config=_amp(**{"amp.dtype": "bfloat16"}))
   training.assert_close(actual, expected, atol=5e-3)
-  assert "dense/MatMul" + amp.SUFFIX + "bfloat16" in _half_ops(
+  assert names.half_precision("dense/MatMul", "bfloat16") in _half_ops(
       graph, "bfloat16")
   assert not [op for op in graph.get_operations()
               if op.name.startswith(loss_scale.SCOPE)]
@@ -179,6 +181,6 @@ def test_o1_pipeline_two_stages_two_replicas():
   # Each stage's half-precision ops stay on the stage's device.
   for stage in range(2):
     half = graph.get_operation_by_name(
-        "layer_%d/MatMul%sfloat16" % (stage, amp.SUFFIX))
+        names.half_precision("layer_%d/MatMul" % stage, "float16"))
     original = graph.get_operation_by_name("layer_%d/kernel" % stage)
     assert half.device == original.device

@@ -19,7 +19,8 @@ import tensorflow as tf
 import epl
 from epl.ir.graph_state import state_of
 from epl.passes import engine
-from epl.passes.context import RewriteContext
+from epl.passes import engine
+from epl.passes.context import Copies
 from tests import tolerance
 from tests import training
 
@@ -109,12 +110,10 @@ def test_replica_op_names_follow_growing_clone_maps():
   graph = tf.Graph()
   with graph.as_default():
     a, b, c = (tf.no_op(name=n) for n in "abc")
-  ctx = RewriteContext(graph=graph, state=None, plan=None, config=None,
-                       cluster=None, subgraph=None, replicas=[0],
-                       clones=[{"a": a}])
-  assert ctx.replica_op_names(0) == {"a"}
-  ctx.clones[0].update({"b": b, "c": c})
-  assert ctx.replica_op_names(0) == {"a", "b", "c"}
+  copies = Copies([{"a": a}])
+  assert copies.replica_op_names(0) == {"a"}
+  copies.clones[0].update({"b": b, "c": c})
+  assert copies.replica_op_names(0) == {"a", "b", "c"}
 
 
 # ------------------------------------------------------------ training

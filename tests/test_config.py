@@ -52,10 +52,11 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_micro_batch": 1,
     "pipeline.num_stages": -1,
     "pipeline.strategy": "PreferBackward",
+    "log.passes": False,
 }
 
 BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
-                  "optimizer", "gradient_checkpoint", "amp", "auto"}
+                  "optimizer", "gradient_checkpoint", "amp", "auto", "log"}
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices",

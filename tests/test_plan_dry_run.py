@@ -160,8 +160,8 @@ def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
   assert "ended without building a training step" in err
 
 
-def _pipeline_context(schedule="PreferBackward", static_batch=True):
-  """The rewrite context of a 2-stage MLP (8 -> 16 tanh -> 1, Adam), 2
+def _pipeline_rewrite(schedule="PreferBackward", static_batch=True):
+  """The rewrite result of a 2-stage MLP (8 -> 16 tanh -> 1, Adam), 2
   micro-batches of 16 examples, on 2 logical CPU devices; the input's
   batch dimension is static or not."""
   epl.init(epl.Config({"cluster.num_cpu_devices": 2,
@@ -177,13 +177,13 @@ def _pipeline_context(schedule="PreferBackward", static_batch=True):
     tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-  return state_of(graph).rewrite_result.context
+  return state_of(graph).rewrite_result
 
 
 @pytest.mark.parametrize("static_batch", [True, False])
 def test_estimate_of_small_mlp_matches_hand_count(static_batch):
   stage_0, stage_1 = memory_estimate.estimate(
-      _pipeline_context(static_batch=static_batch))
+      _pipeline_rewrite(static_batch=static_batch))
   assert (stage_0.device, stage_1.device) == ("/device:CPU:0",
                                               "/device:CPU:1")
   float32 = 4
@@ -214,7 +214,7 @@ def test_estimate_of_small_mlp_matches_hand_count(static_batch):
 
 
 def test_gpipe_keeps_every_micro_batch():
-  estimates = memory_estimate.estimate(_pipeline_context("PreferForward"))
+  estimates = memory_estimate.estimate(_pipeline_rewrite("PreferForward"))
   assert [e.in_flight for e in estimates] == [2, 2]
 
 
@@ -242,7 +242,7 @@ def test_estimate_counts_zero_slots_on_their_owner(zero_level):
   _, _, graph = training.train(
       model=training.get_variable_model, optimizer="adam", steps=1,
       config={"cluster.num_cpu_devices": 2, "zero.level": zero_level})
-  estimates = memory_estimate.estimate(state_of(graph).rewrite_result.context)
+  estimates = memory_estimate.estimate(state_of(graph).rewrite_result)
   w1, b1, w2 = 8 * 16 * 4, 16 * 4, 16 * 1 * 4
   assert [e.parameters for e in estimates] == [w1 + b1 + w2] * 2
   beta_powers = 2 * 4  # each replica's
@@ -266,8 +266,8 @@ def test_recomputed_segment_counts_on_every_stage_it_spans(monkeypatch):
         config="tiny", num_layers=4, seq_length=32,
         max_predictions_per_seq=2, parallel="auto", num_stages=4,
         num_micro_batch=2, num_cpu_devices=4, batch_size=2, steps=1))
-    context = engine.ensure_rewritten(graph).context
-  estimates = memory_estimate.estimate(context)
+    result = engine.ensure_rewritten(graph)
+  estimates = memory_estimate.estimate(result)
   assert len(estimates) == 4
   assert all(e.recomputed > 0 for e in estimates), [
       (e.device, e.recomputed) for e in estimates]

@@ -26,7 +26,7 @@ def _rewritten_graph():
     tf.compat.v1.global_variables_initializer()
     user_ops = {op.name for op in graph.get_operations()}
     result = engine.ensure_rewritten(graph)
-  return graph, user_ops, result.context
+  return graph, user_ops, result
 
 
 def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
@@ -37,11 +37,12 @@ def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
   copies (accumulation, all-reduce, schedule, variable sync) stays within
   a few ops per gradient and micro-batch, per micro-batch, and per
   variable, in each replica."""
-  graph, user_ops, ctx = _rewritten_graph()
-  constants = {name for name, op in ctx.micro_batches[0].items()
-               if ctx.micro_batches[1][name] is op}
-  per_micro_batch = set(ctx.micro_batches[0]) - constants
-  per_replica = {op.name for op in ctx.subgraph.cloned} & user_ops
+  graph, user_ops, result = _rewritten_graph()
+  micro_batches = result.copies.micro_batches
+  constants = {name for name, op in micro_batches[0].items()
+               if micro_batches[1][name] is op}
+  per_micro_batch = set(micro_batches[0]) - constants
+  per_replica = {op.name for op in result.subgraph.cloned} & user_ops
   copies = collections.Counter()
   glue = 0
   for op in graph.get_operations():
@@ -52,14 +53,14 @@ def test_8x4_graph_holds_one_copy_per_micro_batch_and_replica_plus_glue():
       glue += 1
   assert per_micro_batch and constants and per_replica - per_micro_batch
   assert all(graph.get_operation_by_name(name).type == "Const" and
-             ctx.micro_batches[m][name] is ctx.micro_batches[0][name]
+             micro_batches[m][name] is micro_batches[0][name]
              for m in range(MICRO_BATCHES) for name in constants)
   for name in user_ops:
     expected = (REPLICAS * MICRO_BATCHES if name in per_micro_batch else
                 REPLICAS if name in per_replica else 1)
     assert copies[name] == expected, name
-  gradients = sum(len(points) for points in ctx.gradient_points)
-  variables = len(ctx.subgraph.variables)
+  gradients = sum(len(points) for points in result.gradient_points)
+  variables = len(result.subgraph.variables)
   assert glue <= REPLICAS * (4 * gradients * MICRO_BATCHES +
                              2 * MICRO_BATCHES + 4 * variables), glue
   expected_total = (len(user_ops) + (REPLICAS * MICRO_BATCHES - 1) *

@@ -34,9 +34,9 @@ import time
 
 import tensorflow as tf
 
-from epl.capture.capture import VARIABLE_TYPES
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.tf_compat import stats
 
 logger = logging.getLogger("epl")

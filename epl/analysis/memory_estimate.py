@@ -44,19 +44,17 @@ from typing import List
 
 import tensorflow as tf
 
+from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.passes import schedule
 from epl.passes.training_subgraph import tensors_of
 
 logger = logging.getLogger("epl")
 
-_VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2"])
 # Ops whose output is a view of an input's buffer (no new memory).
 _VIEWS = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze",
                     "StopGradient", "Snapshot", "ReadVariableOp",
                     "IdentityN", "Bitcast"])
-# Ops that read only the shape of their input: they keep nothing alive.
-_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 
 
 def tensor_bytes(tensor):
@@ -202,20 +200,21 @@ class _TensorSizes:
   is not static, shapes come from a copy of the graph inferred again with
   the batch size of the input pipeline."""
 
-  def __init__(self, ctx):
+  def __init__(self, result):
     self.batch_size = None
     self._inferred = None
-    reads = ctx.subgraph.input_reads
+    reads = result.step.input_reads
     if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
       return
-    batch_size = dataset_batch_size(ctx.graph)
+    batch_size = dataset_batch_size(result.context.graph)
     if batch_size is None:
       return
     logger.info("Memory estimate: the input's batch dimension is not "
                 "static; shapes inferred again with the input pipeline's "
                 "batch size %d", batch_size)
     self.batch_size = batch_size
-    self._inferred = with_batch_size(ctx.graph, reads, batch_size)
+    self._inferred = with_batch_size(result.context.graph, reads,
+                                     batch_size)
 
   def __call__(self, tensor):
     if self._inferred is not None and not tensor.shape.is_fully_defined():
@@ -223,56 +222,56 @@ class _TensorSizes:
     return tensor_bytes(tensor)
 
 
-def _count_variables(ctx, devices):
+def _count_variables(result, devices):
   trained = set()
-  for points in ctx.gradient_points:
+  for points in result.gradient_points:
     for _, variable in points:
-      for local in range(len(ctx.replicas)):
-        trained.add(ctx.op(local, variable).name)
-  for op in ctx.graph.get_operations():
-    if op.type not in _VARIABLE_TYPES:
+      for local in range(len(result.context.replicas)):
+        trained.add(result.copies.op(local, variable).name)
+  for op in result.context.graph.get_operations():
+    if op.type not in VARIABLE_TYPES:
       continue
     estimate = devices[op.device]
     size = variable_bytes(op)
     if op.name in trained:
       estimate.parameters += size
-    elif ctx.state.phase_of(op) is Phase.APPLY:
+    elif result.context.state.phase_of(op) is Phase.APPLY:
       estimate.optimizer_state += size
     else:
       estimate.other_state += size
 
 
-def _count_gradients(ctx, devices, sizes):
-  for points in ctx.gradient_points:
+def _count_gradients(result, devices, sizes):
+  for points in result.gradient_points:
     for grad, _ in points:
-      for local in range(len(ctx.replicas)):
+      for local in range(len(result.context.replicas)):
         for tensor in tensors_of(grad):
-          tensor = ctx.tensor(local, tensor)
+          tensor = result.copies.tensor(local, tensor)
           size = sizes(tensor)
           estimate = devices[tensor.op.device]
           if size is None:
             estimate.unknown_tensors += 1
             continue
           estimate.gradients += size
-          if ctx.plan.num_micro_batch > 1:
+          if result.plan.num_micro_batch > 1:
             estimate.gradient_sets = 2
 
 
-def _kept_activations(ctx, devices, sizes):
+def _kept_activations(result, devices, sizes):
   """Per device, bytes of the forward tensors of micro-batch 0 that the
   backward pass on that device reads."""
-  state = ctx.state
+  state = result.context.state
   kept = collections.defaultdict(set)
-  for op in ctx.graph.get_operations():
+  for op in result.context.graph.get_operations():
     if (state.phase_of(op) is not Phase.BACKWARD or
-        op.type in _SHAPE_READERS):
+        op.type in SHAPE_READER_TYPES):
       continue
     for tensor in op.inputs:
       root = _root(tensor)
       producer = root.op
       if (state.phase_of(producer) is not Phase.FORWARD or
           state.micro_batch_of(producer) != 0 or
-          producer.type in _VARIABLE_TYPES or producer.type == "Const"):
+          producer.type in VARIABLE_TYPES or producer.type == "Const"):
         continue
       # A tensor read on another device is kept there too (the copy
       # TensorFlow received).
@@ -287,47 +286,49 @@ def _kept_activations(ctx, devices, sizes):
         estimate.activations_per_micro_batch += size
 
 
-def _count_recomputed(ctx, devices, sizes):
+def _count_recomputed(result, devices, sizes):
   """Per device, the largest segment of recomputed tensors that backward
   reads (gradient checkpointing recomputes one segment at a time). A
   segment may span stages (an attention mask of the first stage that every
   layer reads goes with the last layer's): each device counts its own
   ops' part."""
-  for segment in ctx.recomputed_segments:
+  for segment in result.recomputed_segments:
     names = {op.name for op in segment}
     read_sizes = [sum(sizes(t) or 0 for t in op.outputs
                       if any(c.name not in names and
-                             c.type not in _SHAPE_READERS
+                             c.type not in SHAPE_READER_TYPES
                              for c in t.consumers()))
                   for op in segment]
-    for local in range(len(ctx.replicas)):
+    for local in range(len(result.context.replicas)):
       per_device = collections.Counter()
       for op, size in zip(segment, read_sizes):
-        per_device[ctx.op(local, op).device] += size
+        per_device[result.copies.op(local, op).device] += size
       for device, size in per_device.items():
         estimate = devices[device]
         estimate.recomputed = max(estimate.recomputed, size)
 
 
-def _count_working(ctx, devices, sizes):
-  for op in ctx.graph.get_operations():
+def _count_working(result, devices, sizes):
+  for op in result.context.graph.get_operations():
     # Constants and variables are allocated once, not by each step.
-    if (ctx.state.phase_of(op) is Phase.OTHER or op.type == "Const" or
-        op.type in _VARIABLE_TYPES):
+    if (result.context.state.phase_of(op) is Phase.OTHER or
+        op.type == "Const" or
+        op.type in VARIABLE_TYPES):
       continue
     size = sum(sizes(t) or 0 for t in op.outputs)
     estimate = devices[op.device]
     estimate.working = max(estimate.working, size)
 
 
-def estimate(ctx):
-  """[DeviceEstimate] of the rewritten step of RewriteContext `ctx`: one
+def estimate(result):
+  """[DeviceEstimate] of the rewritten step of RewriteResult `result`: one
   per device of this worker's replicas in plan order, then any other
   device the step uses (the host, with offload)."""
-  plan = ctx.plan
-  devices = _Devices(ctx.cluster.host_device(ctx.cluster.worker_index))
+  plan = result.plan
+  cluster = result.context.cluster
+  devices = _Devices(cluster.host_device(cluster.worker_index))
   order = []
-  for replica in ctx.replicas:
+  for replica in result.context.replicas:
     for stage in range(len(plan.devices[replica])):
       device = devices[plan.devices[replica][stage]]
       device.stages.append(stage)
@@ -337,12 +338,12 @@ def estimate(ctx):
                        plan.num_micro_batch))
       device.in_flight = max(device.in_flight, in_flight)
       order.append(device.device)
-  _count_variables(ctx, devices)
-  sizes = _TensorSizes(ctx)
-  _count_gradients(ctx, devices, sizes)
-  _kept_activations(ctx, devices, sizes)
-  _count_recomputed(ctx, devices, sizes)
-  _count_working(ctx, devices, sizes)
+  _count_variables(result, devices)
+  sizes = _TensorSizes(result)
+  _count_gradients(result, devices, sizes)
+  _kept_activations(result, devices, sizes)
+  _count_recomputed(result, devices, sizes)
+  _count_working(result, devices, sizes)
   for device in devices.by_name.values():
     device.batch_size_assumed = sizes.batch_size
   known = list(dict.fromkeys(order))

@@ -19,18 +19,10 @@ import threading
 import tensorflow as tf
 
 from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import resource_variable_ops
-
-VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
-# Ops that read the next element of the input pipeline: each replica (and
-# micro-batch) runs its own, on the shared iterator.
-INPUT_READ_TYPES = frozenset([
-    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
-    "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
-PLACEHOLDER_TYPES = frozenset(
-    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
 
 
 class _ThreadState(threading.local):
@@ -42,6 +34,8 @@ class _ThreadState(threading.local):
     # Set while EPL itself builds ops (the rewrite), so that they are not
     # captured as user ops.
     self.suspended = 0
+    # Provenance roles opened by `role_scope`.
+    self.roles = []
 
 
 _thread = _ThreadState()
@@ -59,6 +53,17 @@ def phase_scope(phase):
 
 def current_phase():
   return _thread.phases[-1] if _thread.phases else None
+
+
+@contextlib.contextmanager
+def role_scope(role):
+  """Ops created inside (while the user builds the model) are recorded with
+  `role` in the graph's provenance (epl.ir.provenance)."""
+  _thread.roles.append(role)
+  try:
+    yield
+  finally:
+    _thread.roles.pop()
 
 
 @contextlib.contextmanager
@@ -86,12 +91,15 @@ def on_op_created(env, op, strategy_after_cut):
   FORWARD work of the first TaskGraph; other ops are OTHER.
   `strategy_after_cut(state)` is the strategy of ops built with no scope
   once auto parallel has cut the graph, None before (`epl.plan.auto`,
-  which plans above capture: `epl.hooks` passes it in).
+  which plans above capture: `epl.hooks` passes it in). Inside a
+  `role_scope`, the op's role is recorded too.
   """
   graph = op.graph
   if _thread.suspended or _is_function_graph(graph):
     return
   state = state_of(graph, create=True)
+  if _thread.roles:
+    state.provenance.record_role(op, _thread.roles[-1])
   phase = current_phase()
   if phase is Phase.BACKWARD:
     # tf.gradients builds each gradient under `_original_op(forward_op)`;
@@ -145,7 +153,18 @@ def record_gradients(sources, grads):
       pairs.append((grad, variable))
   if pairs:
     state_of(pairs[0][1].graph, create=True).gradient_records.append(
-        GradientRecord(pairs))
+        GradientRecord(tuple(pairs)))
+
+
+def record_loss_seeds(grad_ys, seeds):
+  """Records the seeds `tf.gradients` made (`seeds`, one per output) for
+  the outputs it was given no `grad_ys` for: the losses' gradients, which
+  the loss scale multiplies."""
+  made = [seed.op for given, seed in zip(grad_ys, seeds) if given is None]
+  if not made or _thread.suspended or _is_function_graph(made[0].graph):
+    return
+  state = state_of(made[0].graph, create=True)
+  state.loss_seeds.update(op.name for op in made)
 
 
 def record_apply(grads_and_vars, train_op, global_step):
@@ -155,5 +174,5 @@ def record_apply(grads_and_vars, train_op, global_step):
   if not pairs:
     return
   state_of(pairs[0][1].graph, create=True).apply_records.append(
-      ApplyRecord(grads_and_vars=pairs, train_op=train_op,
+      ApplyRecord(grads_and_vars=tuple(pairs), train_op=train_op,
                   global_step=global_step))

@@ -161,7 +161,8 @@ class Cloner:
       if "shared_name" in node.attr and node.attr["shared_name"].s:
         self._shared_names.append(node)
 
-  def clone(self, prefix, device_fn, tensor_map=None):
+  def clone(self, prefix, device_fn, tensor_map=None, provenance=None,
+            replica=None, micro_batch=None):
     """One copy of the ops, named `<prefix><name>`.
 
     Inputs produced by copied ops are wired to the copies; other inputs
@@ -171,7 +172,9 @@ class Cloner:
     follows the copy; colocation with an op outside the set is dropped (it
     would pin the copy to the original's device). Resource `shared_name`s
     are renamed to the copy's name, so that a copied variable is a new
-    variable.
+    variable. With `provenance` (epl.ir.provenance.Provenance), the copies
+    are recorded there as made for `replica` and `micro_batch` (see
+    Provenance.record_copies).
 
     Returns {original op name: copy}.
     """
@@ -197,16 +200,20 @@ class Cloner:
                        (len(clones), prefix, len(self._ops)))
     for name, controls in self._outside_controls.items():
       graph_edit.add_control_inputs(clones[name], controls)
+    if provenance is not None:
+      provenance.record_copies(clones, prefix, replica, micro_batch)
     return clones
 
 
-def clone_ops(graph, ops, prefix, device_fn, tensor_map=None):
+def clone_ops(graph, ops, prefix, device_fn, tensor_map=None,
+              provenance=None, replica=None, micro_batch=None):
   """One copy of `ops` (topologically ordered): see Cloner.clone.
 
   To make several copies of the same ops, make one Cloner and call its
   `clone` once per copy: the template is then read only once.
   """
-  return Cloner(graph, ops).clone(prefix, device_fn, tensor_map)
+  return Cloner(graph, ops).clone(prefix, device_fn, tensor_map, provenance,
+                                  replica, micro_batch)
 
 
 def replace_input_in(consumers, old, new):

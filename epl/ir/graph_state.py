@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from epl.env import Env
 from epl.ir.phase import Phase
+from epl.ir.provenance import Provenance
 from epl.ir.taskgraph import TaskGraph
 
 _ATTRIBUTE = "_epl_graph_state"
@@ -17,7 +18,7 @@ _ATTRIBUTE = "_epl_graph_state"
 _FIRST_TASKGRAPH = object()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class GradientRecord:
   """One `tf.gradients` (or `GradientTape.gradient`) call.
 
@@ -25,17 +26,17 @@ class GradientRecord:
   variables, gradients as TensorFlow returned them (Tensors or
   IndexedSlices), before any user post-processing.
   """
-  pairs: list
+  pairs: tuple
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ApplyRecord:
   """One call of `Optimizer.apply_gradients` of the base class.
 
   `grads_and_vars` are the pairs the optimizer applied (possibly
   post-processed, e.g. clipped); `train_op` is the op it returned.
   """
-  grads_and_vars: list
+  grads_and_vars: tuple
   train_op: object
   global_step: object = None
 
@@ -70,7 +71,15 @@ class GraphState:
     self._op_micro_batch = {}
     self.gradient_records: List[GradientRecord] = []
     self.apply_records: List[ApplyRecord] = []
+    # Names of the ones-fills `tf.gradients` seeded the backward pass with
+    # (the losses' gradients), for the loss scale.
+    self.loss_seeds = set()
     self.split = SplitRecords()
+    # Where each op EPL built comes from (epl.ir.provenance).
+    self.provenance = Provenance()
+    # (what the plan was made from, or None once the rewrite uses it; the
+    # plan), kept by epl.plan.planner.plan_of.
+    self.plan_cache = None
     # Set once the rewrite has run; the engine keeps its result here.
     self.rewrite_result = None
     # The graph version at which gradients were found without updates.
@@ -133,6 +142,11 @@ class GraphState:
       return self.taskgraphs[0] if self.taskgraphs else None
     return taskgraph
 
+  def taskgraph_index(self, op):
+    """The index of `op`'s TaskGraph; 0 when it has none."""
+    taskgraph = self.taskgraph_of(op)
+    return taskgraph.index if taskgraph is not None else 0
+
   def phase_of(self, op) -> Phase:
     return self._op_phase.get(op.name, Phase.OTHER)
 
@@ -147,6 +161,11 @@ class GraphState:
 
   def set_micro_batch(self, op, micro_batch):
     self._op_micro_batch[op.name] = micro_batch
+
+  def micro_batch_tags(self):
+    """{op name: micro-batch index} of the ops of a micro-batch (read
+    only: for recording a whole copy at once)."""
+    return self._op_micro_batch
 
 
 def state_of(graph, create=False):

@@ -20,8 +20,10 @@ The backward collectives read the forward op's group size and group key
 tensors. Their instance key is derived from the forward op's, so that the
 members of a group, each differentiated on its own, agree on it; the split
 rewrite later gives every copy (per replica, per micro-batch) a key of its
-own.
+own. They take the forward op's provenance role (a split lowering's
+collective), which is how the rewrite finds them.
 """
+import functools
 import itertools
 
 import tensorflow as tf
@@ -29,6 +31,9 @@ import tensorflow as tf
 from epl.tf_compat.ops import collective_ops
 from epl.tf_compat.ops import gradient_registered
 from epl.tf_compat.ops import tensor_util
+
+from epl.capture import capture
+from epl.ir import graph_state
 
 # Capture-time instance keys: far above those the rewrite allocates from 1.
 FIRST_KEY = 1 << 24
@@ -114,10 +119,24 @@ def _all_to_all_grad(op, grad):
       **_settings(op)), None, None, None] + [None] * (len(op.inputs) - 4)
 
 
+def _with_role_of_forward(gradient):
+  """`gradient`, building its ops with the provenance role of the op it
+  differentiates."""
+  @functools.wraps(gradient)
+  def build(op, grad):
+    state = graph_state.state_of(op.graph)
+    role = state.provenance.role_of(op) if state is not None else None
+    if role is None:
+      return gradient(op, grad)
+    with capture.role_scope(role):
+      return gradient(op, grad)
+  return build
+
+
 _GRADIENTS = {
-    "CollectiveReduceV2": _reduce_grad,
-    "CollectiveGatherV2": _gather_grad,
-    "CollectiveAllToAllV2": _all_to_all_grad,
+    "CollectiveReduceV2": _with_role_of_forward(_reduce_grad),
+    "CollectiveGatherV2": _with_role_of_forward(_gather_grad),
+    "CollectiveAllToAllV2": _with_role_of_forward(_all_to_all_grad),
 }
 
 

@@ -22,6 +22,7 @@ import re
 
 import tensorflow as tf
 
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.ops import split_lowering
 
 
@@ -76,7 +77,7 @@ def _source_variable(tensor):
     if tensor.op.type == "ReadVariableOp":
       return tensor.op.inputs[0].op
     tensor = tensor.op.inputs[0]
-  if tensor.op.type in ("VarHandleOp", "VariableV2"):
+  if tensor.op.type in VARIABLE_TYPES:
     return tensor.op
   return None
 

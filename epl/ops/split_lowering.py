@@ -3,9 +3,11 @@
 The model is captured once, as replica 0 of the job; each replica's copy of
 a split part becomes one shard when the rewrite gives it its shard index
 and collective keys (`epl.passes.split`). What is built here therefore
-works for any shard: the shard index is a Const (`SHARD_INDEX_NAME`) that
-the rewrite sets per replica, and the collectives carry placeholder group
-keys that it replaces.
+works for any shard: the shard index is a Const that the rewrite sets per
+replica, and the collectives carry placeholder group keys that it
+replaces; the graph's provenance records them (and the random ops of a
+shard's initial value) with their roles, which is how the rewrite finds
+them.
 
 - `dense` (`tf.compat.v1.layers.dense`): the features of the k replicas of
   a shard group are all-gathered; the kernel is sharded on the output
@@ -29,7 +31,9 @@ import numpy as np
 import tensorflow as tf
 
 from epl.env import Env
+from epl.capture import capture
 from epl.ir import graph_state
+from epl.ir import provenance
 from epl.ops import collective_gradients
 from epl.strategies.strategy import Split
 from epl.tf_compat.ops import collective_ops
@@ -126,7 +130,8 @@ def _settings():
 
 def shard_index():
   """This shard's index in its group (a Const the rewrite sets per replica)."""
-  return tf.constant(0, tf.int32, name=SHARD_INDEX_NAME)
+  with capture.role_scope(provenance.SHARD_INDEX):
+    return tf.constant(0, tf.int32, name=SHARD_INDEX_NAME)
 
 
 def _in_half_precision(exchange):
@@ -145,9 +150,10 @@ def _in_half_precision(exchange):
 def all_gather(tensor, group_size):
   """Concatenation (dim 0) of the tensor of every member of the group
   (every member's dim 0 must be the same)."""
-  gathered = _in_half_precision(lambda t: collective_ops.all_gather_v2(
-      t, group_size, PLACEHOLDER_GROUP_KEY,
-      collective_gradients.next_instance_key(), **_settings()))(tensor)
+  with capture.role_scope(provenance.SPLIT_COLLECTIVE):
+    gathered = _in_half_precision(lambda t: collective_ops.all_gather_v2(
+        t, group_size, PLACEHOLDER_GROUP_KEY,
+        collective_gradients.next_instance_key(), **_settings()))(tensor)
   if not tensor.shape.rank:
     return gathered
   rows = tensor.shape[0]
@@ -157,16 +163,18 @@ def all_gather(tensor, group_size):
 
 
 def all_reduce(tensor, group_size, merge_op="Add"):
-  return collective_ops.all_reduce_v2(
-      tensor, group_size, PLACEHOLDER_GROUP_KEY,
-      collective_gradients.next_instance_key(), merge_op=merge_op,
-      **_settings())
+  with capture.role_scope(provenance.SPLIT_COLLECTIVE):
+    return collective_ops.all_reduce_v2(
+        tensor, group_size, PLACEHOLDER_GROUP_KEY,
+        collective_gradients.next_instance_key(), merge_op=merge_op,
+        **_settings())
 
 
 def all_to_all(tensor, group_size):
-  return _in_half_precision(lambda t: collective_gradients.all_to_all(
-      t, group_size, PLACEHOLDER_GROUP_KEY,
-      collective_gradients.next_instance_key(), **_settings()))(tensor)
+  with capture.role_scope(provenance.SPLIT_COLLECTIVE):
+    return _in_half_precision(lambda t: collective_gradients.all_to_all(
+        t, group_size, PLACEHOLDER_GROUP_KEY,
+        collective_gradients.next_instance_key(), **_settings()))(tensor)
 
 
 def _fans(shape):
@@ -189,18 +197,19 @@ def _variance_scaling_shard(initializer, full_shape, shard_shape, dtype):
   fan = {"fan_in": fan_in, "fan_out": fan_out,
          "fan_avg": (fan_in + fan_out) / 2.0}[initializer.mode]
   variance = initializer.scale / max(1.0, fan)
-  # Named so that the rewrite gives each shard's copy its own seed.
   name = RANDOM_SHARD_NAME
-  if initializer.distribution == "uniform":
-    limit = np.sqrt(3.0 * variance)
-    return tf.random.uniform(shard_shape, -limit, limit, dtype, name=name)
-  if initializer.distribution in ("truncated_normal", "normal"):
-    # The truncated normal's stddev correction, as TF's own initializer.
-    return tf.random.truncated_normal(
-        shard_shape, 0.0, np.sqrt(variance) / .87962566103423978, dtype,
-        name=name)
-  return tf.random.normal(shard_shape, 0.0, np.sqrt(variance), dtype,
-                          name=name)
+  # Recorded so that the rewrite gives each shard's copy its own seed.
+  with capture.role_scope(provenance.SHARD_RANDOM):
+    if initializer.distribution == "uniform":
+      limit = np.sqrt(3.0 * variance)
+      return tf.random.uniform(shard_shape, -limit, limit, dtype, name=name)
+    if initializer.distribution in ("truncated_normal", "normal"):
+      # The truncated normal's stddev correction, as TF's own initializer.
+      return tf.random.truncated_normal(
+          shard_shape, 0.0, np.sqrt(variance) / .87962566103423978, dtype,
+          name=name)
+    return tf.random.normal(shard_shape, 0.0, np.sqrt(variance), dtype,
+                            name=name)
 
 
 def sharded_initial_value(initializer, full_shape, axis, columns, start,

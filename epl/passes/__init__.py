@@ -1,2 +1,1 @@
-"""The rewrite: the passes that turn the captured single-replica graph into
-the distributed one, and the engine that runs them in order."""
+"""The rewrite passes and the pass manager that orders and runs them."""

@@ -18,7 +18,9 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from epl.ir import graph_editor
+from epl.ir import names
 from epl.ir.phase import Phase
+from epl.passes.context import remap_pairs
 from epl.passes.gradient_checkpoint import CHECKPOINTS_COLLECTION
 from epl.tf_compat import graph_edit
 
@@ -44,11 +46,11 @@ CLEAR = frozenset([
     "Pad", "MaxPool", "MaxPoolGrad", "Neg", "Maximum", "Minimum", "Select",
     "SelectV2", "GatherV2", "ZerosLike", "OnesLike"])
 HALF_TYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
-SUFFIX = "_EPL_AMP_"
 _WEIGHT_SOURCES = frozenset(["ReadVariableOp", "Const"])
 
 
 def enabled(config):
+  """Whether mixed precision is on (amp.level "O1")."""
   return config.amp.level == "O1"
 
 
@@ -122,8 +124,9 @@ def _is_weight(tensor):
 class _Converter:
   """Builds the half-precision copies of the painted ops of one graph."""
 
-  def __init__(self, ctx, painted, dtype):
+  def __init__(self, ctx, user_devices, painted, dtype):
     self.ctx = ctx
+    self.user_devices = user_devices
     self.painted = painted
     self.dtype = dtype
     self.half = {}      # float32 tensor name -> half tensor
@@ -134,7 +137,7 @@ class _Converter:
 
   def _keep(self, op, like):
     self.ctx.state.copy_tags(like, op)
-    self.ctx.user_devices[op.name] = self.ctx.user_devices.get(like.name, "")
+    self.user_devices[op.name] = self.user_devices.get(like.name, "")
     self.built.append(op)
     return op
 
@@ -143,8 +146,8 @@ class _Converter:
     waits for `others`, the consumer's other inputs), so no half copy of
     the weight lives between uses."""
     with tf.device(consumer.device):
-      cast = tf.cast(tensor, self.dtype, name="%s%scast_%d" % (
-          consumer.name, SUFFIX, index))
+      cast = tf.cast(tensor, self.dtype, name=names.half_precision(
+          consumer.name, "cast_%d" % index))
     graph_editor.add_control_inputs(cast.op, others)
     self._keep(cast.op, consumer)
     return cast
@@ -161,8 +164,8 @@ class _Converter:
     key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer))
     if key not in self.casts:
       with tf.device(consumer.device):
-        cast = tf.cast(tensor, self.dtype, name="%s%scast_%s" % (
-            tensor.op.name, SUFFIX, self.dtype.name))
+        cast = tf.cast(tensor, self.dtype, name=names.half_precision(
+            tensor.op.name, "cast_" + self.dtype.name))
       self.casts[key] = self._keep(cast.op, consumer).outputs[0]
     return self.casts[key]
 
@@ -183,9 +186,11 @@ class _Converter:
         self.ctx.graph, op.type, inputs,
         dtypes=[self.dtype if i in outputs else t.dtype
                 for i, t in enumerate(op.outputs)],
-        name=op.name + SUFFIX + self.dtype.name, attrs=attrs,
-        op_def=op.op_def)
+        name=names.half_precision(op.name, self.dtype.name), attrs=attrs,
+        op_def=op.op_def, compute_device=False)
     graph_edit.set_device(copy, op.device)
+    self.ctx.state.provenance.record_copy(copy, op,
+                                          replica=self.ctx.replicas[0])
     graph_editor.add_control_inputs(
         copy, [self.copies.get(c.name, c) for c in op.control_inputs])
     self.copies[op.name] = copy
@@ -205,8 +210,8 @@ class _Converter:
         continue
       if new.dtype != tensor.dtype:
         with tf.device(op.device):
-          new = tf.cast(new, tensor.dtype, name="%s%sfloat32" % (
-              op.name, SUFFIX))
+          new = tf.cast(new, tensor.dtype, name=names.half_precision(
+              op.name, "float32"))
         self._keep(new.op, op)
       graph_editor.replace_input_in(readers, tensor, new)
       remapped[tensor.name] = new
@@ -217,61 +222,43 @@ class _Converter:
     return remapped
 
 
-def remap_gradients(ctx, remapped):
-  """Makes the gradient records and ctx.gradient_points name the tensors
-  in `remapped` (old tensor name -> new tensor)."""
-  def new(grad):
-    if grad is None:
-      return None
-    if isinstance(grad, tf.IndexedSlices):
-      return tf.IndexedSlices(new(grad.values), new(grad.indices),
-                              grad.dense_shape)
-    return remapped.get(grad.name, grad)
-  for record in ctx.state.gradient_records:
-    record.pairs = [(new(g), v) for g, v in record.pairs]
-  for record in ctx.state.apply_records:
-    record.grads_and_vars = [(new(g), v) for g, v in record.grads_and_vars]
-  ctx.gradient_points = [[(new(g), v) for g, v in points]
-                         for points in ctx.gradient_points]
-
-
-def convert_to_half(ctx):
+def convert_to_half(ctx, subgraph, gradients, gradient_points, copies,
+                    user_devices):
   """Runs the painted ops of replica 0 in half precision (amp.level O1).
 
   Each painted op (see `paint`) of the cloned subgraph's forward and
   backward ops is replaced by a copy named `<name>_EPL_AMP_<dtype>` with
   T = half, on the same device and TaskGraph; its inputs are cast (weights
   per consumer, just before use), float32 consumers read its outputs cast
-  back (`<name>_EPL_AMP_float32`), and the gradient records and the
-  "checkpoints" collection follow. The replaced ops leave the cloned
-  subgraph (nothing reads them). Variables,
-  the optimizer and unpainted ops keep their dtype.
+  back (`<name>_EPL_AMP_float32`), and the gradients, gradient points and
+  the "checkpoints" collection follow. The replaced ops leave the cloned
+  subgraph (nothing reads them); each copy's provenance names the op it
+  replaces. Variables, the optimizer and unpainted ops keep their dtype.
   """
-  if not enabled(ctx.config):
-    return
   dtype = half_type(ctx.config)
   state = ctx.state
-  ops = [op for op in ctx.subgraph.cloned
+  ops = [op for op in subgraph.cloned
          if state.phase_of(op) in (Phase.FORWARD, Phase.BACKWARD)]
   painted = paint(ops)
-  converter = _Converter(ctx, painted, dtype)
+  converter = _Converter(ctx, user_devices, painted, dtype)
   remapped = {}
   with ctx.graph.as_default(), ctx.graph.name_scope(None), \
       ctx.graph.control_dependencies(None):
-    copies = [(op, converter.convert(op)) for op in ops
-              if op.name in painted]
-    for op, copy in copies:
+    half_copies = [(op, converter.convert(op)) for op in ops
+                   if op.name in painted]
+    for op, copy in half_copies:
       remapped.update(converter.reroute(op, copy))
-  remap_gradients(ctx, remapped)
   # Checkpoints of gradient checkpointing name the half activations now.
   checkpoints = ctx.graph.get_collection_ref(CHECKPOINTS_COLLECTION)
   checkpoints[:] = [converter.half.get(getattr(t, "name", None), t)
                     for t in checkpoints]
-  kept = [op for op in ctx.subgraph.cloned if op.name not in painted]
-  ctx.subgraph.cloned = kept
-  ctx.subgraph.add_cloned(converter.built)
   for name in painted:
-    ctx.clones[0].pop(name, None)
-  ctx.clones[0].update({op.name: op for op in converter.built})
+    copies.clones[0].pop(name, None)
+  copies.clones[0].update({op.name: op for op in converter.built})
   logger.info("AMP O1 (%s): %d of %d forward/backward ops run in %s",
               dtype.name, len(painted), len(ops), dtype.name)
+  return {"subgraph": subgraph.without(painted).adding(converter.built),
+          "gradients": gradients.remapped(remapped),
+          "gradient_points": [remap_pairs(points, remapped)
+                              for points in gradient_points],
+          "copies": copies, "user_devices": user_devices}

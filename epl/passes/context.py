@@ -1,78 +1,49 @@
-"""State shared by the rewrite passes of one graph."""
+"""What the rewrite passes of one graph share.
+
+`RewriteContext` is what every pass may use besides its artifacts: the
+graph, its GraphState (op tags, provenance, plan), the configuration and
+cluster, and the collective keys, communicators and step counter that the
+passes allocate in pass order (so that every worker derives the same
+keys). The artifacts the passes hand each other are values of the types
+below (and `TrainingSubgraph`, `CapturedStep`); the engine declares them.
+"""
 import dataclasses
-from typing import Dict, List
 
 import tensorflow as tf
 
 from epl.communicators import backend
 from epl.communicators.collective import CollectiveKeys
+from epl.plan import planner
 
 
-@dataclasses.dataclass
 class RewriteContext:
-  """The graph being rewritten, its plan, and the replicas built so far.
+  """The graph being rewritten and what every pass may use with it."""
 
-  `replicas` are the global indices of the replicas this worker builds; the
-  first uses the user's own ops. `clones[i]` maps an original op name of the
-  training subgraph to that op in local replica `i` (identity for i = 0).
-  `micro_batches[m]` maps an original op name of one micro-batch's forward
-  and backward pass to that op in micro-batch `m` of replica 0 (the
-  constants every micro-batch shares map to themselves).
-  `gradient_points[k]` are the (gradient, variable) pairs of the k-th
-  apply_gradients call that the replicas all-reduce; passes that put ops
-  between gradient and update (micro-batch accumulation) keep them current.
-  """
-  graph: object
-  state: object
-  plan: object
-  config: object
-  cluster: object
-  subgraph: object
-  replicas: List[int]
-  clones: List[Dict[str, object]] = dataclasses.field(default_factory=list)
-  user_devices: Dict[str, str] = dataclasses.field(default_factory=dict)
-  substitutes: Dict[str, object] = dataclasses.field(default_factory=dict)
-  keys: CollectiveKeys = dataclasses.field(default_factory=CollectiveKeys)
-  communicators: Dict[int, object] = dataclasses.field(default_factory=dict)
-  micro_batches: List[Dict[str, object]] = dataclasses.field(
-      default_factory=list)
-  gradient_points: List[list] = dataclasses.field(default_factory=list)
-  # Gradient checkpointing: replica 0's recomputed ops, one list per
-  # segment that backward recomputes at once (memory estimate).
-  recomputed_segments: List[list] = dataclasses.field(default_factory=list)
-  _step_counter: object = dataclasses.field(default=None, repr=False)
-  # replica_op_names cache: local -> (size of clones[local], names).
-  _op_names: Dict[int, tuple] = dataclasses.field(default_factory=dict,
-                                                  repr=False)
+  def __init__(self, graph, state, config, cluster):
+    self.graph = graph
+    self.state = state
+    self.config = config
+    self.cluster = cluster
+    self.keys = CollectiveKeys()
+    self.communicators = {}
+    self._plan = None
+    self._replicas = None
+    self._step_counter = None
 
-  def op(self, local, op):
-    return self.clones[local].get(op.name, op)
+  @property
+  def plan(self):
+    """The graph's plan (planner.plan_of), once the plan pass made it."""
+    if self._plan is None:
+      self._plan = planner.plan_of(self.graph, for_rewrite=True)
+    return self._plan
 
-  def tensor(self, local, tensor):
-    return self.op(local, tensor.op).outputs[tensor.value_index]
-
-  def micro_batch_tensors(self, tensor):
-    """`tensor` in every micro-batch of replica 0; [tensor] when it is not
-    part of a micro-batch."""
-    copies = [clones.get(tensor.op.name) for clones in self.micro_batches]
-    if not copies or copies[0] is None:
-      return [tensor]
-    return [op.outputs[tensor.value_index] for op in copies]
-
-  def replica_op_names(self, local):
-    """Names of the ops of local replica `local` (a frozenset).
-
-    Cached: gradient aggregation asks once per gradient, and rebuilding the
-    set each time made the rewrite quadratic (half of a BERT-Base rewrite).
-    The clone maps only grow, so the cache is rebuilt when `clones[local]`
-    has grown since.
-    """
-    clones = self.clones[local]
-    cached = self._op_names.get(local)
-    if cached is None or cached[0] != len(clones):
-      cached = (len(clones), frozenset(op.name for op in clones.values()))
-      self._op_names[local] = cached
-    return cached[1]
+  @property
+  def replicas(self):
+    """The global indices of the replicas this worker builds; the first
+    uses the user's own ops."""
+    if self._replicas is None:
+      self._replicas = self.plan.local_replicas
+    return self._replicas
 
   def step_counter(self):
     """An int64 tensor that counts the steps that read it, run once per
@@ -87,8 +58,7 @@ class RewriteContext:
     return self._step_counter
 
   def taskgraph_index(self, op):
-    taskgraph = self.state.taskgraph_of(op)
-    return taskgraph.index if taskgraph is not None else 0
+    return self.state.taskgraph_index(op)
 
   def device(self, local, taskgraph_index):
     """The device of TaskGraph `taskgraph_index` in local replica `local`."""
@@ -121,3 +91,97 @@ class RewriteContext:
     """The class of this rewrite's communicators
     (`backend.communicator_class`)."""
     return backend.communicator_class(self)
+
+
+class Copies:
+  """Where every op of the training step has its copies, by local replica
+  and micro-batch.
+
+  `clones[i]` maps an op name of replica 0's training step to that op in
+  local replica `i` (identity for i = 0, which also holds the ops later
+  passes built in replica 0). `micro_batches[m]` maps an op name of one
+  micro-batch's forward and backward pass to that op in micro-batch `m` of
+  replica 0 (the constants every micro-batch shares map to themselves).
+  """
+
+  def __init__(self, clones, micro_batches=None):
+    self.clones = clones
+    self.micro_batches = micro_batches or []
+    # replica_op_names cache: local -> (size of clones[local], names).
+    self._op_names = {}
+
+  def op(self, local, op):
+    """`op`'s copy in local replica `local`."""
+    return self.clones[local].get(op.name, op)
+
+  def tensor(self, local, tensor):
+    return self.op(local, tensor.op).outputs[tensor.value_index]
+
+  def micro_batch_ops(self, op):
+    """`op` in every micro-batch of replica 0; [op] when it is not part
+    of a micro-batch."""
+    copies = [clones.get(op.name) for clones in self.micro_batches]
+    return [op] if not copies or copies[0] is None else copies
+
+  def micro_batch_tensors(self, tensor):
+    """`tensor` in every micro-batch of replica 0; [tensor] when it is not
+    part of a micro-batch."""
+    return [op.outputs[tensor.value_index]
+            for op in self.micro_batch_ops(tensor.op)]
+
+  def replica_op_names(self, local):
+    """Names of the ops of local replica `local` (a frozenset).
+
+    Cached: gradient aggregation asks once per gradient, and rebuilding the
+    set each time made the rewrite quadratic (half of a BERT-Base rewrite).
+    The clone maps only grow, so the cache is rebuilt when `clones[local]`
+    has grown since.
+    """
+    clones = self.clones[local]
+    cached = self._op_names.get(local)
+    if cached is None or cached[0] != len(clones):
+      cached = (len(clones), frozenset(op.name for op in clones.values()))
+      self._op_names[local] = cached
+    return cached[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepGradients:
+  """The recorded gradients as the rewritten graph computes them.
+
+  `raw[k]`: the (gradient, variable op) pairs of the k-th recorded
+  `tf.gradients` call; `applied[k]`: those the k-th `apply_gradients`
+  applied. They start as captured; passes that replace a gradient tensor
+  (mixed precision, the loss scale) hand on new values.
+  """
+  raw: tuple
+  applied: tuple
+
+  @classmethod
+  def captured(cls, step):
+    return cls(tuple(r.pairs for r in step.gradient_records),
+               tuple(r.grads_and_vars for r in step.apply_records))
+
+  def raw_gradients(self):
+    """Every recorded gradient of a variable, in the order they were made."""
+    return [grad for pairs in self.raw for grad, _ in pairs]
+
+  def remapped(self, remapped):
+    """These gradients with the tensors named in `remapped` (old tensor
+    name -> new tensor) replaced."""
+    return StepGradients(
+        tuple(tuple(remap_pairs(pairs, remapped)) for pairs in self.raw),
+        tuple(tuple(remap_pairs(pairs, remapped)) for pairs in self.applied))
+
+
+def remap_pairs(pairs, remapped):
+  """(gradient, variable) `pairs` with the gradient tensors named in
+  `remapped` (old tensor name -> new tensor) replaced."""
+  def new(grad):
+    if grad is None:
+      return None
+    if isinstance(grad, tf.IndexedSlices):
+      return tf.IndexedSlices(new(grad.values), new(grad.indices),
+                              grad.dense_shape)
+    return remapped.get(grad.name, grad)
+  return [(new(g), v) for g, v in pairs]

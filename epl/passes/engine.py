@@ -1,42 +1,15 @@
 """The rewrite engine: from the captured single-replica graph to the
 distributed one, once, before the graph first runs.
 
-The passes, in order (each a function with its own docstring):
-  1. select_training_subgraph      - what is cloned, shared or joined
-  2. resolve_training_ops          - TaskGraph and phase of every op
-  3. check_stages                  - stages make a pipeline (errors only)
-  4. make_plan                     - replicas and devices (plain data)
-  5. place_replica_zero            - the user's ops become replica 0
-  6. convert_to_half               - AMP O1: half-precision compute
-  7. scale_loss                    - AMP loss scale on the gradient seeds
-  8. recompute_activations         - gradient checkpointing
-  9. clone_micro_batches           - forward + backward per micro-batch,
-                                     gradients accumulated
- 10. zero.partition_updates        - ZeRO: each variable's owner; its
-                                     update is not cloned
- 11. clone_replicas                - the other local replicas
- 12. vary_random_seeds             - each copy draws its own random numbers
- 13. zero.place_updates            - ZeRO: updates run on their owners, new
-                                     values copied to the other replicas
- 14. offload_variables             - offload: state and updates on the
-                                     host, variables read just in time
- 15. order_input_reads             - each micro-batch of each replica reads
-                                     its own batch, in order
- 16. lower_split                   - each replica's copy of a split part
-                                     becomes its shard
- 17. split_fed_batches             - each copy reads its part of a fed batch
- 18. join_replicas                 - the train op waits for every replica
- 19. order_shared_writes           - the global_step increment runs once,
-                                     after every replica read it
- 20. average_forward_state_updates - batch-norm statistics move once per
-                                     step by the replicas' mean update
- 21. aggregate_gradients           - all-reduce between gradients and update
- 22. skip_nonfinite_updates        - AMP dynamic loss scale: skip inf/NaN
-                                     steps
- 23. schedule_pipeline             - each stage runs its micro-batches in
-                                     the schedule's order
- 24. merge_global_objects          - merged fetches
- 25. VariableSync.update           - init / restore reach every replica
+The rewrite is the passes of `PASSES`, run by the pass manager
+(`epl.passes.manager`) over the artifacts of `ARTIFACTS`: each pass
+declares what it reads and writes, and runs when its configuration asks
+for it. `python -m epl.passes.diagram` draws them (docs/architecture.svg,
+docs/architecture.md). The engine starts the rewrite with the training
+step `select_training_subgraph` found (given: `captured_step`,
+`subgraph`, the captured gradients, and the op tags and provenance kept
+with the graph's state).
+
 Later, before each run, VariableSync handles ops built since. In a dry run
 (`EPL_DRY_RUN`, `epl-plan`) the process prints the plan and exits once the
 rewrite is done (`epl.hooks` calls `epl.tools.dry_run`).
@@ -47,97 +20,255 @@ import logging
 from epl.capture import capture
 from epl.env import Env
 from epl.ir.graph_state import state_of
+from epl.passes.resolve import resolve_training_ops
 from epl.passes import grouped_apply
+from epl.plan import planner
 from epl.passes import zero
-from epl.passes.amp import convert_to_half
-from epl.passes.context import RewriteContext
+from epl.passes.context import RewriteContext, StepGradients
 from epl.passes.fed_batches import split_fed_batches
 from epl.passes.forward_state import average_forward_state_updates
 from epl.passes.gradient_aggregation import (aggregate_gradients,
-                                             gradient_points)
-from epl.passes.gradient_checkpoint import recompute_activations
-from epl.passes.loss_scale import scale_loss, skip_nonfinite_updates
+                                               select_gradient_points)
 from epl.passes.merge_outputs import merge_global_objects
 from epl.passes.micro_batches import clone_micro_batches
 from epl.passes.offload import offload_variables
-from epl.passes.random_seeds import vary_random_seeds
 from epl.passes.replicas import (clone_replicas, join_replicas,
-                                 order_input_reads, place_replica_zero)
-from epl.passes.resolve import resolve_training_ops
+                                   order_input_reads, place_replica_zero)
+from epl.passes.random_seeds import vary_random_seeds
 from epl.passes.schedule import schedule_pipeline
 from epl.passes.shared_writes import order_shared_writes
 from epl.passes.split import lower_split, update_checkpoints
 from epl.passes.stage_checks import check_stages
 from epl.passes.training_subgraph import select_training_subgraph
-from epl.passes.variable_sync import VariableSync
-from epl.plan import planner
+from epl.passes.variable_sync import sync_variables
+from epl.passes.manager import Artifact, Pass, PassManager
+from epl.passes import amp
+from epl.passes import loss_scale
+from epl.passes.amp import convert_to_half
+from epl.passes.gradient_checkpoint import recompute_activations
+from epl.passes.loss_scale import scale_loss, skip_nonfinite_updates
 
 logger = logging.getLogger("epl")
 
+ARTIFACTS = (
+    Artifact("captured_step", "CapturedStep",
+             "The training step as captured and selected: gradient and "
+             "apply records, loss seeds, updates, joins, shared ops and "
+             "writes, input reads. Never changed."),
+    Artifact("subgraph", "TrainingSubgraph",
+             "The per-replica part of the step: the ops every replica "
+             "copies (topologically ordered) and its replicated variables."),
+    Artifact("tags", "GraphState",
+             "TaskGraph, phase and micro-batch of every op.",
+             in_graph_state=True),
+    Artifact("provenance", "Provenance",
+             "Pass, source, replica and micro-batch of every op EPL built "
+             "(the manager records the pass; passes that copy ops record "
+             "the copies); roles of split lowering ops.",
+             in_graph_state=True),
+    Artifact("plan", "Plan",
+             "Replicas, their devices, micro-batches and schedule "
+             "(planner.plan_of).", in_graph_state=True),
+    Artifact("gradients", "StepGradients",
+             "The recorded gradients as the graph now computes them."),
+    Artifact("gradient_points", "[[(gradient, variable)]]",
+             "Per tf.gradients call, the pairs the replicas all-reduce."),
+    Artifact("copies", "Copies",
+             "Each op's copy by local replica and micro-batch."),
+    Artifact("user_devices", "{op name: device}",
+             "The device the user set on each op of the step, and on "
+             "replica 0's copies of it."),
+    Artifact("zero_partition", "zero.Partition or None",
+             "The owner replica of each trained variable, and its update."),
+    Artifact("loss_scale_state", "loss scale variables or None",
+             "The dynamic loss scale and its count of good steps."),
+    Artifact("recomputed_segments", "[[op]]",
+             "Replica 0's recomputed ops, one list per segment."),
+    Artifact("substitutes", "{name: tensor or op}",
+             "What a Session.run fetches instead of a tensor or op."),
+    Artifact("variable_sync", "VariableSync",
+             "Copies replica 0's variable writes into the other replicas, "
+             "now and before later runs."),
+)
+# What the rewrite starts with.
+GIVEN = ("captured_step", "subgraph", "gradients", "tags", "provenance")
+
+
+def make_plan(ctx):
+  """Lays the TaskGraphs out on the cluster: replicas, devices,
+  micro-batches and schedule (planner.plan_of); changes no op."""
+  planner.plan_of(ctx.graph, for_rewrite=True)
+
+
+def _grouped_apply(config):
+  """optimizer.num_apply_group > 1"""
+  return config.optimizer.num_apply_group > 1
+
+
+def _amp(config):
+  """amp.level O1"""
+  return amp.enabled(config)
+
+
+def _loss_scale(config):
+  """amp.level O1 with amp.dtype float16"""
+  return loss_scale.used(config)
+
+
+def _dynamic_loss_scale(config):
+  """amp.level O1, amp.dtype float16, amp.loss_scale dynamic"""
+  return loss_scale.used(config) and loss_scale.dynamic(config)
+
+
+def _gradient_checkpoint(config):
+  """gradient_checkpoint.type set"""
+  return bool(config.gradient_checkpoint.type)
+
+
+def _zero(config):
+  """zero.level set"""
+  return bool(config.zero.level)
+
+
+def _offload(config):
+  """offload.level v0"""
+  return config.offload.level == "v0"
+
+
+PASSES = (
+    Pass("resolve_training_ops", resolve_training_ops,
+         reads=("subgraph", "tags"), writes=("tags",)),
+    Pass("check_stages", check_stages,
+         reads=("captured_step", "subgraph", "tags")),
+    Pass("make_plan", make_plan, writes=("plan",)),
+    Pass("select_gradient_points", select_gradient_points,
+         reads=("captured_step", "tags"), writes=("gradient_points",)),
+    Pass("check_grouped", grouped_apply.check_grouped,
+         reads=("captured_step",), enabled=_grouped_apply),
+    Pass("place_replica_zero", place_replica_zero,
+         reads=("subgraph", "tags", "plan"),
+         writes=("copies", "user_devices")),
+    Pass("convert_to_half", convert_to_half,
+         reads=("subgraph", "tags", "gradients", "gradient_points", "copies",
+                "user_devices"),
+         writes=("subgraph", "tags", "provenance", "gradients",
+                 "gradient_points", "copies", "user_devices"),
+         enabled=_amp),
+    Pass("scale_loss", scale_loss,
+         reads=("captured_step", "subgraph", "tags", "plan", "gradients",
+                "gradient_points", "copies"),
+         writes=("subgraph", "tags", "gradients", "gradient_points",
+                 "copies", "loss_scale_state"),
+         enabled=_loss_scale),
+    Pass("recompute_activations", recompute_activations,
+         reads=("captured_step", "subgraph", "tags", "gradients", "copies",
+                "user_devices"),
+         writes=("subgraph", "tags", "provenance", "copies", "user_devices",
+                 "recomputed_segments"),
+         enabled=_gradient_checkpoint),
+    Pass("clone_micro_batches", clone_micro_batches,
+         reads=("subgraph", "tags", "plan", "gradients", "gradient_points",
+                "copies", "user_devices"),
+         writes=("subgraph", "tags", "provenance", "gradient_points",
+                 "copies", "user_devices")),
+    Pass("partition_updates", zero.partition_updates,
+         reads=("subgraph", "tags", "plan", "gradients", "gradient_points"),
+         writes=("subgraph", "zero_partition"), enabled=_zero),
+    Pass("clone_replicas", clone_replicas,
+         reads=("subgraph", "tags", "plan", "copies", "user_devices"),
+         writes=("tags", "provenance", "copies")),
+    Pass("vary_random_seeds", vary_random_seeds,
+         reads=("subgraph", "tags", "plan", "copies")),
+    Pass("place_updates", zero.place_updates,
+         reads=("zero_partition", "captured_step", "subgraph", "tags", "plan",
+                "gradient_points", "copies"),
+         writes=("gradient_points", "copies"), enabled=_zero),
+    Pass("offload_variables", offload_variables,
+         reads=("tags", "plan", "copies"), enabled=_offload),
+    Pass("order_input_reads", order_input_reads,
+         reads=("captured_step", "plan", "copies")),
+    Pass("lower_split", lower_split,
+         reads=("subgraph", "tags", "provenance", "plan", "gradient_points",
+                "copies"),
+         writes=("subgraph", "provenance", "gradient_points")),
+    Pass("split_fed_batches", split_fed_batches,
+         reads=("captured_step", "subgraph", "tags", "plan", "copies")),
+    Pass("join_replicas", join_replicas,
+         reads=("captured_step", "subgraph", "plan", "copies")),
+    Pass("order_shared_writes", order_shared_writes,
+         reads=("captured_step", "subgraph", "plan", "copies")),
+    Pass("average_forward_state_updates", average_forward_state_updates,
+         reads=("captured_step", "subgraph", "tags", "plan", "copies"),
+         writes=("tags",)),
+    Pass("aggregate_gradients", aggregate_gradients,
+         reads=("tags", "plan", "gradient_points", "copies")),
+    Pass("skip_nonfinite_updates", skip_nonfinite_updates,
+         reads=("loss_scale_state", "captured_step", "subgraph", "tags",
+                "plan", "copies"),
+         enabled=_dynamic_loss_scale),
+    Pass("schedule_pipeline", schedule_pipeline,
+         reads=("subgraph", "tags", "plan", "copies")),
+    Pass("merge_global_objects", merge_global_objects,
+         reads=("tags", "plan", "copies"), writes=("substitutes",)),
+    Pass("sync_variables", sync_variables,
+         reads=("captured_step", "subgraph", "tags", "provenance", "plan",
+                "copies", "substitutes"),
+         writes=("variable_sync", "substitutes")),
+)
+
+
+def pass_manager():
+  """The PassManager of the rewrite, its passes registered."""
+  manager = PassManager(ARTIFACTS, given=GIVEN)
+  for pass_ in PASSES:
+    manager.register(pass_)
+  return manager
+
 
 class RewriteResult:
-  """What the rewrite left for the runtime and for inspection."""
+  """What the rewrite left for the runtime and for inspection: its
+  context and the final value of every artifact."""
 
-  def __init__(self, ctx, variable_sync):
+  def __init__(self, ctx, artifacts):
     self.context = ctx
     self.plan = ctx.plan
-    self.substitutes = ctx.substitutes
-    self.variable_sync = variable_sync
+    self.step = artifacts["captured_step"]
+    self.subgraph = artifacts["subgraph"]
+    self.copies = artifacts["copies"]
+    self.gradient_points = artifacts["gradient_points"]
+    self.recomputed_segments = artifacts.get("recomputed_segments", [])
+    self.substitutes = artifacts["substitutes"]
+    self.variable_sync = artifacts["variable_sync"]
     self.graph_version = ctx.graph.version
     # Names of every op of the rewritten step (epl.runtime.coverage).
     self.covered_names = None
 
 
-def _log_plan(ctx):
+def _log_plan(result):
+  ctx, subgraph = result.context, result.subgraph
   phases = collections.Counter(
-      ctx.state.phase_of(op).value for op in ctx.subgraph.cloned)
-  logger.info("EPL plan: %s", ctx.plan.describe())
+      ctx.state.phase_of(op).value for op in subgraph.cloned)
+  logger.info("EPL plan: %s", result.plan.describe())
   logger.info(
       "EPL rewrite: %d local replica(s) %s; per replica %d ops cloned (%s), "
       "%d shared, %d variables replicated", len(ctx.replicas), ctx.replicas,
-      len(ctx.subgraph.cloned),
+      len(subgraph.cloned),
       ", ".join("%s %d" % kv for kv in sorted(phases.items())),
-      len(ctx.subgraph.shared), len(ctx.subgraph.variables))
+      len(result.step.shared), len(subgraph.variables))
 
 
-def rewrite(graph, state, subgraph):
-  """Runs the rewrite passes over `graph`, whose training step is
-  `subgraph`; returns the RewriteResult."""
+def rewrite(graph, state, step, subgraph):
+  """Runs the rewrite passes over `graph`, whose training step is `step`
+  with per-replica part `subgraph`; returns the RewriteResult."""
   env = Env.get()
-  resolve_training_ops(state, subgraph.cloned)
-  check_stages(state, subgraph)
-  plan = planner.make_plan(env.cluster, state.taskgraphs, env.config)
-  ctx = RewriteContext(graph=graph, state=state, plan=plan, config=env.config,
-                       cluster=env.cluster, subgraph=subgraph,
-                       replicas=plan.local_replicas,
-                       gradient_points=gradient_points(
-                           env.config, state))
-  grouped_apply.check_grouped(ctx)
+  ctx = RewriteContext(graph, state, env.config, env.cluster)
   with capture.suspended():
-    place_replica_zero(ctx)
-    convert_to_half(ctx)
-    dynamic_loss_scale = scale_loss(ctx)
-    recompute_activations(ctx)
-    clone_micro_batches(ctx)
-    zero_partition = zero.partition_updates(ctx)
-    clone_replicas(ctx)
-    vary_random_seeds(ctx)
-    zero.place_updates(ctx, zero_partition)
-    offload_variables(ctx)
-    order_input_reads(ctx)
-    lower_split(ctx)
-    split_fed_batches(ctx)
-    join_replicas(ctx)
-    order_shared_writes(ctx)
-    average_forward_state_updates(ctx)
-    aggregate_gradients(ctx)
-    skip_nonfinite_updates(ctx, dynamic_loss_scale)
-    schedule_pipeline(ctx)
-    merge_global_objects(ctx)
-    variable_sync = VariableSync(ctx)
-    variable_sync.update()
-  _log_plan(ctx)
-  return RewriteResult(ctx, variable_sync)
+    artifacts = pass_manager().run(ctx, {
+        "captured_step": step, "subgraph": subgraph,
+        "gradients": StepGradients.captured(step)})
+  result = RewriteResult(ctx, artifacts)
+  _log_plan(result)
+  return result
 
 
 def ensure_rewritten(graph):
@@ -148,12 +279,12 @@ def ensure_rewritten(graph):
     return None
   if state.rewrite_result is None and state.version_without_step != (
       graph.version):
-    subgraph = select_training_subgraph(graph, state)
-    if not subgraph.updates:
+    step, subgraph = select_training_subgraph(graph, state)
+    if not step.updates:
       # Gradients without updates (yet): look again when the graph grows.
       state.version_without_step = graph.version
       return None
-    state.rewrite_result = rewrite(graph, state, subgraph)
+    state.rewrite_result = rewrite(graph, state, step, subgraph)
   return state.rewrite_result
 
 
@@ -163,8 +294,10 @@ def before_run(graph):
   if result is None:
     return None
   if graph.version != result.graph_version and not graph.finalized:
-    with capture.suspended():
+    ctx = result.context
+    with capture.suspended(), ctx.state.provenance.building(
+        "sync_variables", graph):
       result.variable_sync.update()
-      update_checkpoints(result.context)
+      update_checkpoints(ctx, result.copies)
     result.graph_version = graph.version
   return result.substitutes

@@ -9,7 +9,7 @@ import logging
 import tensorflow as tf
 
 from epl.capture import capture
-from epl.passes.training_subgraph import PLACEHOLDER_TYPES
+from epl.ir.op_types import PLACEHOLDER_TYPES
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
@@ -22,7 +22,7 @@ def _is_batch(placeholder):
   return shape.rank is not None and shape.rank >= 1 and shape[0] is None
 
 
-def split_fed_batches(ctx):
+def split_fed_batches(ctx, captured_step, subgraph, copies):
   """Gives each copy of the step its part of every fed batch.
 
   A placeholder whose first dimension is unknown (`[None, ...]`) and that
@@ -36,18 +36,18 @@ def split_fed_batches(ctx):
   reads it stay as they are.
   """
   replicas = len(ctx.replicas)
-  micro_batches = ctx.micro_batches or [{}]
+  micro_batches = copies.micro_batches or [{}]
   parts = replicas * len(micro_batches)
   if parts == 1:
     return
-  placeholders = [op for op in ctx.subgraph.shared
+  placeholders = [op for op in captured_step.shared
                   if op.type in PLACEHOLDER_TYPES and _is_batch(op)]
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       FED_BATCH_SCOPE), ctx.graph.control_dependencies(None):
     for placeholder in placeholders:
       fed = placeholder.outputs[0]
       readers = [c for c in fed.consumers()
-                 if c.name in ctx.subgraph.cloned_names and
+                 if c.name in subgraph.cloned_names and
                  ctx.state.micro_batch_of(c) is not None]
       if not readers:
         continue
@@ -68,7 +68,7 @@ def split_fed_batches(ctx):
           micro_batch = ctx.state.micro_batch_of(reader)
           for local in range(replicas):
             piece = pieces[micro_batch * replicas + local]
-            copy = ctx.op(local, reader)
+            copy = copies.op(local, reader)
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
                 graph_edit.update_input(copy, position, piece)

@@ -18,21 +18,16 @@ FORWARD_STATE_SCOPE = "EPL_FORWARD_STATE"
 _CHAIN = "forward_state"
 
 
-def _forward_writes(ctx):
+def _forward_writes(ctx, subgraph):
   """The user's writes of replicated variables in the forward pass."""
-  replicated = {v.name for v in ctx.subgraph.variables}
-  return [op for op in ctx.subgraph.cloned
+  replicated = {v.name for v in subgraph.variables}
+  return [op for op in subgraph.cloned
           if ctx.state.phase_of(op) is Phase.FORWARD and
           ctx.state.micro_batch_of(op) in (None, 0) and
           any(v.name in replicated for v in written_variables(op))]
 
 
-def _micro_batch_copies(ctx, op):
-  copies = [clones.get(op.name) for clones in ctx.micro_batches]
-  return [op] if not copies or copies[0] is None else copies
-
-
-def average_forward_state_updates(ctx):
+def average_forward_state_updates(ctx, captured_step, subgraph, copies):
   """Makes each forward write run once per step with the mean update.
 
   For a forward write (its value input: the moving average's decrement,
@@ -48,21 +43,21 @@ def average_forward_state_updates(ctx):
   schedule, and the user's write waits for its replicas' copies, so
   fetching `UPDATE_OPS` runs all of them. Nothing else changes.
   """
-  writes = _forward_writes(ctx)
+  writes = _forward_writes(ctx, subgraph)
   if not writes:
     return
   replicas = range(len(ctx.replicas))
-  join_names = {op.name for op in ctx.subgraph.joins}
+  join_names = {op.name for op in captured_step.joins}
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       FORWARD_STATE_SCOPE), ctx.graph.control_dependencies(None):
     for write in writes:
       joins = [op for op in graph_editor.descendants([write])
                if op.name in join_names]
       taskgraph = ctx.taskgraph_index(write)
-      copies = _micro_batch_copies(ctx, write)
+      micro_batch_writes = copies.micro_batch_ops(write)
       means = []
       for local in replicas:
-        replica_copies = [ctx.op(local, c) for c in copies]
+        replica_copies = [copies.op(local, c) for c in micro_batch_writes]
         with tf.device(replica_copies[0].device):
           values = [c.inputs[1] for c in replica_copies]
           means.append(values[0] if len(values) == 1 else
@@ -70,7 +65,7 @@ def average_forward_state_updates(ctx):
       if ctx.plan.num_replicas > 1:
         means = ctx.communicator(taskgraph, _CHAIN).all_reduce(means, "mean")
       for local in replicas:
-        replica_copies = [ctx.op(local, c) for c in copies]
+        replica_copies = [copies.op(local, c) for c in micro_batch_writes]
         graph_edit.update_input(replica_copies[0], 1, means[local])
         for copy in replica_copies:
           # Once per step: in no micro-batch's block of the schedule.
@@ -81,4 +76,4 @@ def average_forward_state_updates(ctx):
         for join in joins:
           graph_editor.add_control_inputs(join, [replica_copies[0]])
       graph_editor.add_control_inputs(
-          write, [ctx.op(local, write) for local in replicas if local])
+          write, [copies.op(local, write) for local in replicas if local])

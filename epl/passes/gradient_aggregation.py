@@ -13,7 +13,7 @@ from epl.passes.training_subgraph import tensors_of
 logger = logging.getLogger("epl")
 
 
-def _applied_gradients(state):
+def _applied_gradients(state, step):
   """{name of a recorded gradient: the gradient apply_gradients applied for
   the same variable}, where exactly one applied gradient descends from it.
 
@@ -22,12 +22,12 @@ def _applied_gradients(state):
   """
   raw_by_variable = collections.defaultdict(dict)
   raw_ops = set()
-  for record in state.gradient_records:
+  for record in step.gradient_records:
     for grad, variable in record.pairs:
       raw_by_variable[variable.name][tensors_of(grad)[0].op.name] = grad
       raw_ops.update(t.op.name for t in tensors_of(grad))
   matches = collections.defaultdict(list)
-  for record in state.apply_records:
+  for record in step.apply_records:
     for applied, variable in record.grads_and_vars:
       raw = raw_by_variable.get(variable.name)
       if not raw:
@@ -49,9 +49,11 @@ def _applied_gradients(state):
           if len(applied) == 1}
 
 
-def gradient_points(config, state):
-  """The (gradient, variable op) pairs to reduce, one list per recorded
-  `tf.gradients` call (`ctx.gradient_points` starts from these).
+def select_gradient_points(ctx, captured_step):
+  """Chooses the gradients the replicas reduce: the gradient points.
+
+  The (gradient, variable op) pairs to reduce, one list per recorded
+  `tf.gradients` call (the `gradient_points` later passes follow).
 
   By default the gradient as `apply_gradients` applied it, when it did:
   any post-processing between (clipping) runs per replica first, as in the
@@ -59,12 +61,12 @@ def gradient_points(config, state):
   `apply_gradients` of the base class applied it (an optimizer that
   overrides it, hand-written updates), the gradient `tf.gradients` made,
   so that everything after it sees the reduced gradient. Each gradient is
-  reduced once.
+  reduced once. Changes nothing in the graph.
   """
-  applied = ({} if config.communication.clip_after_allreduce else
-             _applied_gradients(state))
+  applied = ({} if ctx.config.communication.clip_after_allreduce else
+             _applied_gradients(ctx.state, captured_step))
   points, seen = [], set()
-  for record in state.gradient_records:
+  for record in captured_step.gradient_records:
     pairs = []
     for grad, variable in record.pairs:
       point = applied.get(tensors_of(grad)[0].name, grad)
@@ -73,12 +75,12 @@ def gradient_points(config, state):
         seen.add(key)
         pairs.append((point, variable))
     points.append(pairs)
-  return points
+  return {"gradient_points": points}
 
 
-def _remap(ctx, local, old, new):
+def _remap(copies, local, old, new):
   graph_editor.replace_input_in(
-      graph_editor.consumers_of(old, ctx.replica_op_names(local)), old, new)
+      graph_editor.consumers_of(old, copies.replica_op_names(local)), old, new)
 
 
 def _float16_all_reduce(communicator, flats, reduce_op, scale,
@@ -107,7 +109,8 @@ def _float16_all_reduce(communicator, flats, reduce_op, scale,
   return results
 
 
-def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
+def _reduce_dense_bucket(ctx, copies, communicator, bucket, reduce_op,
+                         local_devices):
   """All-reduces the gradients of `bucket`: one gradient as it is, several
   flattened and concatenated into one tensor (then split and reshaped)."""
   comm = ctx.config.communication
@@ -115,9 +118,9 @@ def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
   for local, device in enumerate(local_devices):
     with tf.device(device):
       if len(bucket) == 1:
-        flats.append(ctx.tensor(local, bucket[0]))
+        flats.append(copies.tensor(local, bucket[0]))
       else:
-        flats.append(tf.concat([tf.reshape(ctx.tensor(local, g), [-1])
+        flats.append(tf.concat([tf.reshape(copies.tensor(local, g), [-1])
                                 for g in bucket], 0))
   if comm.fp16 and bucket[0].dtype == tf.float32:
     reduced = _float16_all_reduce(communicator, flats, reduce_op,
@@ -127,12 +130,12 @@ def _reduce_dense_bucket(ctx, communicator, bucket, reduce_op, local_devices):
   sizes = [g.shape.num_elements() for g in bucket]
   for local, (device, flat) in enumerate(zip(local_devices, reduced)):
     if len(bucket) == 1:
-      _remap(ctx, local, ctx.tensor(local, bucket[0]), flat)
+      _remap(copies, local, copies.tensor(local, bucket[0]), flat)
       continue
     with tf.device(device):
       for grad, piece in zip(bucket, tf.split(flat, sizes)):
-        replica_grad = ctx.tensor(local, grad)
-        _remap(ctx, local, replica_grad,
+        replica_grad = copies.tensor(local, grad)
+        _remap(copies, local, replica_grad,
                tf.reshape(piece, tf.shape(replica_grad)))
 
 
@@ -174,10 +177,11 @@ def _gather_rows(ctx, communicator, parts, local_devices):
   return result
 
 
-def _reduce_sparse(ctx, communicator, grad, reduce_op, local_devices):
+def _reduce_sparse(ctx, copies, communicator, grad, reduce_op, local_devices):
   """IndexedSlices: gather every replica's rows (and indices)."""
-  values = [ctx.tensor(l, grad.values) for l in range(len(local_devices))]
-  indices = [ctx.tensor(l, grad.indices) for l in range(len(local_devices))]
+  values = [copies.tensor(l, grad.values) for l in range(len(local_devices))]
+  indices = [copies.tensor(l, grad.indices)
+             for l in range(len(local_devices))]
   if grad.values.shape.rank is not None and grad.values.shape[0] is not None:
     # A static row count: the same in every replica and step.
     gathered_values = communicator.all_gather(values)
@@ -193,14 +197,14 @@ def _reduce_sparse(ctx, communicator, grad, reduce_op, local_devices):
       if reduce_op == "mean":
         new_values = new_values / tf.cast(communicator.group_size,
                                           new_values.dtype)
-    _remap(ctx, local, values[local], new_values)
-    _remap(ctx, local, indices[local], gathered_indices[local])
+    _remap(copies, local, values[local], new_values)
+    _remap(copies, local, indices[local], gathered_indices[local])
 
 
-def aggregate_gradients(ctx):
+def aggregate_gradients(ctx, gradient_points, copies):
   """Inserts an all-reduce between each replica's gradients and its update.
 
-  For every (gradient, variable) of `ctx.gradient_points`, the ops of
+  For every (gradient, variable) of the gradient points, the ops of
   each replica that read the gradient now read its mean (or sum, per
   communication.gradients_reduce_method) over all replicas. Dense gradients
   of one TaskGraph and dtype travel fused in at most
@@ -220,7 +224,7 @@ def aggregate_gradients(ctx):
       "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
     # Each tf.gradients call's gradients reduce in chains of their own, so
     # that a train op run alone never waits on another's all-reduce.
-    for chain, points in enumerate(ctx.gradient_points):
+    for chain, points in enumerate(gradient_points):
       by_taskgraph = collections.OrderedDict()
       for grad, _ in points:
         by_taskgraph.setdefault(
@@ -243,8 +247,8 @@ def aggregate_gradients(ctx):
         devices = [ctx.device(l, transfer.taskgraph)
                    for l in range(len(ctx.replicas))]
         if transfer.sparse:
-          _reduce_sparse(ctx, communicator, transfer.gradients[0], reduce_op,
-                         devices)
+          _reduce_sparse(ctx, copies, communicator, transfer.gradients[0],
+                         reduce_op, devices)
         else:
-          _reduce_dense_bucket(ctx, communicator, transfer.gradients,
+          _reduce_dense_bucket(ctx, copies, communicator, transfer.gradients,
                                reduce_op, devices)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from epl.analysis import checkpoint_search
 from epl.ir import graph_editor
+from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
 from epl.tf_compat import graph_edit
 
@@ -30,9 +31,6 @@ logger = logging.getLogger("epl")
 CHECKPOINTS_COLLECTION = "checkpoints"
 RECOMPUTE_PREFIX = "EPL_GRADIENT_CHECKPOINTS/"
 CHECK_PREFIX = "EPL_GRADIENT_CHECKPOINTS_CHECK/"
-# Ops that only read their input's shape: they run in forward and keep
-# nothing alive, so they keep reading the forward value.
-_SHAPE_READERS = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 # check_gradients tolerance: recomputation may reorder float additions.
 _RTOL, _ATOL = 1e-4, 1e-5
 
@@ -145,7 +143,9 @@ def _copy_plain_gradients(ctx, backward_ops):
   """A copy of the backward ops that reads the forward values, for
   check_gradients; {original op name: copy}."""
   return graph_editor.clone_ops(ctx.graph, backward_ops, CHECK_PREFIX,
-                                lambda op: op.device)
+                                lambda op: op.device,
+                                provenance=ctx.state.provenance,
+                                replica=ctx.replicas[0])
 
 
 def _dense(grad):
@@ -153,15 +153,15 @@ def _dense(grad):
       else grad
 
 
-def _add_gradient_checks(ctx, plain_copies):
+def _add_gradient_checks(step, gradients, plain_copies):
   """Asserts, each step, that every recomputed gradient equals the plain
   one; raises at rewrite time when shapes differ."""
   def plain(tensor):
     copy = plain_copies.get(tensor.op.name)
     return tensor if copy is None else copy.outputs[tensor.value_index]
-  for record in ctx.state.gradient_records:
+  for pairs in gradients.raw:
     checks = []
-    for grad, var in record.pairs:
+    for grad, var in pairs:
       if isinstance(grad, tf.IndexedSlices):
         reference = tf.IndexedSlices(plain(grad.values), plain(grad.indices),
                                      grad.dense_shape)
@@ -182,11 +182,12 @@ def _add_gradient_checks(ctx, plain_copies):
                 "gradient of %s differs from the plain gradient; max "
                 "difference:" % var.name,
                 tf.reduce_max(tf.abs(actual - expected))]))
-    for join in ctx.subgraph.joins:
+    for join in step.joins:
       graph_editor.add_control_inputs(join, checks)
 
 
-def recompute_activations(ctx):
+def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
+                          user_devices):
   """Rewrites replica 0's backward to recompute non-checkpoint activations.
 
   Forward ops that lie before a checkpoint (ancestors of one, or branches
@@ -198,15 +199,14 @@ def recompute_activations(ctx):
   gradients come first, so recomputing them saves nothing. The copies
   leading to one checkpoint wait (control edges) for the gradients flowing
   into the backward ops that read them. The copies are BACKWARD ops of the original's
-  TaskGraph and join the cloned subgraph. Forward ops, the optimizer and
-  every other op are unchanged. With gradient_checkpoint.check_gradients,
-  the train op also asserts each step that the gradients equal those of a
-  plain copy of the backward pass.
+  TaskGraph and join the cloned subgraph; their provenance names what
+  they copy. Forward ops, the optimizer and every other op are unchanged.
+  With gradient_checkpoint.check_gradients, the train op also asserts each
+  step that the gradients equal those of a plain copy of the backward
+  pass. Hands on the recomputed segments (`recomputed_segments`).
   """
-  if not ctx.config.gradient_checkpoint.type:
-    return
   state = ctx.state
-  cloned = ctx.subgraph.cloned
+  cloned = subgraph.cloned
   forward = [op for op in cloned if state.phase_of(op) is Phase.FORWARD]
   forward_names = {op.name for op in forward}
   backward = [op for op in cloned if state.phase_of(op) is Phase.BACKWARD]
@@ -228,38 +228,47 @@ def recompute_activations(ctx):
             p in before or p not in recomputable for p in producers):
       before.add(op.name)
   candidates = (before & recomputable) - checkpoint_ops
-  reads = [(op, index, t) for op in backward if op.type not in _SHAPE_READERS
+  # Shape readers run in forward and keep nothing alive: they keep reading
+  # the forward value.
+  reads = [(op, index, t) for op in backward
+           if op.type not in SHAPE_READER_TYPES
            for index, t in enumerate(op.inputs) if t.op.name in candidates]
   needed = _ancestors_within([t.op for _, _, t in reads], candidates,
                              stop=())
   to_copy = [op for op in cloned if op.name in needed]
+  result = {"subgraph": subgraph, "copies": copies,
+            "user_devices": user_devices, "recomputed_segments": []}
   if not to_copy:
     logger.warning("Gradient checkpointing: no activation before the "
                    "checkpoints is read by the backward pass; nothing is "
                    "recomputed.")
-    return
+    return result
   plain_copies = None
   if ctx.config.gradient_checkpoint.check_gradients:
     plain_copies = _copy_plain_gradients(ctx, backward)
-  copies = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
-                                  lambda op: op.device)
+  recomputed = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
+                                      lambda op: op.device,
+                                      provenance=state.provenance,
+                                      replica=ctx.replicas[0])
   readers = collections.defaultdict(list)
   for op, index, tensor in reads:
-    copy = copies[tensor.op.name]
+    copy = recomputed[tensor.op.name]
     graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
     readers[copy.name].append(op)
-  for name, copy in copies.items():
-    state.copy_tags(ctx.clones[0][name], copy)
+  for name, copy in recomputed.items():
+    state.copy_tags(copies.clones[0][name], copy)
     state.set_phase(copy, Phase.BACKWARD)
-    ctx.user_devices[copy.name] = ctx.user_devices.get(name, "")
-  ctx.recomputed_segments = _segments(forward, checkpoint_ops, copies)
-  for segment in ctx.recomputed_segments:
+    user_devices[copy.name] = user_devices.get(name, "")
+  segments = _segments(forward, checkpoint_ops, recomputed)
+  for segment in segments:
     _order_just_in_time(
         ctx, segment, [r for op in segment for r in readers[op.name]])
-  ctx.subgraph.add_cloned(copies.values())
-  ctx.clones[0].update({copy.name: copy for copy in copies.values()})
+  copies.clones[0].update({copy.name: copy for copy in recomputed.values()})
   logger.info("Gradient checkpointing: %d forward op(s) recomputed in "
-              "backward", len(copies))
+              "backward", len(recomputed))
   if plain_copies is not None:
     with ctx.graph.as_default(), ctx.graph.name_scope(CHECK_PREFIX):
-      _add_gradient_checks(ctx, plain_copies)
+      _add_gradient_checks(captured_step, gradients, plain_copies)
+  result["subgraph"] = subgraph.adding(recomputed.values())
+  result["recomputed_segments"] = segments
+  return result

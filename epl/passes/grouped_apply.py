@@ -85,7 +85,7 @@ def apply_gradients(original, optimizer, grads_and_vars, global_step, name,
   return previous
 
 
-def check_grouped(ctx):
+def check_grouped(ctx, captured_step):
   """Warns once when optimizer.num_apply_group > 1 did not group an update.
 
   Grouping needs a tf.compat.v1.train.Optimizer that keeps the base
@@ -93,10 +93,8 @@ def check_grouped(ctx):
   variable) is applied normally. Changes nothing in the graph.
   """
   num_groups = ctx.config.optimizer.num_apply_group
-  if num_groups <= 1:
-    return
   grouped = {op.name for op in ctx.graph.get_collection(GROUPED_COLLECTION)}
-  ungrouped = [r.train_op.name for r in ctx.state.apply_records
+  ungrouped = [r.train_op.name for r in captured_step.apply_records
                if r.train_op.name not in grouped and len(r.grads_and_vars) > 1]
   if ungrouped:
     logger.warning(
@@ -105,4 +103,4 @@ def check_grouped(ctx):
         "that keep its apply_gradients.", num_groups, ", ".join(ungrouped))
   else:
     logger.info("optimizer.num_apply_group: %d update(s) applied in up to %d "
-                "groups", len(ctx.state.apply_records), num_groups)
+                "groups", len(captured_step.apply_records), num_groups)

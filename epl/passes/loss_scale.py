@@ -3,8 +3,9 @@ dynamic one.
 
 The gradients exist when the rewrite runs, so the loss is scaled where
 `tf.gradients` seeds the backward pass: the `grad_ys` fill of ones it
-creates for each loss is multiplied by the scale, which scales every
-gradient as `loss * scale` would. Each raw gradient (before any clipping)
+creates for each loss (recorded by capture as the loss seeds) is
+multiplied by the scale, which scales every gradient as `loss * scale`
+would. Each raw gradient (before any clipping)
 is multiplied by 1/scale again, so clipping, accumulation and the
 all-reduce see true gradients.
 
@@ -16,14 +17,14 @@ below 1). Finiteness is decided on the gradients the optimizer applies,
 after the all-reduce, so every replica (and worker) decides alike.
 """
 import logging
-import re
 
 import tensorflow as tf
 
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
-from epl.passes import amp
+from epl.passes.context import remap_pairs
 from epl.passes.training_subgraph import is_variable_writer
+from epl.passes import amp
 from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import control_flow_ops
 
@@ -35,7 +36,6 @@ MULTIPLIER = 2.0
 SCOPE = "EPL_AMP_LOSS_SCALE"
 SCALE_VARIABLE = SCOPE + "/loss_scale"
 GOOD_STEPS_VARIABLE = SCOPE + "/good_steps"
-_SEED = re.compile(r"(^|/)grad_ys_\d+$")
 
 
 def used(config):
@@ -44,7 +44,8 @@ def used(config):
   return amp.enabled(config) and config.amp.dtype == "float16"
 
 
-def _dynamic(config):
+def dynamic(config):
+  """Whether the loss scale is dynamic (amp.loss_scale "dynamic")."""
   return config.amp.loss_scale == "dynamic"
 
 
@@ -71,7 +72,7 @@ def _scale_tensor(ctx):
   """The scale as a tensor on the host: a constant, or the dynamic
   state (created here, read once per step)."""
   with tf.device(ctx.host_device(0)):
-    if not _dynamic(ctx.config):
+    if not dynamic(ctx.config):
       return tf.constant(ctx.config.amp.loss_scale, tf.float32,
                          name=SCOPE + "/fixed"), None
     scale = _State(SCALE_VARIABLE, INITIAL_SCALE, tf.float32)
@@ -93,24 +94,21 @@ def _multiply(ctx, tensor, factor, readers):
   return scaled, built
 
 
-def scale_loss(ctx):
+def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
+               copies):
   """Multiplies each `tf.gradients` seed by the loss scale and each raw
   gradient by its inverse (amp.level O1 with float16).
 
-  The seeds are the backward `grad_ys_<i>` fills of the cloned subgraph;
-  the raw gradients are those compute_gradients returned (else those
-  passed to apply_gradients); their readers and the gradient records
-  move to the unscaled tensors. The new ops are BACKWARD ops of the
-  TaskGraph of what they scale and join the cloned subgraph; the scale
-  itself (a constant or the dynamic state) lives on the host and is
-  shared. Returns the dynamic state, or None.
+  The seeds are the loss seeds capture recorded, in the cloned subgraph;
+  the raw gradients are those `tf.gradients` made; their readers, the
+  gradients and the gradient points handed on move to the unscaled
+  tensors. The new ops are BACKWARD ops of the TaskGraph of what they
+  scale and join the cloned subgraph; the scale itself (a constant or the
+  dynamic state) lives on the host and is shared. Hands on the dynamic
+  state (`loss_scale_state`), or None.
   """
-  if not used(ctx.config):
-    return None
-  state = ctx.state
-  seeds = [op for op in ctx.subgraph.cloned
-           if op.type == "Fill" and state.phase_of(op) is Phase.BACKWARD and
-           _SEED.search(op.name)]
+  seeds = [op for op in subgraph.cloned
+           if op.name in captured_step.loss_seeds]
   if not seeds:
     raise ValueError(
         "amp.loss_scale: no gradient seed (the grad_ys fill tf.gradients "
@@ -120,30 +118,32 @@ def scale_loss(ctx):
   built = []
   with ctx.graph.as_default(), ctx.graph.name_scope(None), \
       ctx.graph.control_dependencies(None):
-    scale, dynamic = _scale_tensor(ctx)
+    scale, dynamic_state = _scale_tensor(ctx)
     for seed in seeds:
       tensor = seed.outputs[0]
       built += _multiply(ctx, tensor, scale, list(tensor.consumers()))[1]
     inverse = tf.math.reciprocal(scale)
     remapped = {}
-    for record in state.gradient_records:
-      for grad, _ in record.pairs:
+    for pairs in gradients.raw:
+      for grad, _ in pairs:
         tensor = grad.values if isinstance(grad, tf.IndexedSlices) else grad
         if tensor.name in remapped:
           continue
         remapped[tensor.name], ops = _multiply(ctx, tensor, inverse,
                                                list(tensor.consumers()))
         built += ops
-  amp.remap_gradients(ctx, remapped)
-  ctx.subgraph.add_cloned(built)
-  ctx.clones[0].update({op.name: op for op in built})
+  copies.clones[0].update({op.name: op for op in built})
   logger.info("AMP loss scale: %s, %d gradient seed(s) scaled",
-              "dynamic" if dynamic else ctx.config.amp.loss_scale,
+              "dynamic" if dynamic_state else ctx.config.amp.loss_scale,
               len(seeds))
-  return dynamic
+  return {"subgraph": subgraph.adding(built),
+          "gradients": gradients.remapped(remapped),
+          "gradient_points": [remap_pairs(points, remapped)
+                              for points in gradient_points],
+          "copies": copies, "loss_scale_state": dynamic_state}
 
 
-def _writers(ctx):
+def _writers(ctx, step, subgraph):
   """The ops of the step that change state: variable updates, slot
   updates, Adam's beta powers, the global_step increment."""
   def writes(op):
@@ -151,9 +151,9 @@ def _writers(ctx):
         t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
         for t in op.inputs)
   state = ctx.state
-  cloned = [op for op in ctx.subgraph.cloned
+  cloned = [op for op in subgraph.cloned
             if state.phase_of(op) is Phase.APPLY and writes(op)]
-  shared = [op for op in ctx.subgraph.shared
+  shared = [op for op in step.shared
             if state.phase_of(op) is Phase.APPLY and writes(op)]
   return cloned, shared
 
@@ -174,19 +174,18 @@ def _gate(op, should_apply):
                    "value input to gate." % (op.name, op.type))
 
 
-def skip_nonfinite_updates(ctx, dynamic):
+def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
+                           copies):
   """Skips the step's updates when a gradient is inf or NaN, and updates
-  the dynamic scale (after the all-reduce; `dynamic` from scale_loss).
+  the dynamic scale (after the all-reduce; the state from scale_loss).
 
   Every replica's state-changing ops of the update (and the shared
   global_step increment) get a Switch on one value input, driven by
   "every float input of replica 0's updates is finite"; the train ops
   also run the scale's update. Nothing else changes.
   """
-  if dynamic is None:
-    return
-  scale, good_steps = dynamic
-  cloned, shared = _writers(ctx)
+  scale, good_steps = loss_scale_state
+  cloned, shared = _writers(ctx, captured_step, subgraph)
   with ctx.graph.as_default(), ctx.graph.name_scope(SCOPE + "/"), \
       ctx.graph.control_dependencies(None):
     with tf.device(ctx.host_device(0)):
@@ -206,10 +205,10 @@ def skip_nonfinite_updates(ctx, dynamic):
       updates = [scale.assign(new_scale), good_steps.assign(new_good)]
     for local in range(len(ctx.replicas)):
       for op in cloned:
-        _gate(ctx.op(local, op), finite)
+        _gate(copies.op(local, op), finite)
     for op in shared:
       _gate(op, finite)
-  for join in ctx.subgraph.joins:
+  for join in captured_step.joins:
     graph_editor.add_control_inputs(join, updates)
   logger.info("AMP dynamic loss scale: %d update op(s) per replica skip "
               "steps with inf/NaN gradients", len(cloned))

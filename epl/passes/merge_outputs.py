@@ -17,7 +17,7 @@ MERGES = {
 }
 
 
-def merge_global_objects(ctx):
+def merge_global_objects(ctx, copies):
   """Builds, for each tensor in GLOBAL_MEAN/SUM/CONCAT_OBJECTS, its merge.
 
   The merge reads the tensor of every micro-batch of every local replica
@@ -26,26 +26,28 @@ def merge_global_objects(ctx):
   and is placed with replica 0's copy; when replicas live on several
   workers, the workers' merges are then combined with collectives
   (`across_workers.merge`), so every worker must fetch it in the same
-  steps. `ctx.substitutes` maps the user's tensor name to the merged
-  tensor, which a session fetch returns in its place, and summary ops
+  steps. The `substitutes` it hands on map the user's tensor name to the
+  merged tensor, which a session fetch returns in its place, and summary ops
   (`tf.compat.v1.summary.scalar`, ...) of the tensor record the merged
   value, so TensorBoard shows what the script prints. The user's tensor
   itself is unchanged.
   """
+  substitutes = {}
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_MERGED_OUTPUTS"), ctx.graph.control_dependencies(None):
     for key, merge in MERGES.items():
       for tensor in ctx.graph.get_collection(key):
         if not isinstance(tensor, tf.Tensor):
           continue
-        values = [ctx.tensor(l, copy)
-                  for copy in ctx.micro_batch_tensors(tensor)
+        values = [copies.tensor(l, copy)
+                  for copy in copies.micro_batch_tensors(tensor)
                   for l in range(len(ctx.replicas))]
         with tf.device(tensor.op.device):
           merged = merge(values)
         merged = across_workers.merge(ctx, key, merged,
                                       ctx.taskgraph_index(tensor.op))
-        ctx.substitutes[tensor.name] = merged
+        substitutes[tensor.name] = merged
         for summary in tensor.consumers():
           if summary.type in SUMMARY_TYPES:
             graph_editor.replace_input_in([summary], tensor, merged)
+  return {"substitutes": substitutes}

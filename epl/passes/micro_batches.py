@@ -6,11 +6,11 @@ import tensorflow as tf
 
 from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names
+from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
-from epl.passes.training_subgraph import (INPUT_READ_TYPES, raw_gradients,
-                                          tensors_of)
+from epl.passes.training_subgraph import tensors_of
 
-MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d/"
 ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
 
 
@@ -20,14 +20,14 @@ def _creates_state(op):
   return "shared_name" in op.node_def.attr
 
 
-def _micro_batch_ops(ctx, points):
+def _micro_batch_ops(ctx, subgraph, points):
   """The ops of the cloned subgraph that run once per micro-batch.
 
   Input reads, forward ops, and the backward ops the accumulated gradients
   depend on; not variables (nor other resources), not the optimizer, not
-  gradient post-processing. In the order of `ctx.subgraph.cloned`.
+  gradient post-processing. In the order of `subgraph.cloned`.
   """
-  cloned = ctx.subgraph.cloned_names
+  cloned = subgraph.cloned_names
   backward = set()
   stack = [t.op for grad in points for t in tensors_of(grad)]
   while stack:
@@ -37,7 +37,7 @@ def _micro_batch_ops(ctx, points):
     backward.add(op.name)
     stack.extend(graph_editor.input_ops(op))
   selected = []
-  for op in ctx.subgraph.cloned:
+  for op in subgraph.cloned:
     phase = ctx.state.phase_of(op)
     if op.type in INPUT_READ_TYPES:
       selected.append(op)
@@ -111,7 +111,8 @@ def _copy_of(grad, clones):
   return tensor(grad)
 
 
-def clone_micro_batches(ctx):
+def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
+                        user_devices):
   """Makes replica 0 run pipeline.num_micro_batch (M) micro-batches a step.
 
   The ops of one micro-batch (input reads, forward ops, and the backward
@@ -120,12 +121,13 @@ def clone_micro_batches(ctx):
   the same devices; each reads its own batch from the input pipeline (the
   copies of an input read). Constants that wait for nothing are not copied:
   every micro-batch reads micro-batch 0's (`shared_constants`), and
-  `ctx.micro_batches[m]` maps them to themselves. Each gradient is then
+  `copies.micro_batches[m]` maps them to themselves. Each gradient is then
   summed over the micro-batches on its stage's device (divided by M when
   communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
-  instead; `ctx.gradient_points` follow. The new ops join the cloned
-  subgraph, so that every replica gets them.
+  instead; the gradient points handed on follow. The new ops join the
+  cloned subgraph, so that every replica gets them; the copies are
+  recorded in the provenance.
 
   Tags each op of a micro-batch with its index (the user's ops are
   micro-batch 0; input reads become FORWARD), also when M is 1, which
@@ -138,30 +140,34 @@ def clone_micro_batches(ctx):
   # The gradients tf.gradients made, so that post-processing (clipping)
   # sees the accumulated gradient, as it would see the gradient of one big
   # batch.
-  for grad in raw_gradients(state):
+  for grad in gradients.raw_gradients():
     points.setdefault(tensors_of(grad)[0].name, grad)
-  selected = _micro_batch_ops(ctx, list(points.values()))
+  selected = _micro_batch_ops(ctx, subgraph, list(points.values()))
   for op in selected:
     if op.type in INPUT_READ_TYPES:
       state.set_phase(op, Phase.FORWARD)
     state.set_micro_batch(op, 0)
-  ctx.micro_batches = [{op.name: op for op in selected}]
+  copies.micro_batches = [{op.name: op for op in selected}]
+  result = {"subgraph": subgraph, "gradient_points": gradient_points,
+            "copies": copies, "user_devices": user_devices}
   if count == 1:
-    return
+    return result
   selected_names = {op.name for op in selected}
   constants = shared_constants(selected)
   cloner = graph_editor.Cloner(
       ctx.graph, [op for op in selected if op.name not in constants])
   built = []
   for micro_batch in range(1, count):
-    prefix = MICRO_BATCH_PREFIX % micro_batch
-    clones = cloner.clone(prefix, lambda op: op.device)
+    prefix = names.micro_batch_prefix(micro_batch)
+    clones = cloner.clone(prefix, lambda op: op.device,
+                          provenance=state.provenance,
+                          replica=ctx.replicas[0], micro_batch=micro_batch)
     state.copy_tags_to_copies(clones, prefix, micro_batch)
     for name in clones:
-      ctx.user_devices[prefix + name] = ctx.user_devices.get(name, "")
+      user_devices[prefix + name] = user_devices.get(name, "")
     built.extend(clones.values())
     clones.update(constants)
-    ctx.micro_batches.append(clones)
+    copies.micro_batches.append(clones)
   accumulated = {}
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       ACCUMULATION_SCOPE), ctx.graph.control_dependencies(None):
@@ -169,17 +175,18 @@ def clone_micro_batches(ctx):
       if tensors_of(grad)[0].op.name not in selected_names:
         continue
       readers = [(tensor, [c for c in tensor.consumers()
-                           if c.name in ctx.subgraph.cloned_names and
+                           if c.name in subgraph.cloned_names and
                            c.name not in selected_names])
                  for tensor in tensors_of(grad)]
-      copies = [_copy_of(grad, clones) for clones in ctx.micro_batches[1:]]
-      total = _accumulate(ctx, grad, copies, built)
+      grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
+      total = _accumulate(ctx, grad, grads, built)
       for (old, consumers), new in zip(readers, tensors_of(total)):
         graph_editor.replace_input_in(consumers, old, new)
       accumulated[name] = total
-  ctx.subgraph.add_cloned(built)
-  ctx.clones[0].update({op.name: op for op in built})
-  ctx.gradient_points = [
+  copies.clones[0].update({op.name: op for op in built})
+  result["subgraph"] = subgraph.adding(built)
+  result["gradient_points"] = [
       [(accumulated.get(tensors_of(grad)[0].name, grad), var)
        for grad, var in record_points]
-      for record_points in ctx.gradient_points]
+      for record_points in gradient_points]
+  return result

@@ -13,14 +13,12 @@ import logging
 
 from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
-from epl.passes.training_subgraph import VARIABLE_TYPES
 from epl.passes.variable_sync import read_value
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
-
-_READS = frozenset(["ReadVariableOp", "Identity"])
 
 
 def _host(ctx, local, op):
@@ -33,7 +31,8 @@ def _host(ctx, local, op):
 
 def _variable_read(op, variables):
   """The variable op `op` reads, if it is a plain read of one of them."""
-  if op.type in _READS and op.inputs and op.inputs[0].op.name in variables:
+  if (op.type in VARIABLE_READ_TYPES and op.inputs and
+      op.inputs[0].op.name in variables):
     return op.inputs[0].op
   return None
 
@@ -48,23 +47,21 @@ def _read_just_in_time(ctx, consumer, reads):
     graph_edit.update_input(consumer, index, fresh)
 
 
-def offload_variables(ctx):
+def offload_variables(ctx, copies):
   """Places every replica's variables and updates on its worker's CPU.
 
   Variable ops and APPLY ops of each local replica (ZeRO's updates with
   their owner) go to the host; each FORWARD or BACKWARD op that reads a
   variable reads it through a new read on the host that waits for the
-  op's other inputs. Keeps every other op's device, and every name.
-  Does nothing unless offload.level is "v0".
+  op's other inputs. Keeps every other op's device, and every name. Runs
+  when offload.level is "v0".
   """
-  if ctx.config.offload.level != "v0":
-    return
   moved = reads = 0
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_OFFLOAD"), ctx.graph.control_dependencies(None), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for local in range(len(ctx.replicas)):
-      ops = list(ctx.clones[local].values())
+      ops = list(copies.clones[local].values())
       variables = {}
       for op in ops:
         if op.type in VARIABLE_TYPES:
@@ -81,7 +78,7 @@ def offload_variables(ctx):
           if variable is not None and ctx.state.phase_of(
               tensor.op) is not Phase.APPLY:
             variable_reads[index] = variable
-        if variable_reads and op.type not in _READS:
+        if variable_reads and op.type not in VARIABLE_READ_TYPES:
           _read_just_in_time(ctx, op, variable_reads)
           reads += len(variable_reads)
   logger.info("offload v0: %d variable and update ops on the host CPU, %d "

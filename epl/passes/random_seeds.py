@@ -8,6 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
 from epl.capture import capture
+from epl.ir.op_types import FUNCTION_CALL_TYPES
 from epl.tf_compat import graph_edit
 
 # Stateful random ops seeded by their `seed` and `seed2` attributes.
@@ -32,9 +33,8 @@ GENERATOR_TYPES = frozenset([
     "StatefulStandardNormal", "StatefulStandardNormalV2",
     "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip",
     "RngReadAndSkip"])
-_CONTROL_FLOW_CALLS = frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall"])
+_CONTROL_FLOW_CALLS = FUNCTION_CALL_TYPES | frozenset([
+    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"])
 
 
 def _function_names(op):
@@ -71,20 +71,18 @@ def _seeded_random_in_functions(graph, op, seen=None):
   return None
 
 
-def _copies(ctx, op):
+def _copies(ctx, copies, op):
   """(copy index, op) for every copy of `op` but the user's own: copy
   index replica * num_micro_batch + micro-batch, replicas numbered over the
   whole job, so every worker derives the same seeds."""
-  micro_batches = [clones.get(op.name) for clones in ctx.micro_batches]
-  if not micro_batches or micro_batches[0] is None:
-    micro_batches = [op]
+  micro_batches = copies.micro_batch_ops(op)
   count = ctx.plan.num_micro_batch
   result = []
   for local, replica in enumerate(ctx.replicas):
     for micro_batch, copy in enumerate(micro_batches):
       index = replica * count + micro_batch
       if index:
-        result.append((index, ctx.op(local, copy)))
+        result.append((index, copies.op(local, copy)))
   return result
 
 
@@ -93,7 +91,7 @@ def _derived_seed2(seed, seed2, index):
   return derived or (1 if not seed else 0)
 
 
-def vary_random_seeds(ctx):
+def vary_random_seeds(ctx, subgraph, copies):
   """Gives every replica and micro-batch its own random numbers.
 
   Each copy of a seeded random op (dropout's RandomUniform, ...) gets a
@@ -109,7 +107,7 @@ def vary_random_seeds(ctx):
   if len(ctx.replicas) * ctx.plan.num_micro_batch == 1 and (
       ctx.plan.num_replicas == 1):
     return
-  originals = [op for op in ctx.subgraph.cloned
+  originals = [op for op in subgraph.cloned
                if ctx.state.micro_batch_of(op) in (None, 0)]
   for op in originals:
     if op.type in GENERATOR_TYPES:
@@ -134,12 +132,12 @@ def vary_random_seeds(ctx):
         seed, seed2 = op.get_attr("seed"), op.get_attr("seed2")
         if not seed and not seed2:
           continue
-        for index, copy in _copies(ctx, op):
+        for index, copy in _copies(ctx, copies, op):
           graph_edit.set_attr(copy, "seed2", attr_value_pb2.AttrValue(
               i=_derived_seed2(seed, seed2, index)))
       elif op.type in SEED_INPUT_TYPES:
         position = [a.name for a in op.op_def.input_arg].index("seed")
-        for index, copy in _copies(ctx, op):
+        for index, copy in _copies(ctx, copies, op):
           seed = copy.inputs[position]
           with tf.device(copy.device), tf.name_scope(
               "EPL_RANDOM_SEEDS/%s" % copy.name):

@@ -1,15 +1,15 @@
 """Data-parallel replicas of the training subgraph."""
 from epl.ir import graph_editor
-from epl.passes.training_subgraph import INPUT_READ_TYPES
-
-REPLICA_PREFIX = "EPL_REPLICA_%d/"
+from epl.ir import names
+from epl.ir.op_types import INPUT_READ_TYPES
+from epl.passes.context import Copies
 
 
 def _is_host_device(device):
   return "CPU" in device.upper()
 
 
-def _placement(ctx, op):
+def _placement(ctx, user_devices, op):
   """Where each replica's copy of `op` runs: ("host", None), ("user",
   device) or ("stage", TaskGraph index).
 
@@ -17,7 +17,7 @@ def _placement(ctx, op):
   CPU is kept (host placement is deliberate); any other user device (a
   single-GPU script's `/gpu:0`) gives way to the replica's device.
   """
-  user_device = ctx.user_devices.get(op.name, "")
+  user_device = user_devices.get(op.name, "")
   if op.type in INPUT_READ_TYPES:
     return ("host", None)
   if user_device and _is_host_device(user_device):
@@ -42,40 +42,48 @@ def _devices(ctx, local, placements):
   return devices
 
 
-def place_replica_zero(ctx):
+def place_replica_zero(ctx, subgraph):
   """Pins the user's training ops to the devices of the first local replica.
 
   Changes the device of every cloned-kind op of the training subgraph (the
-  user's ops become replica 0); remembers the devices the user had set in
-  `ctx.user_devices`. Keeps names, inputs and every other op as they are.
+  user's ops become replica 0); hands on the devices the user had set
+  (`user_devices`) and the copy map of replica 0 (`copies`, identity).
+  Keeps names, inputs and every other op as they are.
   """
-  for op in ctx.subgraph.cloned:
-    ctx.user_devices[op.name] = op.device
-  devices = _devices(ctx, 0, {op: _placement(ctx, op)
-                              for op in ctx.subgraph.cloned})
+  user_devices = {op.name: op.device for op in subgraph.cloned}
+  devices = _devices(ctx, 0, {op: _placement(ctx, user_devices, op)
+                              for op in subgraph.cloned})
   for op, device in devices.items():
     graph_editor.set_device(op, device)
-  ctx.clones = [{op.name: op for op in ctx.subgraph.cloned}]
+  return {"copies": Copies([{op.name: op for op in subgraph.cloned}]),
+          "user_devices": user_devices}
 
 
-def clone_replicas(ctx):
+def clone_replicas(ctx, subgraph, copies, user_devices):
   """Adds one copy of the training subgraph per further local replica.
 
   Each copy is named `EPL_REPLICA_<r>/<original name>`, placed on replica
   r's devices, has its own variables, and reads the shared ops (input
-  iterators, placeholders, global_step, read-only variables) as they are.
-  The user's ops are not changed.
+  iterators, placeholders, global_step, read-only variables) as they are;
+  it gets the tags of what it copies, and its provenance (replica r, the
+  micro-batch of what it copies). The user's ops are not changed.
   """
-  cloner = graph_editor.Cloner(ctx.graph, ctx.subgraph.cloned)
-  placements = {op: _placement(ctx, op) for op in ctx.subgraph.cloned}
+  state = ctx.state
+  cloner = graph_editor.Cloner(ctx.graph, subgraph.cloned)
+  placements = {op: _placement(ctx, user_devices, op)
+                for op in subgraph.cloned}
   for local in range(1, len(ctx.replicas)):
-    prefix = REPLICA_PREFIX % ctx.replicas[local]
-    clones = cloner.clone(prefix, _devices(ctx, local, placements).__getitem__)
-    ctx.state.copy_tags_to_copies(clones, prefix)
-    ctx.clones.append(clones)
+    prefix = names.replica_prefix(ctx.replicas[local])
+    clones = cloner.clone(prefix, _devices(ctx, local, placements).__getitem__,
+                          provenance=state.provenance,
+                          replica=ctx.replicas[local],
+                          micro_batch=state.micro_batch_tags())
+    state.copy_tags_to_copies(clones, prefix)
+    copies.clones.append(clones)
+  return {"copies": copies}
 
 
-def order_input_reads(ctx):
+def order_input_reads(ctx, captured_step, copies):
   """Makes the copies of each input read take their batches in order, back
   to back.
 
@@ -91,21 +99,20 @@ def order_input_reads(ctx):
   side by side. Changes no data edge.
   """
   replicas = len(ctx.replicas)
-  for read in ctx.subgraph.input_reads:
-    copies = [ctx.op(local, tensor.op)
-              for tensor in ctx.micro_batch_tensors(read.outputs[0])
-              for local in range(replicas)]
-    for previous, current in zip(copies, copies[1:]):
+  for read in captured_step.input_reads:
+    reads = [copies.op(local, op) for op in copies.micro_batch_ops(read)
+             for local in range(replicas)]
+    for previous, current in zip(reads, reads[1:]):
       graph_editor.add_control_inputs(current, [previous])
-    for start in range(0, len(copies), replicas):
-      group = copies[start:start + replicas]
+    for start in range(0, len(reads), replicas):
+      group = reads[start:start + replicas]
       for copy in group[:-1]:
         for consumer in dict.fromkeys(
             c for t in copy.outputs for c in t.consumers()):
           graph_editor.add_control_inputs(consumer, [group[-1]])
 
 
-def join_replicas(ctx):
+def join_replicas(ctx, captured_step, subgraph, copies):
   """Makes every op the user may fetch to train run every replica's step.
 
   A shared op (the op `apply_gradients` returned, the global_step
@@ -116,12 +123,13 @@ def join_replicas(ctx):
   optimizer returns as its train op) gets control edges from its own
   copies. Data edges are kept.
   """
-  cloned = ctx.subgraph.cloned_names
-  for op in ctx.subgraph.joins + ctx.subgraph.shared:
+  cloned = subgraph.cloned_names
+  for op in captured_step.joins + captured_step.shared:
     inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
     for local in range(1, len(ctx.replicas)):
-      graph_editor.add_control_inputs(op, [ctx.op(local, i) for i in inputs])
-  for op in ctx.subgraph.cloned:
+      graph_editor.add_control_inputs(op,
+                                      [copies.op(local, i) for i in inputs])
+  for op in subgraph.cloned:
     if not any(c.name in cloned for c in graph_editor.output_ops(op)):
       graph_editor.add_control_inputs(
-          op, [ctx.op(local, op) for local in range(1, len(ctx.replicas))])
+          op, [copies.op(local, op) for local in range(1, len(ctx.replicas))])

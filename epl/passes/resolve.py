@@ -43,8 +43,8 @@ def _colocation_targets(op):
           if group != own]
 
 
-def resolve_training_ops(state, ops):
-  """Gives every op of `ops` (topologically ordered) a TaskGraph and phase.
+def resolve_training_ops(ctx, subgraph):
+  """Gives every op of the training subgraph a TaskGraph and phase.
 
   - Ops that work on gradients become BACKWARD (mark_gradient_processing).
   - An op colocated with an op that has a TaskGraph takes it, whatever
@@ -58,6 +58,7 @@ def resolve_training_ops(state, ops):
   - Whatever is still open goes to the first TaskGraph.
   Keeps every other tag capture set.
   """
+  state, ops = ctx.state, subgraph.cloned
   names = {op.name for op in ops}
   mark_gradient_processing(state, ops)
   graph = ops[0].graph if ops else None

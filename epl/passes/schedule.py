@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.tf_compat import graph_edit
 
@@ -63,7 +64,7 @@ def stage_order(schedule, num_stages, stage, num_micro_batch):
   return order
 
 
-def blocks(ctx, first_replica_only=False):
+def blocks(ctx, subgraph, copies, first_replica_only=False):
   """{Block: [ops]} over every local replica (or the first), in the cloned
   subgraph's order.
 
@@ -75,7 +76,7 @@ def blocks(ctx, first_replica_only=False):
   result = collections.defaultdict(list)
   updates = set()
   replicas = ctx.replicas[:1] if first_replica_only else ctx.replicas
-  for op in ctx.subgraph.cloned:
+  for op in subgraph.cloned:
     phase = ctx.state.phase_of(op)
     micro_batch = ctx.state.micro_batch_of(op)
     if phase is Phase.APPLY:
@@ -90,7 +91,7 @@ def blocks(ctx, first_replica_only=False):
     stage = ctx.taskgraph_index(op)
     for local, replica in enumerate(replicas):
       result[Block(replica, stage, phase, micro_batch)].append(
-          ctx.op(local, op))
+          copies.op(local, op))
   return result
 
 
@@ -107,7 +108,7 @@ def _ends(ops):
   return first, last
 
 
-def schedule_pipeline(ctx):
+def schedule_pipeline(ctx, subgraph, copies):
   """Makes every stage of every replica run its blocks in schedule order.
 
   For each stage of each local replica, the blocks (forward or backward
@@ -124,7 +125,7 @@ def schedule_pipeline(ctx):
     return
   # Replicas are copies with the same edges inside each block: the blocks
   # and their ends are found in the first replica and mapped to the others.
-  by_block = blocks(ctx, first_replica_only=True)
+  by_block = blocks(ctx, subgraph, copies, first_replica_only=True)
   stages = sorted({block.stage for block in by_block})
   first_replica_ends = {}
 
@@ -133,7 +134,7 @@ def schedule_pipeline(ctx):
     if key not in first_replica_ends:
       first_replica_ends[key] = _ends(
           by_block[Block(ctx.replicas[0], stage, phase, micro_batch)])
-    return tuple([ctx.op(local, op) for op in ops]
+    return tuple([copies.op(local, op) for op in ops]
                  for ops in first_replica_ends[key])
 
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
@@ -154,5 +155,6 @@ def schedule_pipeline(ctx):
               graph_editor.add_control_inputs(op, [previous])
           with tf.device(ctx.device(local, stage)), \
               tf.control_dependencies(last):
-            previous = tf.no_op(name="%s/replica_%d/stage_%d/after_%s_%d" % (
-                SCHEDULE_SCOPE, replica, stage, phase.value, micro_batch))
+            previous = tf.no_op(name=epl_names.in_replica(
+                SCHEDULE_SCOPE, replica, "stage_%d" % stage,
+                "after_%s_%d" % (phase.value, micro_batch)))

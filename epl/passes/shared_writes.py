@@ -5,7 +5,7 @@ from epl.passes.training_subgraph import (variable_consumers,
                                           written_variables)
 
 
-def order_shared_writes(ctx):
+def order_shared_writes(ctx, captured_step, subgraph, copies):
   """Makes each write of a shared variable wait for the step that reads it.
 
   A shared write (the `global_step` increment, whether `apply_gradients`
@@ -18,12 +18,12 @@ def order_shared_writes(ctx):
   those of other train ops, are left alone, so running one train op never
   runs another's step. Only control edges are added.
   """
-  if not ctx.subgraph.shared_writes:
+  if not captured_step.shared_writes:
     return
   step_names = set()
   for local in range(len(ctx.replicas)):
-    step_names.update(ctx.replica_op_names(local))
-  for write in ctx.subgraph.shared_writes:
+    step_names.update(copies.replica_op_names(local))
+  for write in captured_step.shared_writes:
     after = graph_editor.descendants([write])
     after_names = {op.name for op in after}
     joins = [op for op in after if op.type == "NoOp"]
@@ -37,7 +37,7 @@ def order_shared_writes(ctx):
              op.name not in after_names]
     for local in range(len(ctx.replicas)):
       waits.extend(
-          op for op in (ctx.op(local, u) for u in ctx.subgraph.updates
-                        if u.name in ctx.subgraph.cloned_names)
+          op for op in (copies.op(local, u) for u in captured_step.updates
+                        if u.name in subgraph.cloned_names)
           if op.name in with_write and op.name not in after_names)
     graph_editor.add_control_inputs(write, waits)

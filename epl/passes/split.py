@@ -1,9 +1,10 @@
 """Turning each replica's copy of a split part into one shard.
 
 `epl.ops.split_lowering` built the split parts once, as shard 0 of group
-0, with placeholder collective keys. Replica r of the job is shard
-r % k of shard group r // k (k = the split's device count; the groups'
-replicas are consecutive). See `lower_split`.
+0, with placeholder collective keys, and recorded their roles in the
+graph's provenance. Replica r of the job is shard r % k of shard group
+r // k (k = the split's device count; the groups' replicas are
+consecutive). See `lower_split`.
 """
 import logging
 
@@ -13,8 +14,8 @@ from tensorflow.core.framework import attr_value_pb2
 from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
+from epl.ir import provenance
 from epl.ir.phase import Phase
-from epl.ops import collective_gradients
 from epl.ops import split_lowering
 from epl.passes.split_checkpoint import full_tensor_checkpoints
 from epl.tf_compat import graph_edit
@@ -30,16 +31,13 @@ _COLLECTIVE_TYPES = frozenset(
 _SEED_STRIDE = 7919
 
 
-def _is_lowered_collective(op):
-  if op.type not in _COLLECTIVE_TYPES:
-    return False
-  key = tensor_util.constant_value(op.inputs[3])
-  return key is not None and int(key) >= collective_gradients.FIRST_KEY
+def _is_lowered_collective(op, origins):
+  return op.type in _COLLECTIVE_TYPES and (
+      origins.role_of(op) == provenance.SPLIT_COLLECTIVE)
 
 
-def _is_shard_index(op):
-  return op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith(
-      split_lowering.SHARD_INDEX_NAME)
+def _is_shard_index(op, origins):
+  return op.type == "Const" and origins.role_of(op) == provenance.SHARD_INDEX
 
 
 def _group_size(op):
@@ -60,12 +58,12 @@ def _set_int_const(op, value):
       tensor=tensor_util.make_tensor_proto(value, tf.int32)))
 
 
-def _set_shard_indices(ops, shard):
+def _set_shard_indices(ops, shard, origins):
   """Shard index consts and per-shard seeds of random initial values."""
   for op in ops:
-    if _is_shard_index(op):
+    if _is_shard_index(op, origins):
       _set_int_const(op, shard)
-    elif split_lowering.RANDOM_SHARD_NAME in op.name and (
+    elif origins.role_of(op) == provenance.SHARD_RANDOM and (
         "seed2" in op.node_def.attr) and (
             op.get_attr("seed") or op.get_attr("seed2")):
       graph_edit.set_attr(op, "seed2", attr_value_pb2.AttrValue(
@@ -82,28 +80,30 @@ def _allocate_group_keys(ctx):
                                           taskgraph.device_count))
 
 
-def _rekey_collectives(ctx):
+def _rekey_collectives(ctx, subgraph, copies):
   """Every copy of a lowered collective: its shard group's key and an
   instance key per op and micro-batch, shared by the group's members."""
   _allocate_group_keys(ctx)
-  lowered = [op for op in ctx.subgraph.cloned if _is_lowered_collective(op)]
+  origins = ctx.state.provenance
+  lowered = [op for op in subgraph.cloned
+             if _is_lowered_collective(op, origins)]
+  rekeyed = set()
   for op in lowered:
     instance_key = ctx.keys.instance_key()
     group_size = _group_size(op)
     for local in range(len(ctx.replicas)):
-      copy = ctx.op(local, op)
+      copy = copies.op(local, op)
+      rekeyed.add(copy.name)
       group_key = ctx.keys.group_key(
           _group_devices(ctx, ctx.replicas[local], group_size))
       with tf.device(copy.device):
         graph_edit.update_input(copy, 2, tf.constant(group_key, tf.int32,
-                                                     name="group_key"))
+                                          name="group_key"))
         graph_edit.update_input(copy, 3, tf.constant(instance_key, tf.int32,
-                                                     name="instance_key"))
-  names = {op.name for op in lowered}
+                                          name="instance_key"))
   outside = [op.name for op in ctx.graph.get_operations()
-             if _is_lowered_collective(op) and op.name not in names and
-             tensor_util.constant_value(op.inputs[2]) ==
-             split_lowering.PLACEHOLDER_GROUP_KEY]
+             if _is_lowered_collective(op, origins) and
+             op.name not in rekeyed]
   if outside:
     logger.warning(
         "EPL split: %d collective(s) of split parts are not part of the "
@@ -114,13 +114,13 @@ def _rekey_collectives(ctx):
   return len(lowered)
 
 
-def _sharded_variables(ctx):
+def _sharded_variables(ctx, subgraph):
   """{variable op name: ShardedVariable} of the split variables and of
   their optimizer slots (variables named `<split variable>/...` of the
   same shape)."""
   recorded = split_lowering.sharded_variables_in(ctx.graph)
   sharded = {}
-  for variable in ctx.subgraph.variables:
+  for variable in subgraph.variables:
     if variable.name in recorded:
       sharded[variable.name] = recorded[variable.name]
       continue
@@ -140,13 +140,14 @@ def _initializer(variable):
       variable.name, variable.name + "/Assign"))
 
 
-def _initialize_shards(ctx, variables, sharded):
+def _initialize_shards(ctx, copies, variables, sharded):
   """Each replica's copy of a split variable gets its own shard's initial
   value, and runs wherever the user's initializer runs (the init op's
   group). The first replica of each shard on this worker runs a clone of
   the initializer with its shard index; the other copies of that shard
   (in other shard groups) copy its value, so that data-parallel copies of
   a shard start equal even from unseeded random initializers."""
+  origins = ctx.state.provenance
   for variable in variables:
     assign = _initializer(variable)
     value_ops = graph_editor.topological_order(
@@ -154,10 +155,10 @@ def _initialize_shards(ctx, variables, sharded):
     groups = [op for op in ctx.graph.get_operations()
               if assign in op.control_inputs]
     group_size = sharded[variable.name].group_size
-    _set_shard_indices(value_ops, _shard_of(ctx, 0, group_size))
+    _set_shard_indices(value_ops, _shard_of(ctx, 0, group_size), origins)
     first_write = {_shard_of(ctx, 0, group_size): (variable, assign)}
     for local in range(1, len(ctx.replicas)):
-      replica_variable = ctx.op(local, variable)
+      replica_variable = copies.op(local, variable)
       shard = _shard_of(ctx, local, group_size)
       if shard in first_write:
         source, source_write = first_write[shard]
@@ -174,15 +175,16 @@ def _initialize_shards(ctx, variables, sharded):
                                 variable.name),
             lambda _, device=replica_variable.device: device,
             tensor_map={variable.outputs[0].name:
-                        replica_variable.outputs[0]})
-        _set_shard_indices(clones.values(), shard)
+                        replica_variable.outputs[0]},
+            provenance=origins, replica=ctx.replicas[local])
+        _set_shard_indices(clones.values(), shard, origins)
         write = clones[assign.name]
         first_write[shard] = (replica_variable, write)
       for group in groups:
         graph_editor.add_control_inputs(group, [write])
 
 
-def _reduce_split_gradients(ctx, points, sharded):
+def _reduce_split_gradients(ctx, copies, points, sharded):
   """Split weights: each shard's gradient counts the loss of every member
   of its group (the collectives' gradients sum over the group), so it is
   divided by the group size k (with a mean reduction) and reduced over
@@ -200,7 +202,7 @@ def _reduce_split_gradients(ctx, points, sharded):
     for shard in range(group_size):
       replicas = [shard + g * group_size for g in range(groups)]
       locals_ = [l for l, r in enumerate(ctx.replicas) if r in replicas]
-      grads = [ctx.tensor(local, grad) for local in locals_]
+      grads = [copies.tensor(local, grad) for local in locals_]
       if groups > 1:
         communicator = CollectiveCommunicator(
             [ctx.plan.device(r, 0) for r in replicas],
@@ -215,7 +217,7 @@ def _reduce_split_gradients(ctx, points, sharded):
           if reduce_op == "mean":
             new = new / tf.cast(group_size, new.dtype)
         graph_editor.replace_input_in(
-            graph_editor.consumers_of(old, ctx.replica_op_names(local)),
+            graph_editor.consumers_of(old, copies.replica_op_names(local)),
             old, new)
 
 
@@ -236,7 +238,7 @@ def _check_sharded_logits_use(ctx):
           "tf.math.top_k." % (consumer.name, consumer.type, name))
 
 
-def update_checkpoints(ctx):
+def update_checkpoints(ctx, copies):
   """Makes the Savers built so far save and restore split variables as
   full tensors (`full_tensor_checkpoints`; ops already rewritten are
   left as they are). The engine calls it again for ops built after the
@@ -246,51 +248,55 @@ def update_checkpoints(ctx):
     return
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       SPLIT_SCOPE), ctx.graph.control_dependencies(None):
-    full_tensor_checkpoints(ctx, sharded, lambda local, group_size: (
+    full_tensor_checkpoints(ctx, copies, sharded, lambda local, group_size: (
         _shard_of(ctx, local, group_size)))
 
 
-def lower_split(ctx):
+def lower_split(ctx, subgraph, gradient_points, copies):
   """Makes each replica's copy of every split part its shard.
 
   In every local replica (and micro-batch): the shard index consts take
   the replica's shard index; the collectives built for split parts read
-  their shard group's group key and an instance key of their own; the
-  split variables (those built under `epl.split`, and their optimizer
-  slots) are initialised per shard, saved and restored as full tensors
-  (`full_tensor_checkpoints`), and leave the variables that replica 0
-  copies into the others (`ctx.subgraph.variables`); their gradients leave
-  `ctx.gradient_points` (so data-parallel aggregation skips them) and are
-  reduced here as `_reduce_split_gradients` says. Raises for an op that
-  reads sharded logits without a lowering. Nothing changes without a split
-  TaskGraph.
+  their shard group's group key and an instance key of their own (both
+  found by their provenance role); the split variables (those built under
+  `epl.split`, and their optimizer slots) are initialised per shard, saved
+  and restored as full tensors (`full_tensor_checkpoints`), and leave the
+  variables that replica 0 copies into the others (the subgraph's
+  `variables`); their gradients leave the gradient points (so
+  data-parallel aggregation skips them) and are reduced here as
+  `_reduce_split_gradients` says. Raises for an op that reads sharded
+  logits without a lowering. Nothing changes without a split TaskGraph.
   """
+  result = {"subgraph": subgraph, "gradient_points": gradient_points}
   if not ctx.plan.has_split:
-    return
+    return result
   _check_sharded_logits_use(ctx)
+  origins = ctx.state.provenance
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       SPLIT_SCOPE), ctx.graph.control_dependencies(None):
     for local in range(len(ctx.replicas)):
-      for op in ctx.clones[local].values():
-        if _is_shard_index(op):
+      for op in copies.clones[local].values():
+        if _is_shard_index(op, origins):
           taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(op)]
           _set_int_const(op, _shard_of(ctx, local, taskgraph.device_count))
-    count = _rekey_collectives(ctx)
-    sharded = _sharded_variables(ctx)
-    variables = [v for v in ctx.subgraph.variables if v.name in sharded]
+    count = _rekey_collectives(ctx, subgraph, copies)
+    sharded = _sharded_variables(ctx, subgraph)
+    variables = [v for v in subgraph.variables if v.name in sharded]
     names = set(sharded)
-    ctx.subgraph.variables = [v for v in ctx.subgraph.variables
-                              if v.name not in names]
-    _initialize_shards(ctx, variables, sharded)
+    result["subgraph"] = subgraph.without_variables(names)
+    _initialize_shards(ctx, copies, variables, sharded)
     split_points = []
-    for points in ctx.gradient_points:
+    for points in gradient_points:
       split_points.extend((g, v) for g, v in points if v.name in names)
-      points[:] = [(g, v) for g, v in points if v.name not in names]
-    _reduce_split_gradients(ctx, split_points, sharded)
+    result["gradient_points"] = [
+        [(g, v) for g, v in points if v.name not in names]
+        for points in gradient_points]
+    _reduce_split_gradients(ctx, copies, split_points, sharded)
     ctx.state.split.rewritten = sharded
-    update_checkpoints(ctx)
+    update_checkpoints(ctx, copies)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
               len(variables), count,
               [ctx.plan.split_groups(t) for t, plan in
                enumerate(ctx.plan.taskgraphs) if plan.kind == "split"])
+  return result

@@ -49,7 +49,7 @@ def _shard_slice(full, info, shard, rank):
   return tf.slice(tf.pad(full, padding), begin, size)
 
 
-def _save_full_tensor(ctx, save, sharded):
+def _save_full_tensor(ctx, copies, save, sharded):
   for index, tensor in enumerate(save.inputs):
     variable = tensor.op.inputs[0].op if tensor.op.type == (
         "ReadVariableOp") else None
@@ -65,7 +65,7 @@ def _save_full_tensor(ctx, save, sharded):
           "Checkpoints of split variable %r need every shard of shard group "
           "0 (replicas %s) on worker 0, which writes them; this worker has "
           "replicas %s." % (variable.name, group_zero, ctx.replicas))
-    shards = [_read(ctx.op(ctx.replicas.index(r), variable))
+    shards = [_read(copies.op(ctx.replicas.index(r), variable))
               for r in group_zero]
     with tf.device(save.device):
       full = tf.concat(shards, info.axis)
@@ -75,7 +75,7 @@ def _save_full_tensor(ctx, save, sharded):
     graph_edit.update_input(save, index, _without_static_shape(full))
 
 
-def _restore_shards(ctx, assign, info, shard_of):
+def _restore_shards(ctx, copies, assign, info, shard_of):
   variable = assign.inputs[0].op
   rank = len(variable.get_attr("shape").dim)
   with tf.device(assign.device):
@@ -86,7 +86,7 @@ def _restore_shards(ctx, assign, info, shard_of):
     graph_edit.update_input(
         assign, 1, _shard_slice(full, info, shard_of(0, info.group_size), rank))
   for local in range(1, len(ctx.replicas)):
-    copy = ctx.op(local, variable)
+    copy = copies.op(local, variable)
     with tf.device(copy.device):
       write = gen_resource_variable_ops.assign_variable_op(
           copy.outputs[0],
@@ -96,10 +96,11 @@ def _restore_shards(ctx, assign, info, shard_of):
       graph_editor.add_control_inputs(group, [write])
 
 
-def full_tensor_checkpoints(ctx, sharded, shard_of):
+def full_tensor_checkpoints(ctx, copies, sharded, shard_of):
   """Rewrites the graph's Savers for the sharded variables.
 
-  `sharded`: {variable op name: ShardedVariable}; `shard_of(local,
+  `copies`: the rewrite's Copies; `sharded`: {variable op name:
+  ShardedVariable}; `shard_of(local,
   group_size)`: the shard index of local replica `local`. Every SaveV2 writes the full
   tensor of each sharded variable it saves; every restore of one writes
   each local replica's slice, and the op grouping the restore (a Saver's
@@ -110,7 +111,8 @@ def full_tensor_checkpoints(ctx, sharded, shard_of):
   """
   for op in ctx.graph.get_operations():
     if op.type == "SaveV2":
-      _save_full_tensor(ctx, op, sharded)
+      _save_full_tensor(ctx, copies, op, sharded)
     elif op.type == "AssignVariableOp" and (
         op.inputs[0].op.name in sharded) and _restored_value(op) is not None:
-      _restore_shards(ctx, op, sharded[op.inputs[0].op.name], shard_of)
+      _restore_shards(ctx, copies, op, sharded[op.inputs[0].op.name],
+                      shard_of)

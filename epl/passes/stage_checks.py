@@ -11,23 +11,22 @@ and both are reported here, naming the ops, before any graph is changed:
   would have to run backwards).
 """
 from epl.ir import graph_editor
+from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
-from epl.passes.training_subgraph import VARIABLE_TYPES, written_variables
-
-_VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
+from epl.passes.training_subgraph import written_variables
 
 
 def _is_variable_or_read(op):
   if op.type in VARIABLE_TYPES:
     return True
-  return op.type in _VARIABLE_READ_TYPES and bool(op.inputs) and (
+  return op.type in VARIABLE_READ_TYPES and bool(op.inputs) and (
       op.inputs[0].op.type in VARIABLE_TYPES)
 
 
-def _outside_every_stage(state, subgraph):
+def _outside_every_stage(state, step, subgraph):
   """Raises for a compute op or trained variable built outside every scope."""
   cloned = subgraph.cloned_names
-  for op in subgraph.shared:
+  for op in step.shared:
     if state.phase_of(op) is not Phase.OTHER:
       continue
     stage_inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
@@ -40,8 +39,8 @@ def _outside_every_stage(state, subgraph):
           "pipeline (datasets, iterators, get_next) may be built outside the "
           "stages; it goes to the first stage that reads it." %
           (op.name, op.type, stage_inputs[0].name))
-    if op.type in VARIABLE_TYPES and op.name not in subgraph.global_steps and (
-        any(op in written_variables(u) for u in subgraph.updates)):
+    if op.type in VARIABLE_TYPES and op.name not in step.global_steps and (
+        any(op in written_variables(u) for u in step.updates)):
       raise ValueError(
           "Variable %r is trained but was created outside every stage scope, "
           "and no default strategy is set. Create it inside the stage that "
@@ -73,14 +72,15 @@ def _stage_order(state, subgraph):
              producer_stage.index, op.name))
 
 
-def check_stages(state, subgraph):
-  """Checks the resolved training subgraph; changes nothing.
+def check_stages(ctx, captured_step, subgraph):
+  """Checks that the stages make a pipeline; changes nothing.
 
   Raises ValueError for an op of the training step built outside every
   stage scope with no default strategy (the input pipeline excepted), for
   a trained variable created there, and for a stage that reads a tensor of
   a later stage (variables excepted: any stage may read any variable).
   """
-  _outside_every_stage(state, subgraph)
+  state = ctx.state
+  _outside_every_stage(state, captured_step, subgraph)
   if len(state.taskgraphs) > 1:
     _stage_order(state, subgraph)

@@ -20,63 +20,87 @@ tensors merged over replicas). Within it, each op is one of:
   fetching it runs the whole step.
 """
 import dataclasses
-from typing import List
+from typing import List, Tuple
 
 import tensorflow as tf
 
-from epl.capture.capture import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
-                                  VARIABLE_TYPES)
 from epl.ir import graph_editor
+from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES, TABLE_TYPES,
+                             VARIABLE_READERS, VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
 from epl.tf_compat import graph_edit
 
-# Lookup tables are initialised once by the user's tables_initializer and
-# read by every replica.
-TABLE_TYPES = frozenset([
-    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
-    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
-    "MutableDenseHashTable", "MutableDenseHashTableV2"])
-# Consumers of a variable that do not change it.
-_VARIABLE_READERS = frozenset([
-    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
-    "VarIsInitializedOp", "IsVariableInitialized", "Identity",
-    "_ReadVariablesOp"])
 # Collections of tensors merged over replicas (epl.GraphKeys).
 MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
                       "global_concat_objects")
 
 
-@dataclasses.dataclass
-class TrainingSubgraph:
-  cloned: List[tf.Operation]        # topologically ordered
-  shared: List[tf.Operation]
-  joins: List[tf.Operation]
-  variables: List[tf.Operation]     # replicated variable ops (in `cloned`)
-  input_reads: List[tf.Operation]   # in `cloned`, in creation order
-  # Variable writes downstream of the gradients (cloned or shared).
-  updates: List[tf.Operation] = dataclasses.field(default_factory=list)
-  # Writes of shared variables: they run once per step (in `shared`).
-  shared_writes: List[tf.Operation] = dataclasses.field(default_factory=list)
-  global_steps: frozenset = frozenset()   # names of global_step variables
-  cloned_names: frozenset = frozenset()
+@dataclasses.dataclass(frozen=True)
+class CapturedStep:
+  """The training step as captured and selected; no pass changes it.
 
-  def add_cloned(self, ops):
-    """Adds ops built by a rewrite pass to the cloned part, so that every
-    replica gets them; keeps `cloned` topologically ordered."""
-    self.cloned = graph_editor.topological_order(self.cloned + list(ops))
-    self.cloned_names = frozenset(op.name for op in self.cloned)
+  `gradient_records`, `apply_records` and `loss_seeds` (op names) are what
+  capture recorded, with the tensors it recorded. The rest are ops of the
+  step: `updates` the variable writes downstream of the gradients (cloned
+  or shared); `shared` what every replica reads as it is; `joins` the
+  NoOps that wait for updates; `shared_writes` the writes of shared
+  variables, run once per step (in `shared`); `global_steps` the names of
+  the global_step variables; `input_reads` (cloned) in creation order.
+  """
+  gradient_records: tuple
+  apply_records: tuple
+  loss_seeds: frozenset
+  updates: Tuple[tf.Operation, ...]
+  shared: Tuple[tf.Operation, ...]
+  joins: Tuple[tf.Operation, ...]
+  shared_writes: Tuple[tf.Operation, ...]
+  global_steps: frozenset
+  input_reads: Tuple[tf.Operation, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSubgraph:
+  """The per-replica part of the step: `cloned`, topologically ordered
+  (every replica gets a copy), and its replicated variable ops
+  (`variables`, in `cloned`). Passes that change it hand on a new one."""
+  cloned: List[tf.Operation]
+  variables: List[tf.Operation]
+  cloned_names: frozenset
+
+  @classmethod
+  def of(cls, cloned, variables):
+    return cls(cloned, variables, frozenset(op.name for op in cloned))
+
+  def adding(self, ops):
+    """With ops built by a rewrite pass added to the cloned part, so that
+    every replica gets them; `cloned` stays topologically ordered."""
+    return TrainingSubgraph.of(
+        graph_editor.topological_order(self.cloned + list(ops)),
+        self.variables)
+
+  def without(self, names):
+    """Without the ops named in `names` (from `cloned` and `variables`)."""
+    return TrainingSubgraph.of(
+        [op for op in self.cloned if op.name not in names],
+        [op for op in self.variables if op.name not in names])
+
+  def without_variables(self, names):
+    """With the variables named in `names` no longer replicated (they
+    stay cloned)."""
+    return dataclasses.replace(
+        self, variables=[v for v in self.variables if v.name not in names])
 
 
 def written_variables(op):
   """The variable ops that `op` writes (none for a reader)."""
-  if op.type in _VARIABLE_READERS:
+  if op.type in VARIABLE_READERS:
     return []
   return [t.op for t in op.inputs if t.op.type in VARIABLE_TYPES]
 
 
 def is_variable_writer(op):
-  return op.type not in _VARIABLE_READERS
+  return op.type not in VARIABLE_READERS
 
 
 def variable_consumers(variable_op):
@@ -122,7 +146,9 @@ def _global_step_ops(graph, state):
 
 
 def select_training_subgraph(graph, state):
-  """Splits the training step's ops into cloned, shared and joins."""
+  """The training step (CapturedStep) and its per-replica part
+  (TrainingSubgraph): the step's ops split into cloned, shared and
+  joins."""
   updates, after_updates = find_updates(state)
   joins = [op for op in after_updates if op.type == "NoOp"]
   merged = [t.op for key in MERGED_COLLECTIONS
@@ -164,14 +190,17 @@ def select_training_subgraph(graph, state):
             if op.name not in shared and op.name not in join_names]
   graph_editor.check_cloneable(cloned)
   cloned = graph_editor.topological_order(cloned)
-  return TrainingSubgraph(
-      cloned=cloned,
-      shared=[op for op in training_ops if op.name in shared],
-      joins=joins,
-      variables=[op for op in cloned if op.type in VARIABLE_TYPES],
-      input_reads=sorted((op for op in cloned if op.type in INPUT_READ_TYPES),
-                         key=graph_edit.creation_index),
-      updates=updates,
-      shared_writes=shared_writes,
+  step = CapturedStep(
+      gradient_records=tuple(state.gradient_records),
+      apply_records=tuple(state.apply_records),
+      loss_seeds=frozenset(state.loss_seeds),
+      updates=tuple(updates),
+      shared=tuple(op for op in training_ops if op.name in shared),
+      joins=tuple(joins),
+      shared_writes=tuple(shared_writes),
       global_steps=frozenset(global_step_ops),
-      cloned_names=frozenset(op.name for op in cloned))
+      input_reads=tuple(sorted(
+          (op for op in cloned if op.type in INPUT_READ_TYPES),
+          key=graph_edit.creation_index)))
+  return step, TrainingSubgraph.of(
+      cloned, [op for op in cloned if op.type in VARIABLE_TYPES])

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names
 from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes.training_subgraph import is_variable_writer
@@ -40,11 +41,19 @@ def assign_value(target, value, name):
 
 
 class VariableSync:
-  """Adds replica copies to groups of variable writes; runs again on new ops."""
+  """Adds replica copies to groups of variable writes; runs again on new ops.
 
-  def __init__(self, ctx):
+  Writes EPL built (the rewrite's copies, ZeRO's broadcasts), as the
+  graph's provenance tells, are not the user's and are left alone.
+  """
+
+  def __init__(self, ctx, step, subgraph, copies, substitutes):
     self._ctx = ctx
-    self._variables = {v.name: v for v in ctx.subgraph.variables}
+    self._subgraph = subgraph
+    self._copies_of = copies
+    self._substitutes = substitutes
+    self._provenance = ctx.state.provenance
+    self._variables = {v.name: v for v in subgraph.variables}
     # (writer op name, across workers too) -> copy ops for the other
     # replicas.
     self._copies = {}
@@ -54,7 +63,7 @@ class VariableSync:
     # Ops never to handle (again): groups handled, and the copy ops, which
     # wait for the write they copy.
     self._done = set()
-    self._step_updates = {op.name for op in ctx.subgraph.updates}
+    self._step_updates = {op.name for op in step.updates}
     # Writes outside the step already substituted at fetch time.
     self._substituted = set()
 
@@ -74,8 +83,8 @@ class VariableSync:
     received = across_workers.broadcast_from_worker_zero(communicator, value)
     if ctx.cluster.worker_index == ctx.plan.device_workers[0][0]:
       return received.op, value
-    name = "EPL_REPLICA_%d/%s/sync_from_worker_0" % (ctx.replicas[0],
-                                                     variable.name)
+    name = names.replica_prefix(ctx.replicas[0]) + (
+        variable.name + "/sync_from_worker_0")
     return assign_value(variable, received, name), received
 
   def _copy_ops(self, writer, variable, group, across_workers_too=True):
@@ -95,9 +104,10 @@ class VariableSync:
         sync, value = self._from_worker_zero(variable, value, group)
         copies.append(sync)
       for local in range(1, len(ctx.replicas)):
-        name = "EPL_REPLICA_%d/%s/sync_from_replica_0" % (
-            ctx.replicas[local], variable.name)
-        copies.append(assign_value(ctx.op(local, variable), value, name))
+        name = names.replica_prefix(ctx.replicas[local]) + (
+            variable.name + "/sync_from_replica_0")
+        copies.append(assign_value(self._copies_of.op(local, variable),
+                                   value, name))
     self._done.update(op.name for op in graph_edit.control_outputs(writer)
                       if op.name not in waiting)
     self._copies[key] = copies
@@ -108,8 +118,9 @@ class VariableSync:
 
     The step's own updates (also those ZeRO moved out of the cloned part)
     and EPL's writes (copies, ZeRO's broadcasts) are not such writes."""
-    if (op.name in self._ctx.subgraph.cloned_names or
-        op.name in self._step_updates or op.name.startswith("EPL_") or
+    if (op.name in self._subgraph.cloned_names or
+        op.name in self._step_updates or
+        self._provenance.built_by_rewrite(op) or
         not is_variable_writer(op)):
       return None
     for tensor in op.inputs:
@@ -121,7 +132,7 @@ class VariableSync:
   def _substitute_standalone_write(self, writer, variable):
     """A write the user may run by itself (`var.load`, an assign op, Keras
     `set_weights`): fetching it, or its output, runs the copies into this
-    worker's other replicas too (`ctx.substitutes`). Across workers each
+    worker's other replicas too (the fetch substitutes). Across workers each
     worker runs its own writes: no broadcast, which every worker would
     have to join."""
     ctx = self._ctx
@@ -131,9 +142,9 @@ class VariableSync:
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         "EPL_VARIABLE_SYNC/%s" % writer.name), \
         ctx.graph.control_dependencies(copies):
-      ctx.substitutes[writer.name] = tf.group(copies, name="write")
+      self._substitutes[writer.name] = tf.group(copies, name="write")
       for output in writer.outputs:
-        ctx.substitutes[output.name] = tf.identity(output)
+        self._substitutes[output.name] = tf.identity(output)
 
   def _new_standalone_writes(self):
     """Writes of replicated variables outside the training step (the
@@ -141,7 +152,7 @@ class VariableSync:
     writes = []
     for variable in self._variables.values():
       for op in variable.outputs[0].consumers():
-        if (op.name in self._substituted or op.name.startswith("EPL_") or
+        if (op.name in self._substituted or
             self._written_variable(op) is None or
             self._ctx.state.phase_of(op) in (Phase.APPLY, Phase.BACKWARD)):
           continue
@@ -192,3 +203,18 @@ class VariableSync:
           copies.extend(self._copy_ops(writer, variable, group))
       graph_editor.add_control_inputs(group, copies)
       self._done.add(group.name)
+
+
+def sync_variables(ctx, captured_step, subgraph, copies, substitutes):
+  """Makes initialisers and restores reach every replica (VariableSync).
+
+  Each group of writes of replica 0's variables built so far also copies
+  the new values into the other replicas (across workers, from worker 0
+  first); writes the user may run alone are substituted at fetch time.
+  Hands on the VariableSync, which the engine runs again before later runs
+  for ops built since, and the substitutes it added to.
+  """
+  variable_sync = VariableSync(ctx, captured_step, subgraph, copies,
+                               substitutes)
+  variable_sync.update()
+  return {"variable_sync": variable_sync, "substitutes": substitutes}

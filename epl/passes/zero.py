@@ -40,6 +40,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
+from epl.ir.op_types import VARIABLE_READ_TYPES
 from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes.variable_sync import assign_value, read_value
@@ -49,7 +51,6 @@ from epl.tf_compat import graph_edit
 logger = logging.getLogger("epl")
 
 ZERO_SCOPE = "EPL_ZERO"
-_READS = frozenset(["ReadVariableOp", "Identity"])
 
 
 @dataclasses.dataclass
@@ -121,7 +122,7 @@ def _labels(apply_ops, gradient_owner, trained):
         found.add(producer.name)
       elif tensor.name in gradient_owner:
         found.add(gradient_owner[tensor.name])
-      elif producer.type in _READS and producer.inputs and (
+      elif producer.type in VARIABLE_READ_TYPES and producer.inputs and (
           producer.inputs[0].op.name in trained):
         found.add(producer.inputs[0].op.name)
     return found
@@ -139,29 +140,29 @@ def _labels(apply_ops, gradient_owner, trained):
           for op in apply_ops}
 
 
-def partition_updates(ctx):
+def partition_updates(ctx, subgraph, gradients, gradient_points):
   """Decides the owner of every trained variable; takes the updates out of
   the cloned part (before the replicas are cloned).
 
-  Returns the Partition (None when ZeRO is off). Removes each update's
-  ops from `ctx.subgraph.cloned` and its slots from
-  `ctx.subgraph.variables`; changes nothing in the graph.
+  Hands on the Partition (`zero_partition`, None when this worker holds
+  one replica) and the subgraph without each update's ops and slots;
+  changes nothing in the graph.
   """
   level = _check_level(ctx)
   if level is None:
-    return None
+    return {"subgraph": subgraph, "zero_partition": None}
   gradient_owner, variables, points = {}, {}, []
-  for record_points in ctx.gradient_points:
+  for record_points in gradient_points:
     for grad, var in record_points:
       variables[var.name] = var
       points.append((grad, var))
       for tensor in _tensors(grad):
         gradient_owner[tensor.name] = var.name
-  for record in ctx.state.apply_records:
-    for grad, var in record.grads_and_vars:
+  for pairs in gradients.applied:
+    for grad, var in pairs:
       for tensor in _tensors(grad):
         gradient_owner[tensor.name] = var.name
-  apply_ops = [op for op in ctx.subgraph.cloned
+  apply_ops = [op for op in subgraph.cloned
                if ctx.state.phase_of(op) is Phase.APPLY]
   labels = _labels(apply_ops, gradient_owner, variables)
   updates = {name: [op for op in apply_ops if labels[op.name] == {name}]
@@ -190,44 +191,41 @@ def partition_updates(ctx):
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
   removed = {op.name for name in owned for op in updates[name]}
-  subgraph = ctx.subgraph
-  subgraph.cloned = [op for op in subgraph.cloned if op.name not in removed]
-  subgraph.cloned_names = frozenset(op.name for op in subgraph.cloned)
-  subgraph.variables = [op for op in subgraph.variables
-                        if op.name not in removed]
-  return Partition(level=level, owner=owner,
-                   updates={n: updates[n] for n in owned},
-                   variables=variables,
-                   points=[(g, v) for g, v in points if v.name in owner])
+  return {"subgraph": subgraph.without(removed),
+          "zero_partition": Partition(
+              level=level, owner=owner,
+              updates={n: updates[n] for n in owned},
+              variables=variables,
+              points=[(g, v) for g, v in points if v.name in owner])}
 
 
-def _remap_colocation(op, local, ctx):
+def _remap_colocation(op, local, subgraph, copies):
   if "_class" not in op.node_def.attr:
     return
   groups = []
   for entry in op.get_attr("_class"):
     target = entry.decode()[len("loc:@"):]
-    if target in ctx.subgraph.cloned_names:
-      target = ctx.clones[local][target].name
+    if target in subgraph.cloned_names:
+      target = copies.clones[local][target].name
     groups.append(("loc:@" + target).encode())
   graph_edit.set_attr(op, "_class", attr_value_pb2.AttrValue(
       list=attr_value_pb2.AttrValue.ListValue(s=groups)))
 
 
-def _move_to_owner(ctx, ops, local):
+def _move_to_owner(ctx, subgraph, copies, ops, local):
   """The user's update ops become local replica `local`'s: its device, its
-  inputs; `ctx.clones` follows."""
+  inputs; `copies` follows."""
   for op in ops:
     for index, tensor in enumerate(op.inputs):
-      if tensor.op.name in ctx.subgraph.cloned_names:
-        graph_edit.update_input(op, index, ctx.tensor(local, tensor))
-    _remap_colocation(op, local, ctx)
+      if tensor.op.name in subgraph.cloned_names:
+        graph_edit.update_input(op, index, copies.tensor(local, tensor))
+    _remap_colocation(op, local, subgraph, copies)
     graph_editor.set_device(op, ctx.device(local, ctx.taskgraph_index(op)))
-    del ctx.clones[0][op.name]
-    ctx.clones[local][op.name] = op
+    del copies.clones[0][op.name]
+    copies.clones[local][op.name] = op
 
 
-def _join_after(ctx, partition, name, ops):
+def _join_after(step, partition, name, ops):
   """What fetching the step runs after variable `name`'s update (the joins
   and shared writes downstream of it) waits for `ops` too.
 
@@ -236,8 +234,7 @@ def _join_after(ctx, partition, name, ops):
   after the update would close a cycle.
   """
   after = {op.name for op in graph_editor.descendants(partition.updates[name])}
-  ends = [op for op in ctx.subgraph.joins + ctx.subgraph.shared_writes
-          if op.name in after]
+  ends = [op for op in step.joins + step.shared_writes if op.name in after]
   if not ends:
     raise ValueError(
         "zero.level %s: no op of the training step waits for the update of "
@@ -248,7 +245,7 @@ def _join_after(ctx, partition, name, ops):
     graph_editor.add_control_inputs(end, ops)
 
 
-def _keep_all_reduces(ctx, partition):
+def _keep_all_reduces(ctx, step, copies, partition):
   """v0: every replica's all-reduce of every gradient runs in the step.
 
   A replica reads the reduced gradients of the variables it owns only; an
@@ -261,54 +258,55 @@ def _keep_all_reduces(ctx, partition):
     sinks = []
     for local in range(len(ctx.replicas)):
       for tensor in _tensors(grad):
-        replica_tensor = ctx.tensor(local, tensor)
+        replica_tensor = copies.tensor(local, tensor)
         with tf.device(replica_tensor.device):
-          sink = tf.identity(replica_tensor, name="%s/replica_%d/%s/keep" % (
-              ZERO_SCOPE, ctx.replicas[local], var.name))
-        ctx.clones[local][sink.op.name] = sink.op
+          sink = tf.identity(replica_tensor, name=epl_names.in_replica(
+              ZERO_SCOPE, ctx.replicas[local], var.name, "keep"))
+        copies.clones[local][sink.op.name] = sink.op
         sinks.append(sink.op)
-    _join_after(ctx, partition, var.name, sinks)
+    _join_after(step, partition, var.name, sinks)
 
 
-def _reduce_to_owners(ctx, partition):
+def _reduce_to_owners(ctx, copies, gradient_points, partition):
   """v1: each gradient summed (or averaged) on its owner's device from every
   replica's; the owner's update reads that. Across workers, the owners of
   one share (the k-th replica of each worker) then all-reduce their local
-  sums (IndexedSlices: all-gather). Takes the gradients out of
-  `ctx.gradient_points`, so they are not all-reduced."""
+  sums (IndexedSlices: all-gather). Returns the gradient points without
+  those gradients, so they are not all-reduced."""
   mean = ctx.config.communication.gradients_reduce_method == "mean"
   across = across_workers.spans_workers(ctx)
   for grad, var in partition.points:
     owner = partition.owner[var.name]
     taskgraph = ctx.taskgraph_index(var)
     update_names = {op.name for op in partition.updates[var.name]}
-    copies = [[ctx.tensor(l, t) for t in _tensors(grad)]
-              for l in range(len(ctx.replicas))]
+    replica_grads = [[copies.tensor(l, t) for t in _tensors(grad)]
+                     for l in range(len(ctx.replicas))]
     peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
         if across else None
     with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
         "%s/reduce/%s" % (ZERO_SCOPE, var.name)):
       if isinstance(grad, tf.IndexedSlices):
-        reduced = [tf.concat([c[i] for c in copies], 0) for i in (0, 1)]
+        reduced = [tf.concat([c[i] for c in replica_grads], 0)
+                   for i in (0, 1)]
         if across:
           reduced = [peers.all_gather([t])[0] for t in reduced]
       else:
-        total = copies[owner][0]
-        for local, copy in enumerate(copies):
+        total = replica_grads[owner][0]
+        for local, copy in enumerate(replica_grads):
           if local != owner:
             total = total + copy[0]
         reduced = [peers.all_reduce([total], "sum")[0] if across else total]
       if mean:
         reduced[0] = reduced[0] / ctx.plan.num_replicas
-    for old, new in zip(copies[owner], reduced):
+    for old, new in zip(replica_grads[owner], reduced):
       graph_editor.replace_input_in(
           graph_editor.consumers_of(old, update_names), old, new)
   taken = {id(grad) for grad, _ in partition.points}
-  ctx.gradient_points = [[(g, v) for g, v in points if id(g) not in taken]
-                         for points in ctx.gradient_points]
+  return [[(g, v) for g, v in points if id(g) not in taken]
+          for points in gradient_points]
 
 
-def _broadcast_updates(ctx, partition):
+def _broadcast_updates(ctx, step, copies, partition):
   """After its update, the owner's new value is written into every other
   replica's copy of the variable; the joins after the update wait for the
   writes."""
@@ -318,16 +316,17 @@ def _broadcast_updates(ctx, partition):
     variable = partition.variables[name]
     with tf.control_dependencies(ops), tf.name_scope(
         "%s/broadcast/%s" % (ZERO_SCOPE, name)):
-      value = read_value(ctx.op(owner, variable))
+      value = read_value(copies.op(owner, variable))
     for local in range(len(ctx.replicas)):
       if local != owner:
         writes.append(assign_value(
-            ctx.op(local, variable), value, "%s/replica_%d/%s/from_owner" % (
-                ZERO_SCOPE, ctx.replicas[local], name)))
-    _join_after(ctx, partition, name, writes)
+            copies.op(local, variable), value, epl_names.in_replica(
+                ZERO_SCOPE, ctx.replicas[local], name, "from_owner")))
+    _join_after(step, partition, name, writes)
 
 
-def place_updates(ctx, partition):
+def place_updates(ctx, zero_partition, captured_step, subgraph,
+                  gradient_points, copies):
   """Makes each variable's update run on its owner only (after the replicas
   are cloned, before gradient aggregation).
 
@@ -335,19 +334,25 @@ def place_updates(ctx, partition):
   colocation), wires the gradients to the owners (v0: every replica's
   all-reduce kept in the step; v1: reduced on the owner instead of
   all-reduced) and adds the copies of the new values into the other
-  replicas, which the joins after each update wait for. Without a
-  partition, does nothing.
+  replicas, which the joins after each update wait for. Hands on the copy
+  map (updates moved to their owners) and the gradient points (v1: without
+  the gradients reduced to their owners). Without a partition, does
+  nothing.
   """
+  partition = zero_partition
+  result = {"gradient_points": gradient_points, "copies": copies}
   if partition is None:
-    return
+    return result
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       None), ctx.graph.control_dependencies(None), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for name, ops in partition.updates.items():
       if partition.owner[name]:
-        _move_to_owner(ctx, ops, partition.owner[name])
+        _move_to_owner(ctx, subgraph, copies, ops, partition.owner[name])
     if partition.level == "v1":
-      _reduce_to_owners(ctx, partition)
+      result["gradient_points"] = _reduce_to_owners(ctx, copies,
+                                                    gradient_points, partition)
     else:
-      _keep_all_reduces(ctx, partition)
-    _broadcast_updates(ctx, partition)
+      _keep_all_reduces(ctx, captured_step, copies, partition)
+    _broadcast_updates(ctx, captured_step, copies, partition)
+  return result

@@ -52,10 +52,10 @@ from typing import List
 
 from epl.analysis import checkpoint_search
 from epl.analysis import flops
-from epl.capture.capture import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
-                                  VARIABLE_TYPES)
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
+from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
+                             VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.strategies.strategy import Replicate
 from epl.tf_compat import graph_edit
@@ -76,7 +76,6 @@ FLOPS_PER_BYTE = 1.0 / 8
 # (both normalised to [0, 1]) when choosing among balanced cuts.
 SCOPE_WEIGHT = 0.5
 
-_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 # GraphState -> AutoStages of the graphs auto parallel has cut.
 _choices = weakref.WeakKeyDictionary()
 
@@ -190,7 +189,8 @@ def _is_free(op):
   if op.type in VARIABLE_TYPES or op.type in PLACEHOLDER_TYPES or (
       op.type in INPUT_READ_TYPES):
     return True
-  return op.type in _READ_TYPES and op.inputs[0].op.type in VARIABLE_TYPES
+  return op.type in VARIABLE_READ_TYPES and (
+      op.inputs[0].op.type in VARIABLE_TYPES)
 
 
 def _stage(index, ops):

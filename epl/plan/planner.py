@@ -11,6 +11,8 @@ import tensorflow as tf
 from epl.cluster import VirtualDevice
 from epl.env import Env
 from epl.ir.graph_state import state_of
+from epl.env import Env
+from epl.ir import graph_state
 from epl.strategies.strategy import Replicate, Split
 
 
@@ -87,6 +89,37 @@ class Plan:
     count = self.taskgraphs[taskgraph_index].device_count
     return [list(range(start, start + count))
             for start in range(0, self.num_replicas, count)]
+
+
+def plan_of(graph, for_rewrite=False):
+  """The plan of `graph`'s TaskGraphs on the current cluster and config.
+
+  Made once and kept in the graph's state; made again only when the
+  TaskGraphs or the configuration changed since, until the rewrite asks
+  (`for_rewrite`): that plan is the graph's from then on. None when the
+  graph has no TaskGraph. When no plan can be made, the rewrite gets the
+  error (ValueError or NotImplementedError); anyone else gets None (the
+  rewrite reports it at the first run).
+  """
+  state = graph_state.state_of(graph)
+  if state is None or not state.taskgraphs:
+    return None
+  env = Env.get()
+  key = (len(state.taskgraphs), tuple(env.config.to_dict().items()))
+  cached = state.plan_cache
+  fixed = cached is not None and cached[0] is None
+  if fixed or (cached is not None and cached[0] == key):
+    plan = cached[1]
+  else:
+    try:
+      plan = make_plan(env.cluster, state.taskgraphs, env.config)
+    except (ValueError, NotImplementedError):
+      if for_rewrite:
+        raise
+      return None
+  if not fixed:
+    state.plan_cache = (None if for_rewrite else key, plan)
+  return plan
 
 
 def make_plan(cluster, taskgraphs, config):

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from epl.analysis import flops
 from epl.analysis import memory_estimate
-from epl.capture.capture import INPUT_READ_TYPES
+from epl.ir.op_types import INPUT_READ_TYPES
 
 
 def _shaped_graph(is_shape_unknown):

@@ -11,15 +11,11 @@ which write values that come from no other variable, pass.
 """
 import tensorflow as tf
 
-from epl.capture.capture import VARIABLE_TYPES, variable_op
+from epl.capture.capture import variable_op
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
+from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
 from epl.passes.training_subgraph import written_variables
-
-# EPL's own ops (replica copies, variable sync, collectives) are named
-# under EPL_* scopes.
-_EPL_PREFIX = "EPL_"
-_FUNCTION_CALLS = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 
 
 def _fetched_ops(fetch, graph, result):
@@ -49,10 +45,9 @@ def _covered_names(state):
   if result is None:
     return frozenset()
   if result.covered_names is None:
-    ctx = result.context
-    names = set(ctx.subgraph.cloned_names)
-    names.update(op.name for op in ctx.subgraph.shared + ctx.subgraph.joins)
-    names.update(ctx.clones[0])
+    names = set(result.subgraph.cloned_names)
+    names.update(op.name for op in result.step.shared + result.step.joins)
+    names.update(result.copies.clones[0])
     result.covered_names = frozenset(names)
   return result.covered_names
 
@@ -70,7 +65,7 @@ def _trains(op, written, trainable, covered):
   a function call (which reads what it is given), or an op whose inputs
   other than its targets come from a trainable variable or from the
   rewritten training step."""
-  if op.type in _FUNCTION_CALLS:
+  if op.type in FUNCTION_CALL_TYPES:
     return True
   targets = {v.name for v in written}
   roots = [t.op for t in op.inputs if t.op.name not in targets]
@@ -104,7 +99,9 @@ def check_run(graph, fetches):
   initializers = {getattr(v, "initializer", None) for v in graph.get_collection(
       tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
   for op in _uncovered_ancestors(ops, covered):
-    if (op.name in covered or op.name.startswith(_EPL_PREFIX) or
+    # EPL's own ops (replica copies, variable sync, collectives) are known
+    # by their provenance.
+    if (op.name in covered or state.provenance.built_by_rewrite(op) or
         op in initializers):
       continue
     written = [v for v in written_variables(op) if v.name in trainable]

@@ -16,7 +16,6 @@ import logging
 
 import tensorflow as tf
 
-from epl.ir.graph_state import state_of
 from epl.plan import planner
 
 logger = logging.getLogger("epl")
@@ -83,17 +82,9 @@ def session_workers(env, graph):
   This worker, plus the workers that hold later pipeline stages of its
   replicas (from the plan, when the model is already annotated).
   """
-  cluster = env.cluster
-  workers = {cluster.worker_index}
-  state = state_of(graph) if graph is not None else None
-  if state is not None and state.taskgraphs:
-    result = state.rewrite_result
-    try:
-      plan = result.plan if result is not None else planner.make_plan(
-          cluster, state.taskgraphs, env.config)
-    except (ValueError, NotImplementedError):
-      plan = None  # the rewrite reports it at the first run
-    if plan is not None:
-      for replica in plan.local_replicas:
-        workers.update(plan.device_workers[replica])
+  workers = {env.cluster.worker_index}
+  plan = planner.plan_of(graph) if graph is not None else None
+  if plan is not None:
+    for replica in plan.local_replicas:
+      workers.update(plan.device_workers[replica])
   return sorted(workers)

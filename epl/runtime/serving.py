@@ -38,11 +38,8 @@ def _plan_without_local_replicas(env, graph):
   if state is None or not state.gradient_records or (
       state.rewrite_result is not None):
     return None
-  try:
-    plan = planner.make_plan(env.cluster, state.taskgraphs, env.config)
-  except (ValueError, NotImplementedError):
-    return None  # the rewrite raises it
-  return None if plan.local_replicas else plan
+  plan = planner.plan_of(graph)
+  return None if plan is None or plan.local_replicas else plan
 
 
 def maybe_serve(env, graph):

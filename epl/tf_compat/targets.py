@@ -25,6 +25,9 @@ CREATE_OP = (ops.Graph, "_create_op_helper")
 GRAPH_FINALIZE = (ops.Graph, "finalize")
 # Behind tf.gradients, Optimizer.compute_gradients and minimize.
 GRADIENTS = (gradients_util, "_GradientsHelper")
+# Makes the seeds (ones) of the gradients of the losses: EPL records them as
+# the losses' seeds, which AMP's loss scale multiplies.
+DEFAULT_GRAD_YS = (gradients_util, "_DefaultGradYs")
 TAPE_GRADIENT = (backprop.GradientTape, "gradient")
 # tf.compat.v1.train.Optimizer (all TF1 optimizers).
 APPLY_GRADIENTS = (optimizer_lib.Optimizer, "apply_gradients")

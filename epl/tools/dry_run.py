@@ -62,25 +62,25 @@ def _unit(largest):
   return _UNITS[-1]
 
 
-def _batch_size(ctx, estimates):
+def _batch_size(result, estimates):
   """Examples of one micro-batch, from the static shape of the first
   input read or the batch size the estimate assumed; None when neither
   is known."""
-  for read in ctx.subgraph.input_reads:
+  for read in result.step.input_reads:
     for tensor in read.outputs:
       if tensor.shape.rank and tensor.shape[0] is not None:
         return int(tensor.shape[0])
   return estimates[0].batch_size_assumed if estimates else None
 
 
-def _taskgraph_lines(ctx):
-  plan, state = ctx.plan, ctx.state
+def _taskgraph_lines(result):
+  plan, state = result.plan, result.context.state
   parameters = [0] * plan.num_stages
   forward_ops = [0] * plan.num_stages
-  trained = {variable.name for points in ctx.gradient_points
+  trained = {variable.name for points in result.gradient_points
              for _, variable in points}
-  for op in ctx.subgraph.cloned:
-    index = min(ctx.taskgraph_index(op), plan.num_stages - 1)
+  for op in result.subgraph.cloned:
+    index = min(result.context.taskgraph_index(op), plan.num_stages - 1)
     if op.name in trained:
       parameters[index] += memory_estimate.variable_elements(op)
     elif (state.phase_of(op) is Phase.FORWARD and
@@ -101,13 +101,13 @@ def _taskgraph_lines(ctx):
   return lines
 
 
-def _saver_lines(ctx):
-  config = ctx.config
+def _saver_lines(result):
+  config = result.context.config
   gc = config.gradient_checkpoint
   if gc.type:
-    recomputed = sum(len(s) for s in ctx.recomputed_segments)
+    recomputed = sum(len(s) for s in result.recomputed_segments)
     gc_text = ("%r: %d op(s) recomputed in %d segment(s)" %
-               (gc.type, recomputed, len(ctx.recomputed_segments)))
+               (gc.type, recomputed, len(result.recomputed_segments)))
   else:
     gc_text = "off"
   amp = config.amp
@@ -122,13 +122,13 @@ def _saver_lines(ctx):
   ]
 
 
-def _communication_line(ctx, gradient_bytes):
-  plan, comm = ctx.plan, ctx.config.communication
+def _communication_line(result, gradient_bytes):
+  plan, comm = result.plan, result.context.config.communication
   if plan.num_replicas == 1:
     return "    none (one model replica)"
   ring = 2.0 * (plan.num_replicas - 1) / plan.num_replicas
   size = gradient_bytes * (0.5 if comm.fp16 else 1.0)
-  communicator = ctx.communicator_class()
+  communicator = result.context.communicator_class()
   text = "    gradients all-reduced (%s) over %d replicas by %s, " % (
       comm.gradients_reduce_method, plan.num_replicas, communicator.__name__)
   text += ("in at most %d fused bucket(s) per stage and dtype" %
@@ -183,13 +183,13 @@ def _memory_lines(estimates):
   return lines
 
 
-def describe(ctx, estimates=None):
-  """The plan of RewriteContext `ctx` as text for people."""
-  plan, cluster = ctx.plan, ctx.cluster
+def describe(result, estimates=None):
+  """The plan of RewriteResult `result` as text for people."""
+  plan, cluster = result.plan, result.context.cluster
   if estimates is None:
-    estimates = memory_estimate.estimate(ctx)
+    estimates = memory_estimate.estimate(result)
   stages = 1 if plan.has_split else plan.num_stages
-  micro_batch = _batch_size(ctx, estimates)
+  micro_batch = _batch_size(result, estimates)
   lines = ["EPL plan (dry run: nothing was initialised, no step ran)",
            "  cluster: %d worker(s) x %d %s device(s)" % (
                cluster.worker_num, cluster.devices_per_worker,
@@ -209,12 +209,12 @@ def describe(ctx, estimates=None):
                (stages - 1, plan.num_micro_batch + stages - 1,
                 100.0 * bubble))
   lines.append("  TaskGraphs:")
-  lines.extend(_taskgraph_lines(ctx))
+  lines.extend(_taskgraph_lines(result))
   lines.append("  memory savers:")
-  lines.extend(_saver_lines(ctx))
+  lines.extend(_saver_lines(result))
   lines.append("  communication:")
   gradient_bytes = max([e.gradients for e in estimates] or [0])
-  lines.append(_communication_line(ctx, gradient_bytes))
+  lines.append(_communication_line(result, gradient_bytes))
   lines.extend(_memory_lines(estimates))
   return "\n".join(lines)
 
@@ -224,7 +224,7 @@ def after_rewrite(result):
   ends the process with status 0."""
   if not enabled():
     return
-  text = describe(result.context)
+  text = describe(result)
   _planned.append(text)
   logger.info("EPL dry run: plan printed, exiting before the first step")
   print(text, flush=True)

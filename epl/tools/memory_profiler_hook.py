@@ -31,10 +31,10 @@ import numpy as np
 import tensorflow as tf
 
 from epl.tools import timeline
+from epl.ir.op_types import VARIABLE_TYPES
 
 logger = logging.getLogger("epl")
 
-_VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2"])
 _GIB = 1024.0 ** 3
 
 
@@ -81,7 +81,7 @@ def profile_memory(run_metadata, graph=None, prefix_name="", visualize=True,
         op = graph.get_operation_by_name(node.node_name)
       except KeyError:
         continue
-      if op.type in _VARIABLE_TYPES:
+      if op.type in VARIABLE_TYPES:
         persistent[device_stats.device] += _variable_bytes(op)
   result = [DeviceMemory(d, persistent[d], peaks[d])
             for d in sorted(peaks, key=timeline.device_key)]

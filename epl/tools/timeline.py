@@ -104,15 +104,16 @@ class PipelineTrace:
     if state is None or state.rewrite_result is None:
       raise ValueError("The graph was not rewritten by EPL: run a training "
                        "step under epl.init() first.")
-    ctx = state.rewrite_result.context
-    plan = ctx.plan
+    result = state.rewrite_result
+    ctx, plan = result.context, result.plan
     rows, row_of = [], {}
     for replica in ctx.replicas:
       for stage in range(plan.num_stages):
         row_of[(replica, stage)] = len(rows)
         rows.append(Row(replica, stage, plan.device(replica, stage)))
     block_of = {}
-    for block, ops in schedule.blocks(ctx).items():
+    for block, ops in schedule.blocks(ctx, result.subgraph,
+                                      result.copies).items():
       names = {op.name for op in ops}
       for op in ops:
         # A forward or backward slice spans the ops that compute on the

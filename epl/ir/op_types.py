@@ -1,0 +1,34 @@
+"""Op types EPL treats alike, in one place.
+
+Every module that asks "is this a variable?", "a read of one?", "an input
+read?" takes the answer from here, so that an op type added to a list
+counts everywhere at once.
+"""
+
+# Ops that hold a variable (resource handles and reference variables).
+VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
+# Plain reads of a variable's value: a resource read, or the Identity that
+# reads a reference variable.
+VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
+# Consumers of a variable that do not change it.
+VARIABLE_READERS = frozenset([
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+    "VarIsInitializedOp", "IsVariableInitialized", "Identity",
+    "_ReadVariablesOp"])
+# Ops that read the next element of the input pipeline: each replica (and
+# micro-batch) runs its own, on the shared iterator.
+INPUT_READ_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
+PLACEHOLDER_TYPES = frozenset(
+    ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+# Calls of a function of the graph's library.
+FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+# Ops that read only the shape of their input: they keep nothing alive.
+SHAPE_READER_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
+# Lookup tables are initialised once by the user's tables_initializer and
+# read by every replica.
+TABLE_TYPES = frozenset([
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
+    "MutableDenseHashTable", "MutableDenseHashTableV2"])
