@@ -5,7 +5,7 @@ ask (`taskgraphs`, `operations`, `num_stages`, `pipeline_enabled`, the
 copies of an op in the other replicas and micro-batches), from the state
 EPL already keeps: the op tags of `epl.ir.graph_state`, the cluster's
 VirtualDevices (the plan) and, once the graph is rewritten, the rewrite's
-maps from each op to its copies (`GraphState.rewrite_result.context`:
+maps from each op to its copies (`GraphState.rewrite_result.copies`:
 `clones[r]` per local replica, `micro_batches[m]` of replica 0). Nothing
 here changes the graph or EPL's state: the original's editing calls
 (`set_model_phase`, `update_input`, ...) are not part of the view.
@@ -125,33 +125,32 @@ class Graph:
 
   # The rewrite's copies.
 
-  def _context(self):
-    result = self._state.rewrite_result
-    return result.context if result is not None else None
+  def _rewrite(self):
+    return self._state.rewrite_result
 
   def _local_replica_of(self, op):
     """(local replica index, name of the op it copies) of `op`."""
-    ctx = self._context()
-    if ctx is not None:
-      for local in range(1, len(ctx.replicas)):
-        if op.name in ctx.replica_op_names(local):
-          origin = next(name for name, clone in ctx.clones[local].items()
+    result = self._rewrite()
+    if result is not None:
+      for local in range(1, len(result.context.replicas)):
+        if op.name in result.copies.replica_op_names(local):
+          origin = next(name for name, clone in result.copies.clones[local].items()
                         if clone.name == op.name)
           return local, origin
     return 0, op.name
 
   def replica_ops(self, local):
     """The tf.Operations of local replica `local`."""
-    ctx = self._context()
-    if ctx is None:
+    result = self._rewrite()
+    if result is None:
       return self.primitive_obj.get_operations() if local == 0 else []
-    if local >= len(ctx.replicas):
+    if local >= len(result.context.replicas):
       return []
     if local > 0:
-      return list(ctx.clones[local].values())
+      return list(result.copies.clones[local].values())
     others = set()
-    for other in range(1, len(ctx.replicas)):
-      others |= ctx.replica_op_names(other)
+    for other in range(1, len(result.context.replicas)):
+      others |= result.copies.replica_op_names(other)
     return [op for op in self.primitive_obj.get_operations()
             if op.name not in others]
 
@@ -161,13 +160,13 @@ class Graph:
     if obj is None:
       return []
     obj = self._wrap(obj)
-    ctx = self._context()
-    if ctx is None:
+    result = self._rewrite()
+    if result is None:
       return []
     op = _op_of(obj)
     copies = []
-    for local in range(1, len(ctx.replicas)):
-      clone = ctx.clones[local].get(op.name)
+    for local in range(1, len(result.context.replicas)):
+      clone = result.copies.clones[local].get(op.name)
       if clone is None:
         break
       copies.append(clone)
@@ -178,16 +177,16 @@ class Graph:
     any local replica) in micro-batches 1.. of that replica, in order;
     [] for what runs once per step."""
     obj = self._wrap(obj)
-    ctx = self._context()
-    if ctx is None:
+    result = self._rewrite()
+    if result is None:
       return []
     local, origin = self._local_replica_of(_op_of(obj))
     copies = []
-    for clones in ctx.micro_batches[1:]:
+    for clones in result.copies.micro_batches[1:]:
       clone = clones.get(origin)
       if clone is None or clone.name == origin:
         break
-      copies.append(ctx.op(local, clone))
+      copies.append(result.copies.op(local, clone))
     return self._like(obj, copies)
 
   def _like(self, obj, ops):
