@@ -187,7 +187,7 @@ class _Converter:
         dtypes=[self.dtype if i in outputs else t.dtype
                 for i, t in enumerate(op.outputs)],
         name=names.half_precision(op.name, self.dtype.name), attrs=attrs,
-        op_def=op.op_def, compute_device=False)
+        op_def=op.op_def)
     graph_edit.set_device(copy, op.device)
     self.ctx.state.provenance.record_copy(copy, op,
                                           replica=self.ctx.replicas[0])
