@@ -58,6 +58,11 @@ capture, planning, the rewrite, the runtime and the tools together.
   inside `epl.split` build expert-parallel ops (`epl.ops.expert_lowering`).
   The Keras ones only where the Keras that TensorFlow uses has them
   (`epl.tf_compat.keras`).
+- Under Keras 3 (tf.keras 3.x): Keras 3's `Optimizer.apply` (behind
+  `apply_gradients`), `Model.fit` and `Model.train_on_batch` raise an
+  error that names Keras 3, the TensorFlow version and the fix
+  (`epl.tf_compat.keras.keras3_training_error`): they update variables
+  outside the graph training step EPL parallelises.
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
@@ -345,6 +350,13 @@ _HOOKS = (
 _STATIC = frozenset([targets.LIST_FILES])
 
 
+def _keras3_training(original, owner, *args, **kwargs):
+  if active() is None:
+    return original(owner, *args, **kwargs)
+  raise keras.keras3_training_error("Keras 3's %s.%s" % (
+      type(owner).__name__, original.__name__))
+
+
 def _keras_hooks():
   """The Keras layer hooks, for the Keras targets this process has: Keras
   builds TF1 graph-mode layers on the v1 base layer, others on the v2 one
@@ -356,6 +368,7 @@ def _keras_hooks():
     hooks.append((found.v1_dense, _split_lowering("dense")))
   if found.dense_call is not None:
     hooks.append((found.dense_call, _dense_layer_call))
+  hooks.extend((target, _keras3_training) for target in found.keras3_training)
   return tuple(hooks)
 
 

@@ -514,6 +514,21 @@ def test_keras_3_installs_no_layer_hooks(monkeypatch):
   assert keras.targets().problem is None
 
 
+def test_keras3_training_targets_only_where_tf_keras_is_keras3():
+  # Keras 3's optimizer `apply` and Model.fit/train_on_batch are refused
+  # under EPL only where tf.keras is Keras 3 (tests/test_keras3.py runs
+  # that case in a subprocess); Keras 2 ones are never touched.
+  found = keras._keras3_training_targets()  # pylint: disable=protected-access
+  if str(getattr(tf.keras, "__version__", "")).startswith("3."):
+    owners = {owner for owner, _ in found}
+    assert owners == {tf.keras.optimizers.Optimizer, tf.keras.Model}
+    assert issubclass(tf.keras.optimizers.Adam, tf.keras.optimizers.Optimizer)
+    for owner, attribute in found:
+      assert callable(getattr(owner, attribute)), attribute
+  else:
+    assert found == ()
+
+
 def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
   keras.require_layer_hooks("epl.split")
   missing = keras.KerasTargets(problem="TensorFlow 9.9 uses Keras 3 ...")

@@ -82,6 +82,8 @@ VERSIONS = {
     # keras
     "Layer.add_weight (base_layer, base_layer_v1), Dense.__call__":
         Support(_ALL_TF, _LEGACY_KERAS),
+    "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
+    "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),
     # estimator
     "RunConfig.__init__, Estimator._call_model_fn, latest_checkpoint, "
     "evaluate": Support("2.15 (tensorflow-estimator; gone from 2.16)",

@@ -33,6 +33,11 @@ class KerasTargets:
   v1_dense: tuple = None
   # Why targets are missing; None when every one was found.
   problem: str = None
+  # Under Keras 3 only: (owner, attribute) pairs of the Keras 3 training
+  # entry points EPL refuses (`keras3_training_error`): the optimizer's
+  # `apply` (behind `apply_gradients` and Model.fit's update) and
+  # `Model.fit`, `Model.train_on_batch`.
+  keras3_training: tuple = ()
 
   @property
   def dense_class(self):
@@ -72,7 +77,8 @@ def targets():
         "'tf-keras~=%s.0') and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
         "is imported." % (tf.__version__, tf.__version__.rsplit(".", 1)[0]))
     logger.debug("Keras layer hooks not installed: %s", problem)
-    return KerasTargets(problem=problem)
+    return KerasTargets(problem=problem,
+                        keras3_training=_keras3_training_targets())
   prefix = package + ".src."
   layers = [_find(prefix + "engine.base_layer", "Layer"),
             _find(prefix + "engine.base_layer_v1", "Layer")]
@@ -96,6 +102,40 @@ def targets():
       dense_call=(dense, "__call__") if dense is not None else None,
       v1_dense=(tf.compat.v1.layers, "dense"),
       problem=problem)
+
+
+def _keras3_training_targets():
+  """Keras 3's optimizer `apply` and Model.fit/train_on_batch, when
+  tf.keras is Keras 3; () otherwise."""
+  try:
+    keras3 = tf.keras
+    if not str(getattr(keras3, "__version__", "")).startswith("3."):
+      return ()
+    return ((keras3.optimizers.Optimizer, "apply"),
+            (keras3.Model, "fit"),
+            (keras3.Model, "train_on_batch"))
+  except Exception:  # pylint: disable=broad-except  (no Keras at all)
+    return ()
+
+
+def fix_for_legacy_keras():
+  """How to get Keras 2 on this TensorFlow: tf-keras of its version and
+  TF_USE_LEGACY_KERAS=1."""
+  return ("pip install 'tf-keras~=%s.0' and set TF_USE_LEGACY_KERAS=1 "
+          "before TensorFlow is imported" % tf.__version__.rsplit(".", 1)[0])
+
+
+def keras3_training_error(what):
+  """The error for a Keras 3 training entry point (`what`) used under
+  EPL."""
+  return RuntimeError(
+      "EPL does not support %s: TensorFlow %s uses Keras %s, whose "
+      "optimizers and Model.fit/train_on_batch update variables outside the "
+      "TF1 graph training step that EPL parallelises (of Keras 3, EPL "
+      "supports layers only). Train them with a tf.compat.v1.train "
+      "optimizer (minimize or compute_gradients/apply_gradients) and tf.compat.v1.Session, or use Keras 2: %s, then "
+      "tf.keras.optimizers.legacy optimizers work under EPL." % (
+          what, tf.__version__, tf.keras.__version__, fix_for_legacy_keras()))
 
 
 def require_layer_hooks(feature):
