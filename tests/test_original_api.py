@@ -304,9 +304,12 @@ def test_launcher_takes_the_original_s_flags():
 
 
 def test_debug_runs_worker_zero_in_the_foreground():
-  code = ("import json, os; "
-          "print('task', json.loads(os.environ['TF_CONFIG'])['task']"
-          "['index'], flush=True)")
+  # One write per line: worker 0 writes to the terminal the launcher also
+  # relays worker 1's lines to, and `print` of several items writes each
+  # piece on its own when unbuffered, so the lines could interleave.
+  code = ("import json, os, sys; "
+          "sys.stdout.write('task %d\\n' % json.loads("
+          "os.environ['TF_CONFIG'])['task']['index']); sys.stdout.flush()")
   job = subprocess.run(
       [sys.executable, "-m", "epl.tools.launcher", "--num_workers=2", "--cpu",
        "--debug=True", "--", sys.executable, "-c", code],
