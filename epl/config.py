@@ -321,6 +321,12 @@ _KEYS = (
     _k("optimizer", "num_apply_group", _Int(minimum=1), 1,
        "Apply the gradients in this many groups, one after another, to "
        "lower peak memory.", built=True),
+    _k("optimizer", "grappler", _Choice(["default", "fast"]), "fast",
+       "Grappler (TensorFlow's graph optimiser) preset of every session: "
+       "\"fast\" runs fewer of its passes, which on EPL's large replicated "
+       "graphs cost most of the time to the first step and buy little "
+       "step time; \"default\" is TensorFlow's. Fields the user sets in "
+       "the session's RewriterConfig win.", built=True),
     # cluster
     _k("cluster", "device_place_prefer_intra_node", _Bool(), True,
        "Prefer placing one model replica within a single node.", built=True),

@@ -41,6 +41,7 @@ EXPECTED_DEFAULTS = {
     "communication.gradients_reduce_method": "mean",
     "communication.backend": "collective",
     "optimizer.num_apply_group": 1,
+    "optimizer.grappler": "fast",
     "cluster.device_place_prefer_intra_node": True,
     "cluster.run_visible_devices": "",
     "cluster.colocate_split_and_replicate": False,

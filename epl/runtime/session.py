@@ -2,7 +2,9 @@
 
 Users keep their own `tf.compat.v1.Session` / `MonitoredTrainingSession`
 code. EPL adds the devices (logical CPU devices on machines without GPUs),
-soft placement, and, before each run, the rewrite and the swap of fetched
+soft placement, the Grappler preset of `optimizer.grappler` (where the
+user's own session config leaves Grappler's settings alone), and, before
+each run, the rewrite and the swap of fetched
 tensors for their values merged over replicas.
 
 In a multi-worker job the session also gets this worker's server as its
@@ -16,6 +18,7 @@ import tensorflow as tf
 from epl.capture import io_slicing
 from epl.passes import engine
 from epl.runtime import coverage
+from epl.runtime import grappler
 from epl.runtime import server as epl_server
 
 
@@ -58,6 +61,8 @@ def session_settings(env, target, config, graph=None):
   # EPL pins ops to devices; kernels without an implementation on that
   # device (tf.data, strings) must still fall back to the host.
   merged.allow_soft_placement = True
+  grappler.apply_preset(env.config.optimizer.grappler,
+                        merged.graph_options.rewrite_options)
   return target, merged
 
 
