@@ -65,20 +65,26 @@ _RESULT = re.compile(
     r"meta_optimizer\.cc:\d+\] (\w+)[^:]*: Graph size after: (\d+) nodes "
     r"\((-?\d+)\).*time = ([\d.]+)ms")
 _ITEM = re.compile(r"Starting optimization for grappler item: (\S+)")
+# After this line, an item's results are of its function library.
+_MAIN_DONE = "Optimized main graph"
 
 
 def parse_grappler_log(text):
   """Per item Grappler optimised, in the order it ran them: its name,
   {optimizer: [ms, nodes removed]} and its node count before and after."""
   items = []
+  in_main_graph = False
   for line in text.splitlines():
     item_match = _ITEM.search(line)
     if item_match:
       items.append({"name": item_match.group(1), "optimizers": {},
                     "before": None, "after": None})
+      in_main_graph = True
       continue
+    if _MAIN_DONE in line:
+      in_main_graph = False
     match = _RESULT.search(line)
-    if not match or not items:
+    if not match or not in_main_graph:
       continue
     name, after, change, ms = match.groups()
     item = items[-1]
@@ -123,9 +129,9 @@ def measure(config, replicas, micro_batches, batch_size, setting, steps):
   from epl.passes import engine  # pylint: disable=g-import-not-at-top
   tf.disable_eager_execution()
   logging.getLogger("epl").setLevel(logging.WARNING)
-  preset = setting[4:] if setting.startswith("epl:") else "default"
-  if setting.startswith("epl:"):
-    os.environ["EPL_OPTIMIZER_GRAPPLER"] = preset
+  # The other settings change TensorFlow's own preset.
+  os.environ["EPL_OPTIMIZER_GRAPPLER"] = (
+      setting[4:] if setting.startswith("epl:") else "default")
   flags = train.make_flags(
       config=config, parallel="data", num_cpu_devices=replicas,
       num_micro_batch=micro_batches, batch_size=batch_size, steps=1000,
@@ -138,11 +144,7 @@ def measure(config, replicas, micro_batches, batch_size, setting, steps):
     result["ops"] = len(graph.get_operations())
     init = tf.global_variables_initializer()
     session_config = tf.ConfigProto()
-    if not setting.startswith("epl:"):
-      # EPL keeps what the user set; "default" pins TensorFlow's own preset
-      # whatever EPL's default is.
-      session_config.graph_options.rewrite_options.min_graph_nodes = 0
-      _rewriter_setting(setting, session_config.graph_options.rewrite_options)
+    _rewriter_setting(setting, session_config.graph_options.rewrite_options)
     with tf.Session(config=session_config) as sess:
       sess.run(init)
       log_file.flush()
@@ -216,20 +218,22 @@ def main(argv=None):
       "setting", "setup", "CPU", "step", "CPU", "grappler", "nodes in",
       "nodes out", "setup CPU", "step CPU"), flush=True)
   default = None
-  default_grappler = None
+  tables = []
   for setting in args.settings.split(","):
     result = fresh_process.measure_in_child(
         os.path.abspath(__file__),
         [args.config, replicas, micro_batches, args.batch_size, setting,
          args.steps], args.timeout)
     if setting == "default":
-      default, default_grappler = result, result["grappler"]
+      default = result
       print(_row(setting, result, None), flush=True)
+      if result["grappler"]:
+        tables.append(_optimizer_table(result["grappler"]))
     else:
       print(_row(setting, result, default), flush=True)
-  if default_grappler:
+  for table in tables:
     print()
-    print(_optimizer_table(default_grappler))
+    print(table)
   return 0
 
 

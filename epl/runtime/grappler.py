@@ -21,6 +21,13 @@ optimizers by name (`rewrite_options.optimizers`) is left as it is.
 # the step time it buys there (docs/sessions.md#grappler has the table).
 FAST = {
     "meta_optimizer_iterations": "ONE",
+    "constant_folding": "OFF",
+    "arithmetic_optimization": "OFF",
+    "layout_optimizer": "OFF",
+    "memory_optimization": "NO_MEM_OPT",
+    "loop_optimization": "OFF",
+    "implementation_selector": "OFF",
+    "disable_tfg_optimizer": True,
 }
 
 PRESETS = ("default", "fast")
