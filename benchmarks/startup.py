@@ -221,8 +221,8 @@ def main(argv=None):
       "':grappler=default|fast|off' = EPL's optimizer.grappler preset, or "
       "rewrite_options.disable_meta_optimizer in the session config")
   parser.add_argument("--smoke", action="store_true",
-                      help="only --runs %s: checks the script in about a "
-                      "minute" % SMOKE_RUNS)
+                      help="only --runs %s: checks the script in a few "
+                      "minutes" % SMOKE_RUNS)
   parser.add_argument("--batch_size", type=int, default=2,
                       help="micro-batch per replica (and plain TF's batch)")
   parser.add_argument("--timeout", type=int, default=3600)
