@@ -328,6 +328,11 @@ def test_param_dict_must_be_a_mapping():
     ("PreferForward", "PreferForward"),
     ("preferForward", "PreferForward"),
     (" preferforward ", "PreferForward"),
+    # The schedules' common names, as the README and docs call them.
+    ("1F1B", "PreferBackward"),
+    ("1f1b", "PreferBackward"),
+    ("GPipe", "PreferForward"),
+    ("gpipe", "PreferForward"),
 ])
 def test_pipeline_strategy_is_case_insensitive(monkeypatch, given, stored):
   assert Config({"pipeline.strategy": given}).pipeline.strategy == stored
