@@ -11,19 +11,36 @@ from epl.config import Config
 from epl.env import Env
 from epl.plan import planner
 from epl.runtime import server
-from epl.strategies.strategy import Replicate
+from epl.strategies.strategy import Replicate, require_devices
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
 
 def set_default_strategy(strategy):
-  """Every op built outside a strategy scope belongs to `strategy`."""
+  """Every op built outside a strategy scope belongs to `strategy`.
+
+  Switching the default to another strategy starts a new TaskGraph (a
+  pipeline stage, the original's idiom): that switch must name its
+  strategies, so that calling `set_default_strategy(epl.replicate(1))`
+  twice by mistake raises rather than building a 2-stage pipeline.
+  """
   if strategy is not None and not isinstance(strategy, Replicate):
     raise ValueError(
         "epl.set_default_strategy expects epl.replicate(...), got %r; a "
         "split part is built inside `with epl.split(...):`." % (strategy,))
-  Env.require().default_strategy = strategy
+  env = Env.require()
+  previous = env.default_strategy
+  if (strategy is not None and previous is not None and
+      strategy is not previous and not (strategy.named and previous.named)):
+    raise ValueError(
+        "epl.set_default_strategy(%r) is called again (the default is "
+        "already %r): each new default strategy starts a new pipeline "
+        "stage. Call it once for data parallelism; to cut stages, name "
+        "each one (epl.replicate(1, name=\"stage_1\"))." % (strategy, previous))
+  if strategy is not None:
+    require_devices(strategy)
+  env.default_strategy = strategy
 
 
 def _configure_logging():
