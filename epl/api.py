@@ -52,6 +52,22 @@ def _configure_logging():
     logger.propagate = False
 
 
+def _refuse_built_model(graph):
+  """Raises when `graph`, the graph the model is about to be built in,
+  already holds variables: EPL captures a model while it is built, so a
+  model built before `epl.init` would not be parallelised."""
+  with graph.as_default():
+    built = tf.compat.v1.global_variables()
+  if built:
+    raise RuntimeError(
+        "epl.init() is called after the model was built: the default graph "
+        "already holds %d variable(s) (%s). EPL records the model while it "
+        "is built: call epl.init() before building it (a plain TensorFlow "
+        "model built first belongs inside `with tf.Graph().as_default():`)."
+        % (len(built), ", ".join(repr(v.op.name) for v in built[:3]) +
+           (", ..." if len(built) > 3 else "")))
+
+
 def init(config=None):
   """Initialises EPL; call once before building the model.
 
@@ -61,7 +77,9 @@ def init(config=None):
   Calling it again starts afresh with the new config, in the same
   `epl.Env.get()` object; as in the original EPL, it then also resets
   TensorFlow's default graph unless a `with graph.as_default():` block is
-  open, so that the model is built again from an empty graph.
+  open, so that the model is built again from an empty graph. A first call
+  whose default graph already holds variables raises: the model was built
+  before EPL could record it.
   """
   _configure_logging()
   if config is None:
@@ -79,6 +97,8 @@ def init(config=None):
   job = cluster.Cluster.from_environment(config)
   if Env.initialised() and not graph_edit.in_graph_context():
     tf.compat.v1.reset_default_graph()
+  else:
+    _refuse_built_model(tf.compat.v1.get_default_graph())
   env = Env.get()
   env.reset(config, job)
   cluster.set_layout_planner(planner.planned_virtual_devices)

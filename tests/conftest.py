@@ -30,7 +30,9 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def _fresh_epl():
-  """Every test starts and ends without EPL hooks or state."""
+  """Every test starts and ends without EPL hooks or state, and with an
+  empty default graph (epl.init refuses one that already holds a model)."""
   epl.shutdown()
+  tf.compat.v1.reset_default_graph()
   yield
   epl.shutdown()

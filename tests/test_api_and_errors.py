@@ -33,6 +33,18 @@ def test_model_before_init_says_what_to_call():
     epl.set_default_strategy(epl.replicate(1))
 
 
+def test_init_after_the_model_was_built_names_the_late_init():
+  tf.compat.v1.get_variable("w", [3, 1])
+  with pytest.raises(RuntimeError, match="epl.init.* after the model was "
+                     "built.*1 variable.*'w'.*before building it"):
+    _init()
+  # A plain TensorFlow model kept in its own graph is fine.
+  tf.compat.v1.reset_default_graph()
+  with tf.Graph().as_default():
+    tf.compat.v1.get_variable("w", [3, 1])
+  _init()
+
+
 def test_init_accepts_a_dict_and_rejects_bad_keys():
   assert epl.init({"pipeline.num_micro_batch": 2}).config.pipeline \
       .num_micro_batch == 2
