@@ -200,7 +200,7 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   serving.maybe_serve(env, session.graph)
   if _rewrite(session.graph) is None and dry_run.enabled():
     dry_run.refuse_run()
-  fetches = epl_session.before_run(session.graph, fetches)
+  fetches = epl_session.before_run(session.graph, fetches, feed_dict)
   try:
     return original(session, fetches, feed_dict, options, run_metadata)
   except tf.errors.OpError as error:
