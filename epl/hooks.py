@@ -45,7 +45,7 @@ capture, planning, the rewrite, the runtime and the tools together.
   `training_util.write_graph`: in a multi-worker job only worker 0 writes
   event and graph files (`epl.runtime.summaries`).
 - `RunConfig.__init__`, `Estimator._call_model_fn`, `latest_checkpoint`
-  and `evaluate` (when tensorflow-estimator is installed): RunConfig
+  and `evaluate` (once the script imports tensorflow-estimator): RunConfig
   ignores TF_CONFIG and distribution arguments; evaluation and prediction
   graphs are not captured; in a multi-worker job the other workers
   evaluate worker 0's checkpoint once it is written
@@ -281,13 +281,10 @@ def _evaluate(original, estimator_object, *args, **kwargs):
   return estimator.evaluate(original, estimator_object, *args, **kwargs)
 
 
-def _estimator_hooks():
-  if not tf_estimator.available():
-    return ()
-  return ((tf_estimator.RUN_CONFIG_INIT, _run_config_init),
-          (tf_estimator.CALL_MODEL_FN, _call_model_fn),
-          (tf_estimator.LATEST_CHECKPOINT, _latest_checkpoint),
-          (tf_estimator.EVALUATE, _evaluate))
+def _install_estimator_hooks():
+  """Wraps the Estimator's entry points, once the script imported it."""
+  _wrap(zip(tf_estimator.targets(), (_run_config_init, _call_model_fn,
+                                     _latest_checkpoint, _evaluate)))
 
 
 def _split_lowering(name, module=split_lowering):
@@ -373,8 +370,16 @@ def _keras_hooks():
 
 
 def install():
-  """Wraps the entry points above (once)."""
-  for key, wrapper in _HOOKS + _keras_hooks() + _estimator_hooks():
+  """Wraps the entry points above (once); the Estimator's once the script
+  imports it (`epl.tf_compat.estimator`: importing it eagerly would
+  print deprecation warnings of its own)."""
+  _wrap(_HOOKS + _keras_hooks())
+  tf_estimator.when_imported(_install_estimator_hooks)
+
+
+def _wrap(hooks):
+  """Replaces each (owner, attribute) of `hooks` by its wrapper (once)."""
+  for key, wrapper in hooks:
     owner, attribute = key
     if key in _originals:
       continue
@@ -401,6 +406,7 @@ def _as_method(original, wrapper):
 
 def uninstall():
   """Restores every wrapped entry point."""
+  tf_estimator.cancel()
   for (owner, attribute), original in list(_originals.items()):
     if original is _INHERITED:
       delattr(owner, attribute)

@@ -7,6 +7,8 @@ TensorFlow upgrade that renames or changes one fails here first; the fix
 goes into epl.tf_compat and epl.tf_compat.VERSIONS.
 """
 import functools
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +27,8 @@ from epl.tf_compat import ops
 from epl.tf_compat import stats
 from epl.tf_compat import targets
 from epl.tf_compat import training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(fetches, graph):
@@ -547,14 +551,36 @@ def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
 @pytest.mark.skipif(not tf_estimator.available(),
                     reason="tensorflow-estimator is not installed")
 def test_estimator_targets():
-  for owner, attribute in (tf_estimator.RUN_CONFIG_INIT,
-                           tf_estimator.CALL_MODEL_FN,
-                           tf_estimator.LATEST_CHECKPOINT,
-                           tf_estimator.EVALUATE):
+  assert tf.estimator.Estimator and tf_estimator.imported()
+  targets = tf_estimator.targets()
+  for owner, attribute in targets:
     assert callable(getattr(owner, attribute))
-  assert tf_estimator.RUN_CONFIG_INIT[0] is tf.estimator.RunConfig
-  assert issubclass(tf.estimator.Estimator, tf_estimator.CALL_MODEL_FN[0])
-  assert tf_estimator.TRAIN == tf.estimator.ModeKeys.TRAIN
+  assert targets[0][0] is tf.estimator.RunConfig
+  assert issubclass(tf.estimator.Estimator, targets[1][0])
+  assert tf_estimator.train_mode() == tf.estimator.ModeKeys.TRAIN
+
+
+@pytest.mark.skipif(not tf_estimator.available(),
+                    reason="tensorflow-estimator is not installed")
+def test_estimator_import_is_watched_not_made():
+  # In a fresh process: epl.init does not import the Estimator (importing
+  # it marks TF's session hooks deprecated), and EPL's hooks are on the
+  # Estimator as soon as the script imports it.
+  script = (
+      "import sys, tensorflow as tf, epl\n"
+      "epl.init()\n"
+      "assert 'tensorflow_estimator' not in sys.modules\n"
+      "from epl.tf_compat import estimator\n"
+      "run_config_init = tf.estimator.RunConfig.__init__\n"
+      "assert estimator.imported()\n"
+      "hooked = lambda f: f.__code__.co_filename.endswith('hooks.py')\n"
+      "assert hooked(run_config_init)\n"
+      "epl.shutdown()\n"
+      "assert not hooked(tf.estimator.RunConfig.__init__)\n"
+      "print('ok')\n")
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
 def test_horovod_missing_says_how_to_install(monkeypatch):

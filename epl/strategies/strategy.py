@@ -41,8 +41,12 @@ class Strategy:
 
   def __enter__(self):
     env = Env.require()
-    require_devices(self)
     env.enter_strategy(self)
+    try:
+      require_devices(self)
+    except ValueError:
+      env.exit_strategy(self)
+      raise
     # The TaskGraph exists from now on, so that TaskGraphs are ordered as
     # their scopes were first entered.
     state_of(tf.compat.v1.get_default_graph(), create=True).taskgraph_for(
@@ -83,18 +87,19 @@ class Split(Strategy):
 
 def require_devices(strategy):
   """Raises now, before the model is built, when the cluster cannot hold
-  `strategy` with the TaskGraphs the default graph has so far: a split
+  `strategy` with the TaskGraphs the default graph has so far: a scope
   wider than the cluster, or replicate scopes (a pipeline's stages) that
-  need more devices per replica than it has."""
+  need more devices per replica together than it has."""
   state = state_of(tf.compat.v1.get_default_graph())
   strategies = {t.name: t.strategy
                 for t in (state.taskgraphs if state is not None else [])}
   strategies.setdefault(strategy.name, strategy)
   cluster = Env.get().cluster
-  if isinstance(strategy, Split):
+  if any(isinstance(s, Split) for s in strategies.values()):
+    # Split and replicate parts share the devices (epl.plan.planner).
     cluster.require_devices(strategy.device_count or 0, repr(strategy))
     return
-  replicated = [s for s in strategies.values() if isinstance(s, Replicate)]
+  replicated = list(strategies.values())
   cluster.require_devices(
       sum(s.device_count for s in replicated),
       "%r: the model (per replica: %s)" % (strategy, " + ".join(
