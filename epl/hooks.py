@@ -71,6 +71,7 @@ import threading
 
 import tensorflow as tf
 
+from epl import user_warnings
 from epl.capture import capture
 from epl.capture import graph_mode
 from epl.capture import io_slicing
@@ -294,6 +295,9 @@ def _split_lowering(name, module=split_lowering):
 
   @tf.autograph.experimental.do_not_convert
   def wrapper(original, *args, **kwargs):
+    # TensorFlow's own warnings (tf.layers.dense is deprecated) then name
+    # the user's line, not this wrapper's.
+    original = user_warnings.as_user(original)
     if active() is None:
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)

@@ -16,7 +16,7 @@ PACKAGE = os.path.join(ROOT, "epl")
 # Lowest first. A module belongs to the first entry its name starts with.
 LAYERS = (
     ("epl.tf_compat",),
-    ("epl.config", "epl.collections"),
+    ("epl.config", "epl.collections", "epl.user_warnings"),
     ("epl.cluster", "epl.env"),
     ("epl.ir",),
     ("epl.strategies",),
