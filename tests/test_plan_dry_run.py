@@ -213,6 +213,31 @@ def test_estimate_of_small_mlp_matches_hand_count(static_batch):
                            stage_0.working)
 
 
+def test_data_parallel_plan_agrees_across_replicas_and_has_no_pipeline():
+  # A batch dimension that is not static (no drop_remainder), as in the
+  # quick start: every replica's copy of the input gets the batch size.
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.dataset_arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+    x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+  result = state_of(graph).rewrite_result
+  estimates = memory_estimate.estimate(result)
+  assert len(estimates) == 4
+  assert estimates[0].activations_per_micro_batch > 0
+  assert len({e.activations_per_micro_batch for e in estimates}) == 1
+  assert not any(e.unknown_tensors for e in estimates)
+  text = dry_run.describe(result, estimates)
+  assert "  pipeline:" not in text and "bubble" not in text
+  assert "model replicas (data parallel): 4" in text
+
+
 def test_gpipe_keeps_every_micro_batch():
   estimates = memory_estimate.estimate(_pipeline_rewrite("PreferForward"))
   assert [e.in_flight for e in estimates] == [2, 2]

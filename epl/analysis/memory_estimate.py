@@ -203,7 +203,12 @@ class _TensorSizes:
   def __init__(self, result):
     self.batch_size = None
     self._inferred = None
-    reads = result.step.input_reads
+    # Every replica's and micro-batch's copy of each read: the copies of
+    # identical replicas get the same shapes.
+    copies = result.copies
+    reads = [copies.op(local, op) for read in result.step.input_reads
+             for op in copies.micro_batch_ops(read)
+             for local in range(len(result.context.replicas))]
     if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
       return
     batch_size = dataset_batch_size(result.context.graph)

@@ -8,9 +8,10 @@
 The user's script runs as usual until EPL would rewrite the graph (the
 first `Session.run`, or `Graph.finalize` as `MonitoredTrainingSession`
 does it). Then the rewrite runs in full, the plan is printed (replicas,
-stages and their devices, micro-batches and schedule, the memory savers
-and communication settings in effect, estimated memory per device from
-`epl.analysis.memory_estimate`, the pipeline bubble), and the process exits
+stages and their devices, micro-batches, the memory savers and
+communication settings in effect, estimated memory per device from
+`epl.analysis.memory_estimate`; for a pipeline its schedule and bubble),
+and the process exits
 with status 0: no variable is initialised and no step runs.
 
 A `Session.run` before the script has built a training step for EPL to
@@ -194,20 +195,26 @@ def describe(result, estimates=None):
            "  cluster: %d worker(s) x %d %s device(s)" % (
                cluster.worker_num, cluster.devices_per_worker,
                cluster.device_type),
-           "  model replicas (data parallel): %d" % plan.num_replicas,
-           "  pipeline: %d stage(s), %d micro-batch(es) per step, schedule "
-           "%s (%s)" % (stages, plan.num_micro_batch, plan.schedule,
-                        _SCHEDULE_NAMES.get(plan.schedule, "?"))]
+           "  model replicas (data parallel): %d" % plan.num_replicas]
+  if stages > 1:
+    lines.append("  pipeline: %d stage(s), %d micro-batch(es) per step, "
+                 "schedule %s (%s)" % (
+                     stages, plan.num_micro_batch, plan.schedule,
+                     _SCHEDULE_NAMES.get(plan.schedule, "?")))
+  elif plan.num_micro_batch > 1:
+    lines.append("  micro-batches: %d per step (gradient accumulation, no "
+                 "pipeline)" % plan.num_micro_batch)
   if micro_batch is not None:
     lines.append("  batch: %d examples per micro-batch, %d per step (%d "
                  "replica(s) x %d micro-batch(es) x %d)" % (
                      micro_batch,
                      micro_batch * plan.num_micro_batch * plan.num_replicas,
                      plan.num_replicas, plan.num_micro_batch, micro_batch))
-  bubble = memory_estimate.bubble_fraction(stages, plan.num_micro_batch)
-  lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a step" %
-               (stages - 1, plan.num_micro_batch + stages - 1,
-                100.0 * bubble))
+  if stages > 1:
+    bubble = memory_estimate.bubble_fraction(stages, plan.num_micro_batch)
+    lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a "
+                 "step" % (stages - 1, plan.num_micro_batch + stages - 1,
+                           100.0 * bubble))
   lines.append("  TaskGraphs:")
   lines.extend(_taskgraph_lines(result))
   lines.append("  memory savers:")
