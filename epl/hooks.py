@@ -38,7 +38,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   cut to this worker's share (`epl.capture.io_slicing`).
 - `DatasetV1._make_one_shot_iterator` / `_make_initializable_iterator`
   (behind `tf.compat.v1.data.make_*_iterator`): a dataset built eagerly
-  before `epl.init()` raises a clear error (`epl.capture.graph_mode`).
+  before `epl.init()` raises a clear error (`epl.capture.graph_mode`); in
+  a multi-worker job, one whose data is in memory and not sharded logs a
+  warning (`epl.capture.io_slicing.warn_unsharded_input`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
 - `EventFileWriter` as `FileWriter` makes it, and
@@ -226,6 +228,7 @@ def _dataset_init(original, dataset, *args, **kwargs):
 def _dataset_iterator(original, dataset, *args, **kwargs):
   if active() is not None:
     graph_mode.check_dataset_in_graph(dataset)
+    io_slicing.warn_unsharded_input(dataset)
   return original(dataset, *args, **kwargs)
 
 
