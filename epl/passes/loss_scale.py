@@ -146,15 +146,11 @@ def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
 def _writers(ctx, step, subgraph):
   """The ops of the step that change state: variable updates, slot
   updates, Adam's beta powers, the global_step increment."""
-  def writes(op):
-    return is_variable_writer(op) and any(
-        t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
-        for t in op.inputs)
   state = ctx.state
   cloned = [op for op in subgraph.cloned
-            if state.phase_of(op) is Phase.APPLY and writes(op)]
+            if state.phase_of(op) is Phase.APPLY and is_variable_writer(op)]
   shared = [op for op in step.shared
-            if state.phase_of(op) is Phase.APPLY and writes(op)]
+            if state.phase_of(op) is Phase.APPLY and is_variable_writer(op)]
   return cloned, shared
 
 

@@ -16,7 +16,7 @@ from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.phase import Phase
 from epl.passes import across_workers
-from epl.passes.training_subgraph import is_variable_writer
+from epl.passes.training_subgraph import written_variables
 from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import gen_resource_variable_ops
 from epl.tf_compat.ops import gen_state_ops
@@ -120,11 +120,10 @@ class VariableSync:
     and EPL's writes (copies, ZeRO's broadcasts) are not such writes."""
     if (op.name in self._subgraph.cloned_names or
         op.name in self._step_updates or
-        self._provenance.built_by_rewrite(op) or
-        not is_variable_writer(op)):
+        self._provenance.built_by_rewrite(op)):
       return None
-    for tensor in op.inputs:
-      variable = self._variables.get(tensor.op.name)
+    for written in written_variables(op):
+      variable = self._variables.get(written.name)
       if variable is not None:
         return variable
     return None

@@ -45,6 +45,7 @@ VERSIONS = {
     "Operation._control_outputs": Support(_ALL_TF, _ANY_KERAS),
     "Operation._id": Support(_ALL_TF, _ANY_KERAS),
     "DType._is_ref_dtype": Support(_ALL_TF, _ANY_KERAS),
+    "Operation._input_types": Support(_ALL_TF, _ANY_KERAS),
     "Graph._create_op_internal": Support(_ALL_TF, _ANY_KERAS),
     "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
     "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
