@@ -45,7 +45,10 @@ def test_replicas_stay_identical_and_are_placed_on_their_devices():
   for replica in range(1, REPLICAS):
     clone = graph.get_operation_by_name("EPL_REPLICA_%d/dense/kernel" % replica)
     assert clone.device.endswith("CPU:%d" % replica)
-    assert clone.get_attr("shared_name") != kernel.get_attr("shared_name")
+    # Its own variable: a resource variable by its shared_name, a
+    # reference variable (shared_name empty) by its node name.
+    assert (clone.get_attr("shared_name") or clone.name.encode()) != (
+        kernel.get_attr("shared_name") or kernel.name.encode())
 
 
 def test_fused_buckets_and_fp16_communication():

@@ -98,11 +98,12 @@ def _operands(equation, inputs, graph):
 
 
 def _size(operand, letter):
-  return operand.tensor.shape[operand.letters.index(letter)]
+  return tf.compat.dimension_value(
+      operand.tensor.shape[operand.letters.index(letter)])
 
 
 def _dim(tensor, axis):
-  static = tensor.shape[axis]
+  static = tf.compat.dimension_value(tensor.shape[axis])
   return int(static) if static is not None else tf.shape(tensor)[axis]
 
 

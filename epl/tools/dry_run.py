@@ -68,8 +68,8 @@ def _batch_size(result, estimates):
   is known."""
   for read in result.step.input_reads:
     for tensor in read.outputs:
-      if tensor.shape.rank and tensor.shape[0] is not None:
-        return int(tensor.shape[0])
+      if tensor.shape.rank and tensor.shape.as_list()[0] is not None:
+        return tensor.shape.as_list()[0]
   return estimates[0].batch_size_assumed if estimates else None
 
 
