@@ -62,7 +62,7 @@ def add_weight(original, layer, name=None, shape=None, dtype=None,
   def shard_initializer(shape, dtype=dtype, **_):
     start = split_lowering.shard_index() * columns
     return split_lowering.sharded_initial_value(
-        full_initializer, full_shape, 0, columns, start, dtype)
+        full_initializer, full_shape, 0, columns, start, dtype, group_size)
 
   variable = original(layer, name, [columns] + full_shape[1:], dtype,
                       shard_initializer, *args, **kwargs)
