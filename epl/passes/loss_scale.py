@@ -177,7 +177,8 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
 
   Every replica's state-changing ops of the update (and the shared
   global_step increment) get a Switch on one value input, driven by
-  "every float input of replica 0's updates is finite"; the train ops
+  "every float input of replica 0's updates is finite" (the inputs
+  computed before any update: gradients, learning rates); the train ops
   also run the scale's update. Nothing else changes.
   """
   scale, good_steps = loss_scale_state
@@ -185,8 +186,13 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
   with ctx.graph.as_default(), ctx.graph.name_scope(SCOPE + "/"), \
       ctx.graph.control_dependencies(None):
     with tf.device(ctx.host_device(0)):
+      # Values computed after an update (Adam's beta powers wait for the
+      # updates) would make the gates wait for themselves: a cycle.
+      after_updates = {op.name for op in graph_editor.descendants(cloned)}
       applied = [t for op in cloned for t in op.inputs
-                 if t.dtype.is_floating]
+                 if t.dtype.is_floating and
+                 not graph_edit.is_ref_dtype(t.dtype) and
+                 t.op.name not in after_updates]
       finite = tf.reduce_all(tf.stack(
           [tf.reduce_all(tf.math.is_finite(t)) for t in applied]),
                              name="all_finite")
