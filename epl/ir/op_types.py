@@ -21,6 +21,10 @@ RESOURCE_VARIABLE_READERS = frozenset([
 REFERENCE_KEEPING_TYPES = frozenset([
     "IsVariableInitialized", "RefIdentity", "RefSwitch", "RefEnter",
     "RefExit", "RefMerge", "RefNextIteration", "RefSelect"])
+# Ops whose outputs are their input's buffer, not a copy: a reference
+# variable read through them is read when their consumers run.
+BUFFER_FORWARDING_TYPES = frozenset([
+    "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter"])
 # Ops that read the next element of the input pipeline: each replica (and
 # micro-batch) runs its own, on the shared iterator.
 INPUT_READ_TYPES = frozenset([

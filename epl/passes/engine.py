@@ -36,7 +36,8 @@ from epl.passes.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.passes.random_seeds import vary_random_seeds
 from epl.passes.schedule import schedule_pipeline
-from epl.passes.shared_writes import order_shared_writes
+from epl.passes.shared_writes import (order_reference_updates,
+                                      order_shared_writes)
 from epl.passes.split import lower_split, update_checkpoints
 from epl.passes.stage_checks import check_stages
 from epl.passes.training_subgraph import select_training_subgraph
@@ -196,6 +197,8 @@ PASSES = (
     Pass("join_replicas", join_replicas,
          reads=("captured_step", "subgraph", "plan", "copies")),
     Pass("order_shared_writes", order_shared_writes,
+         reads=("captured_step", "subgraph", "plan", "copies")),
+    Pass("order_reference_updates", order_reference_updates,
          reads=("captured_step", "subgraph", "plan", "copies")),
     Pass("average_forward_state_updates", average_forward_state_updates,
          reads=("captured_step", "subgraph", "tags", "plan", "copies"),

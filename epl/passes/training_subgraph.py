@@ -25,7 +25,8 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from epl.ir import graph_editor
-from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
+from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
+                             PLACEHOLDER_TYPES,
                              REFERENCE_KEEPING_TYPES,
                              RESOURCE_VARIABLE_READERS, TABLE_TYPES,
                              VARIABLE_TYPES)
@@ -120,8 +121,23 @@ def is_variable_writer(op):
   return bool(_written_inputs(op))
 
 
-def variable_consumers(variable_op):
-  return [c for c in variable_op.outputs[0].consumers()]
+def value_readers(variable_op):
+  """The ops that read the value of `variable_op` (its writers excepted):
+  a resource variable's reads, each a snapshot; for a reference variable,
+  the ops that read its buffer, reached through the ops that pass the
+  buffer on without a copy (its `read` Identity, Switch, Enter), which
+  see whatever the variable holds when they run."""
+  readers, seen = [], set()
+  stack = list(variable_op.outputs[0].consumers())
+  while stack:
+    op = stack.pop()
+    if op.name in seen or is_variable_writer(op):
+      continue
+    seen.add(op.name)
+    readers.append(op)
+    if op.type in BUFFER_FORWARDING_TYPES:
+      stack.extend(c for t in op.outputs for c in t.consumers())
+  return readers
 
 
 def tensors_of(grad):
