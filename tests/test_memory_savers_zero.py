@@ -9,10 +9,15 @@ import tensorflow as tf
 
 import epl
 from epl.ir import graph_editor
+from epl.ir.op_types import (VARIABLE_ASSIGN_TYPES, VARIABLE_READ_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from tests import training
 
 MICRO = 8
+# Adam's update of a resource variable, and of a reference variable
+# (EPL_TEST_TF1_BEHAVIOUR=1).
+ADAM_UPDATE_TYPES = ("ResourceApplyAdam", "ApplyAdam")
 
 
 def _layouts():
@@ -54,7 +59,7 @@ def test_groups_run_one_after_another_and_finish_once():
       optimizer="adam", steps=1,
       config={"cluster.num_cpu_devices": 2, "optimizer.num_apply_group": 3})
   updates = [op for op in graph.get_operations()
-             if op.type == "ResourceApplyAdam" and
+             if op.type in ADAM_UPDATE_TYPES and
              not op.name.startswith("EPL_REPLICA")]
   order = ["Adam_group_0", "Adam_group_1", "Adam"]
   # 4 variables (kernel 8x16, bias 16, kernel 16x1, bias 1) in 3 groups.
@@ -64,7 +69,7 @@ def test_groups_run_one_after_another_and_finish_once():
     before = {a.name for a in graph_editor.ancestors([op])}
     assert [g in before for g in order[:-1]] == [i < index for i in range(2)]
   beta_updates = [op for op in graph.get_operations()
-                  if op.type == "AssignVariableOp" and
+                  if op.type in VARIABLE_ASSIGN_TYPES and
                   op.inputs[0].op.name == "beta1_power" and
                   op.name != "beta1_power/Assign"]  # not the initializer
   assert len(beta_updates) == 1
@@ -117,15 +122,15 @@ def _four_equal_layers(x):
 def _slots(graph):
   """{slot variable op: device} of Adam's slots, every replica."""
   return {op.name: op.device for op in graph.get_operations()
-          if op.type == "VarHandleOp" and op.name.split("/")[-1] in (
+          if op.type in VARIABLE_TYPES and op.name.split("/")[-1] in (
               "Adam", "Adam_1")}
 
 
 def _slot_elements_per_device(graph):
   per_device = {}
   for op in graph.get_operations():
-    if op.type == "VarHandleOp" and op.name.split("/")[-1] in ("Adam",
-                                                               "Adam_1"):
+    if op.type in VARIABLE_TYPES and op.name.split("/")[-1] in ("Adam",
+                                                                "Adam_1"):
       elements = tf.TensorShape(op.get_attr("shape")).num_elements()
       per_device[op.device] = per_device.get(op.device, 0) + elements
   return per_device
@@ -151,8 +156,9 @@ def test_zero_slots_exist_once_on_their_owner(level):
   # Each slot sits with its owner's copy of the variable and its update.
   for name, device in slots.items():
     weight = name.split("/")[0]
-    update = graph.get_operation_by_name("Adam/update_%s/ResourceApplyAdam" %
-                                         weight)
+    [update] = [op for op in graph.get_operations()
+                if op.name.startswith("Adam/update_%s/" % weight) and
+                op.type in ADAM_UPDATE_TYPES]
     assert update.device == device
     owner = device[-1]
     assert update.inputs[0].op.name == (
@@ -230,20 +236,21 @@ def test_offload_matches_single_device(layout):
   graph = _check(layout, "adam", {"offload.level": "v0"})
   host = "/device:CPU:0"
   variables = [op for op in graph.get_operations()
-               if op.type == "VarHandleOp" and op.name != "global_step"]
+               if op.type in VARIABLE_TYPES and op.name != "global_step"]
   replicas = 2 if layout == "pipe2x2" else 4
   # 4 weights with Adam's 2 slots each, and Adam's 2 powers, per replica.
   assert len(variables) == replicas * (4 * 3 + 2)
   assert {op.device for op in variables} == {host}
   updates = [op for op in graph.get_operations()
-             if op.type == "ResourceApplyAdam"]
+             if op.type in ADAM_UPDATE_TYPES]
   assert len(updates) == replicas * 4
   assert {op.device for op in updates} == {host}
   # The compute stays on the replicas' devices; each op there reads the
   # weights through a read of its own, made after its other inputs.
   checked = 0
   for op in graph.get_operations():
-    reads = [t.op for t in op.inputs if t.op.type == "ReadVariableOp"]
+    reads = [t.op for t in op.inputs if t.op.type in VARIABLE_READ_TYPES and
+             t.op.inputs and t.op.inputs[0].op.type in VARIABLE_TYPES]
     if op.device == host or not reads:
       continue
     checked += 1

@@ -16,6 +16,8 @@ VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 RESOURCE_VARIABLE_READERS = frozenset([
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
     "VarIsInitializedOp", "_ReadVariablesOp"])
+# Ops that write a whole new value into a variable (initialisers, restores).
+VARIABLE_ASSIGN_TYPES = frozenset(["AssignVariableOp", "Assign"])
 # Ops that take a reference variable by reference without changing it:
 # a check, and the v1 control-flow ops that pass the reference on.
 REFERENCE_KEEPING_TYPES = frozenset([

@@ -14,6 +14,7 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes.training_subgraph import written_variables
@@ -29,6 +30,18 @@ def read_value(variable):
       return gen_resource_variable_ops.read_variable_op(
           variable.outputs[0], variable.get_attr("dtype"))
     return tf.identity(variable.outputs[0])
+
+
+def variable_read_by(tensor):
+  """The variable op whose value `tensor` is: a resource variable's
+  ReadVariableOp, a reference variable's own output or its Identity read;
+  None for any other tensor."""
+  op = tensor.op
+  if op.type == "ReadVariableOp" or (
+      op.type == "Identity" and op.inputs and
+      graph_edit.is_ref_dtype(op.inputs[0].dtype)):
+    op = op.inputs[0].op
+  return op if op.type in VARIABLE_TYPES else None
 
 
 def assign_value(target, value, name):
