@@ -97,6 +97,31 @@ def test_training_epl_cannot_see_is_an_error():
         session.run(loss)
 
 
+def test_the_error_names_a_few_of_many_variables():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(1))
+  with tf.Graph().as_default():
+    x, y = training.input_batch(MICRO)
+    weights = [tf.compat.v1.get_variable("w%d" % i, [training.FEATURES, 1],
+                                         use_resource=True)
+               for i in range(7)]
+
+    @tf.function
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(
+            tf.add_n([tf.matmul(x, w) for w in weights]) - y))
+      for weight, grad in zip(weights, tape.gradient(loss, weights)):
+        weight.assign_sub(0.1 * grad)
+      return loss
+    loss = step()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      with pytest.raises(RuntimeError, match=r"trains ('w\d', ){4}'w\d' and "
+                         r"2 more variables through op"):
+        session.run(loss)
+
+
 def test_train_op_built_after_the_first_run_is_an_error():
   epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
   epl.set_default_strategy(epl.replicate(1))

@@ -118,6 +118,27 @@ def test_is_ref_dtype_tells_tf1_variables():
   assert not graph_edit.is_ref_dtype(tf.float32)
 
 
+def test_declared_input_types_tell_a_reference_taken_from_a_value_read():
+  graph = tf.Graph()
+  with graph.as_default():
+    ref = tf.compat.v1.Variable([1.0], use_resource=False, name="ref")
+    assign = tf.compat.v1.assign(ref, [2.0])
+    tf.compat.v1.train.Saver([ref])
+  save = graph.get_operation_by_name("save/SaveV2")
+  reference = ref.op.outputs[0].dtype  # float32_ref
+  assert graph_edit.is_ref_dtype(reference)
+  # Assign takes the variable by reference (it changes it) ...
+  assert assign.op.inputs[0].dtype == reference
+  assert graph_edit.declared_input_types(assign.op) == [reference,
+                                                        tf.float32]
+  # ... SaveV2 reads the same reference tensor as a value.
+  [variable_input] = [t for t in save.inputs if t.op.name == "ref"]
+  assert variable_input.dtype == reference
+  declared = graph_edit.declared_input_types(save)
+  assert len(declared) == len(save.inputs)
+  assert declared[list(save.inputs).index(variable_input)] == tf.float32
+
+
 def test_create_op_takes_attrs_as_given(calls):
   created = calls(targets.CREATE_OP)
   graph = tf.Graph()
