@@ -156,7 +156,7 @@ def all_gather(tensor, group_size):
         collective_gradients.next_instance_key(), **_settings()))(tensor)
   if not tensor.shape.rank:
     return gathered
-  rows = tensor.shape[0]
+  rows = tf.compat.dimension_value(tensor.shape[0])
   gathered.set_shape([rows * group_size if rows is not None else None] +
                      tensor.shape[1:].as_list())
   return gathered
@@ -271,7 +271,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
                                                          strategy))
   group_size = group_size_of(strategy)
   inputs = tf.convert_to_tensor(inputs)
-  in_dim = inputs.shape[-1]
+  in_dim = tf.compat.dimension_value(inputs.shape[-1])
   if inputs.shape.rank != 2 or in_dim is None:
     raise ValueError(
         "tf.compat.v1.layers.dense(name=%r) inside %r needs inputs of shape "

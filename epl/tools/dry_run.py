@@ -27,6 +27,8 @@ import os
 import runpy
 import sys
 
+import tensorflow as tf
+
 from epl.analysis import memory_estimate
 from epl.ir.phase import Phase
 from epl.passes import schedule
@@ -68,8 +70,10 @@ def _batch_size(result, estimates):
   is known."""
   for read in result.step.input_reads:
     for tensor in read.outputs:
-      if tensor.shape.rank and tensor.shape[0] is not None:
-        return int(tensor.shape[0])
+      rows = tf.compat.dimension_value(tensor.shape[0]) if (
+          tensor.shape.rank) else None
+      if rows is not None:
+        return rows
   return estimates[0].batch_size_assumed if estimates else None
 
 
