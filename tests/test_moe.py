@@ -5,6 +5,7 @@ import contextlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.layers import base as tf1_layers_base
 
 import epl
 from examples.moe import model as moe
@@ -102,7 +103,8 @@ def run_experts_known_at_run_time(split_count=None, experts=EXPERTS,
                                [-1, DEVICES * GROUPS] + t.shape[3:].as_list())
                     for t in (x, weights)]
       y = tf.reshape(y, [DEVICES * GROUPS, TOKENS, MODEL])
-    assert x.shape[0] is None and weights.shape[0] is None
+    assert tf.compat.dimension_value(x.shape[0]) is None
+    assert tf.compat.dimension_value(weights.shape[0]) is None
     with epl.split(split_count) if with_epl else contextlib.nullcontext():
       expert_outputs = moe.Experts(experts, HIDDEN, seed=5,
                                    name="experts")(x)
@@ -190,3 +192,27 @@ def test_unseeded_keras_glorot_experts_draw_their_shard_alone():
   shapes = [op.outputs[0].shape.as_list() for op in graph.get_operations()
             if op.type == "RandomUniform"]
   assert shapes == [[2, 32, 64], [2, 64, 32]], (shapes, names)
+
+
+class _TF1Experts(tf1_layers_base.Layer):
+  """Experts written as TF1 code writes layers (the original EPL's tests
+  do): on tensorflow.python.layers.base.Layer, TensorFlow's frozen Keras."""
+
+  def build(self, input_shape):
+    self.inner = self.add_weight("inner", [EXPERTS, MODEL, HIDDEN])
+    super().build(input_shape)
+
+  def call(self, dispatched):
+    return tf.einsum("EGCM,EMH->EGCH", dispatched, self.inner)
+
+
+def test_weights_of_a_tf1_layer_are_sharded():
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  with tf.Graph().as_default():
+    with epl.split(2):
+      layer = _TF1Experts(name="experts")
+      hidden = layer(tf.ones([EXPERTS, 1, CAPACITY, MODEL]))
+  assert layer.inner.shape.as_list() == [EXPERTS // 2, MODEL, HIDDEN]
+  # The tokens of the 2 shards' experts were exchanged: [E / 2, G, 2C, H].
+  assert hidden.shape.as_list() == [EXPERTS // 2, 1, 2 * CAPACITY, HIDDEN]
