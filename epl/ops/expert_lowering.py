@@ -137,6 +137,9 @@ def _with_experts(tensor, axis, experts, equation, strategy, group_size):
 
 def _to_local_experts(tokens, group_size):
   """[E, G, C, M] -> all-to-all -> [E / k, G, k * C, M] (source-major)."""
+  # E from the tokens, even where the weight gives E / k statically: a
+  # reshape to a static E / k would let grappler infer an unknown E and
+  # fold the run-time check of `_with_experts` away.
   experts, groups, capacity = [_dim(tokens, i) for i in range(3)]
   rest = tokens.shape[3:].as_list()
   received = split_lowering.all_to_all(tokens, group_size)
