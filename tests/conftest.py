@@ -101,3 +101,12 @@ def _fresh_epl():
   epl.shutdown()
   yield
   epl.shutdown()
+
+
+@pytest.fixture(name="tf1_tensor_shapes")
+def _tf1_tensor_shapes():
+  """The test runs with TF1 tensor shapes, as after disable_v2_behavior():
+  `shape[i]` is a `Dimension`, whose unknown size is not None."""
+  tf.compat.v1.disable_v2_tensorshape()
+  yield
+  tf.compat.v1.enable_v2_tensorshape()

@@ -190,3 +190,15 @@ def test_sparse_gradients_with_different_row_counts_per_replica():
         config={"cluster.num_cpu_devices": REPLICAS})
     training.assert_close(actual, expected)
     epl.shutdown()
+
+
+@pytest.mark.usefixtures("tf1_tensor_shapes")
+def test_sparse_gradients_with_different_row_counts_and_tf1_tensor_shapes():
+  # The unknown row count is Dimension(None): still gathered as ragged.
+  expected, _, _ = training.train(_ragged_embedding_model, "sgd",
+                                  batch_size=REPLICAS * MICRO,
+                                  with_epl=False)
+  actual, _, _ = training.train(
+      _ragged_embedding_model, "sgd", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)

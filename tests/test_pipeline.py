@@ -114,18 +114,19 @@ def test_summed_gradients_over_micro_batches_and_replicas():
 
 
 def _train_two_stages(first, second, make_train_op, batch_size,
-                      config=None):
+                      config=None, static_batch=False):
   """Trains 5 steps of `second(first(x), y) -> loss` in a
   MonitoredTrainingSession; with `config`, under EPL with the two functions
   in stages "stage_0" and "stage_1" and `make_train_op(loss)` built outside
-  every scope with no default strategy (as the BERT example does). Returns
+  every scope with no default strategy (as the BERT example does). With
+  `static_batch`, the batch size is in the input's static shape. Returns
   the trained variables by name."""
   if config is not None:
     epl.init(epl.Config(config))
   scope = (lambda i: epl.replicate(1, name="stage_%d" % i)) if config \
       else (lambda i: _Nothing())
   with tf.Graph().as_default():
-    x, y = training.input_batch(batch_size)
+    x, y = training.input_batch(batch_size, static_batch=static_batch)
     with scope(0):
       hidden = first(x)
     with scope(1):
@@ -198,6 +199,37 @@ def test_embedding_gradients_over_micro_batches_and_replicas(extra):
   actual = _train_two_stages(_embedding_first, _dense_loss,
                              _adam_on_global_step, MICRO,
                              _config(2, 2, replicas=2, **extra))
+  training.assert_close(actual, expected)
+
+
+def _embedding_and_dense_first(x):
+  return _dense_first(_embedding_first(x))
+
+
+@pytest.fixture(name="variables", params=["resource", "reference"])
+def _variables(request):
+  """Runs the test with resource variables, then with TF1 reference
+  variables (VariableV2), as after tf.compat.v1.disable_resource_variables
+  (which TF1 scripts get from disable_v2_behavior)."""
+  if request.param == "reference":
+    tf.compat.v1.disable_resource_variables()
+  yield request.param
+  tf.compat.v1.enable_resource_variables()
+
+
+def test_embedding_and_dense_stage_with_a_static_batch(variables):
+  # A stage mixing an embedding lookup (an IndexedSlices gradient) with a
+  # dense layer, on a batch whose size is static: the embedding's gradient
+  # concatenated over 3 micro-batches has 3 times the rows of one.
+  expected = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                               _adam_on_global_step, 3 * MICRO,
+                               static_batch=True)
+  actual = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                             _adam_on_global_step, MICRO, _config(2, 3),
+                             static_batch=True)
+  assert sorted(actual) == [
+      "dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel",
+      "table"], variables
   training.assert_close(actual, expected)
 
 

@@ -213,6 +213,15 @@ def test_estimate_of_small_mlp_matches_hand_count(static_batch):
                            stage_0.working)
 
 
+@pytest.mark.usefixtures("tf1_tensor_shapes")
+@pytest.mark.parametrize("static_batch", [True, False])
+def test_plan_text_with_tf1_tensor_shapes(static_batch):
+  # The input's batch size is a Dimension (unknown: Dimension(None)); the
+  # plan gives the micro-batch's size either way.
+  text = dry_run.describe(_pipeline_rewrite(static_batch=static_batch))
+  assert "batch: 16 examples per micro-batch, 32 per step" in text
+
+
 def test_gpipe_keeps_every_micro_batch():
   estimates = memory_estimate.estimate(_pipeline_rewrite("PreferForward"))
   assert [e.in_flight for e in estimates] == [2, 2]

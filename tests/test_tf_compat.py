@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.layers import base as tf1_layers_base
 
 import epl
 from epl import tf_compat
@@ -515,6 +516,29 @@ def test_keras_targets_are_what_v1_layers_use(calls):
   assert len(added) == 4 and len(dense) == 1
 
 
+def test_frozen_keras_targets_are_what_tf1_layer_subclasses_use(calls):
+  # tensorflow.python.layers.base.Layer (TF's frozen Keras 2) adds its
+  # weights through the frozen v1 base layer in TF1 graph mode: its class
+  # hierarchy is switched to v1 when a layer is made.
+  found = keras.targets()
+  assert len(found.frozen_add_weight) == 2
+  added = calls(found.frozen_add_weight[1])
+
+  class Scale(tf1_layers_base.Layer):
+    def build(self, input_shape):
+      self.scale = self.add_weight("scale", [3], initializer="ones")
+      super().build(input_shape)
+
+    def call(self, inputs):
+      return inputs * self.scale
+
+  with tf.Graph().as_default():
+    layer = Scale()
+    layer(tf.ones([2, 3]))
+  assert found.frozen_add_weight[1][0] in type(layer).__mro__
+  assert len(added) == 1 and added[0][1] == "scale"
+
+
 def test_keras_3_installs_no_layer_hooks(monkeypatch):
   # Under Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS) the v1 layers'
   # package reports a 3.x version: nothing is hooked, and the error says
@@ -525,6 +549,7 @@ def test_keras_3_installs_no_layer_hooks(monkeypatch):
   try:
     found = keras.targets()
     assert not found.add_weight and found.dense_call is None
+    assert not found.frozen_add_weight
     assert "Keras 3" in found.problem and "TF_USE_LEGACY_KERAS=1" in (
         found.problem)
     with pytest.raises(RuntimeError, match="tf-keras"):

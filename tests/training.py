@@ -23,10 +23,13 @@ def dataset_arrays(rows=256, seed=0):
   return x, y
 
 
-def input_batch(batch_size, initializable=False):
+def input_batch(batch_size, initializable=False, static_batch=False):
+  """The next batch of `dataset_arrays`; with `static_batch`, its batch
+  size is part of its static shape, as a script with a fixed batch size
+  (drop_remainder) has it."""
   x, y = dataset_arrays()
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-      batch_size)
+      batch_size, drop_remainder=static_batch)
   if initializable:
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS,

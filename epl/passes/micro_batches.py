@@ -88,12 +88,16 @@ def _accumulate(ctx, grad, copies, built):
   with tf.device(source.device), tf.name_scope(source.name):
     if isinstance(grad, tf.IndexedSlices):
       axis = keep(tf.constant(0, name="axis"))
-      values = keep(tf.raw_ops.ConcatV2(
-          values=[grad.values] + [c.values for c in copies], axis=axis,
-          name="values"))
-      indices = keep(tf.raw_ops.ConcatV2(
-          values=[grad.indices] + [c.indices for c in copies], axis=axis,
-          name="indices"))
+
+      def concatenated(parts, name):
+        # The rows of every micro-batch go where one micro-batch's flowed:
+        # a static row count would no longer match.
+        whole = keep(tf.raw_ops.ConcatV2(values=parts, axis=axis, name=name))
+        return keep(graph_editor.with_unknown_sizes(whole))
+      values = concatenated([grad.values] + [c.values for c in copies],
+                            "values")
+      indices = concatenated([grad.indices] + [c.indices for c in copies],
+                             "indices")
       return tf.IndexedSlices(scaled(values), indices, grad.dense_shape)
     total = grad
     for micro_batch, copy in enumerate(copies, 1):

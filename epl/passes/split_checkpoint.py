@@ -24,16 +24,6 @@ def _restored_value(assign):
   return tensor if tensor.op.type == "RestoreV2" else None
 
 
-def _without_static_shape(tensor):
-  """`tensor` with a static shape of unknown sizes: the Saver's tensors
-  carry the shard's shape where the full tensor flows, and TF checks it
-  when an edge is rewired."""
-  if tensor.shape.rank is None:
-    return tensor
-  return tf.compat.v1.placeholder_with_default(
-      tensor, [None] * tensor.shape.rank)
-
-
 def _shard_slice(full, info, shard, rank):
   """Shard `shard` of the full tensor, zero-padded past its end."""
   padding = [[0, 0] for _ in range(rank)]
@@ -67,14 +57,17 @@ def _save_full_tensor(ctx, copies, save, sharded):
       size = [-1] * full.shape.rank
       size[info.axis] = info.full_size
       full = tf.slice(full, [0] * full.shape.rank, size)
-    graph_edit.update_input(save, index, _without_static_shape(full))
+    # The Saver's tensors carry the shard's shape where the full tensor
+    # now flows.
+    graph_edit.update_input(save, index,
+                            graph_editor.with_unknown_sizes(full))
 
 
 def _restore_shards(ctx, copies, assign, info, shard_of):
   variable = assign.inputs[0].op
   rank = len(variable.get_attr("shape").dim)
   with tf.device(assign.device):
-    full = _without_static_shape(assign.inputs[1])
+    full = graph_editor.with_unknown_sizes(assign.inputs[1])
   groups = [op for op in ctx.graph.get_operations()
             if assign in op.control_inputs]
   with tf.device(assign.device):

@@ -27,6 +27,8 @@ import os
 import runpy
 import sys
 
+import tensorflow as tf
+
 from epl.analysis import memory_estimate
 from epl.ir.phase import Phase
 from epl.passes import schedule
