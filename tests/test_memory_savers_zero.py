@@ -132,19 +132,6 @@ def test_zero_v2_sums_micro_batches_on_the_owner_only(level):
     assert gradient.device == update.device
 
 
-def _four_equal_layers(x):
-  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
-  exactly one."""
-  hidden = x
-  for index in range(4):
-    weight = tf.compat.v1.get_variable(
-        "w%d" % index, [training.FEATURES, training.FEATURES],
-        initializer=tf.compat.v1.random_normal_initializer(
-            stddev=0.3, seed=20 + index))
-    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
-  return tf.reduce_mean(hidden, axis=1, keepdims=True)
-
-
 def _slots(graph):
   """{slot variable op: device} of Adam's slots, every replica."""
   return {op.name: op.device for op in graph.get_operations()
@@ -164,10 +151,10 @@ def _slot_elements_per_device(graph):
 
 @pytest.mark.parametrize("level", ["v0", "v1"])
 def test_zero_slots_exist_once_on_their_owner(level):
-  expected, _, plain = training.train(_four_equal_layers, "adam",
+  expected, _, plain = training.train(training.four_equal_layers, "adam",
                                       batch_size=4 * MICRO, with_epl=False)
   actual, _, graph = training.train(
-      _four_equal_layers, "adam", batch_size=MICRO,
+      training.four_equal_layers, "adam", batch_size=MICRO,
       # Collective all-reduce, as across workers, for the check below.
       config={"cluster.num_cpu_devices": 4, "zero.level": level,
               "communication.local_cpu_reduce": False})
