@@ -59,6 +59,19 @@ def get_variable_model(x):
   return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2)
 
 
+def four_equal_layers(x):
+  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
+  exactly one."""
+  hidden = x
+  for index in range(4):
+    weight = tf.compat.v1.get_variable(
+        "w%d" % index, [FEATURES, FEATURES],
+        initializer=tf.compat.v1.random_normal_initializer(
+            stddev=0.3, seed=20 + index))
+    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
+  return tf.reduce_mean(hidden, axis=1, keepdims=True)
+
+
 def ref_variable_model(x):
   """get_variable_model with TF1 reference variables (VariableV2)."""
   with tf.compat.v1.variable_scope("ref", use_resource=False):

@@ -173,7 +173,8 @@ PASSES = (
          writes=("subgraph", "tags", "provenance", "gradient_points",
                  "copies", "user_devices")),
     Pass("partition_updates", zero.partition_updates,
-         reads=("subgraph", "tags", "plan", "gradients", "gradient_points"),
+         reads=("subgraph", "tags", "plan", "gradients", "gradient_points",
+                "copies"),
          writes=("subgraph", "zero_partition"), enabled=_zero),
     Pass("clone_replicas", clone_replicas,
          reads=("subgraph", "tags", "plan", "copies", "user_devices"),
@@ -240,6 +241,7 @@ class RewriteResult:
     self.copies = artifacts["copies"]
     self.gradient_points = artifacts["gradient_points"]
     self.recomputed_segments = artifacts.get("recomputed_segments", [])
+    self.zero_partition = artifacts.get("zero_partition")
     self.substitutes = artifacts["substitutes"]
     self.variable_sync = artifacts["variable_sync"]
     self.graph_version = ctx.graph.version

@@ -9,6 +9,7 @@ from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
+from epl.passes.context import Accumulation
 from epl.passes.training_subgraph import tensors_of
 
 ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
@@ -129,7 +130,8 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   summed over the micro-batches on its stage's device (divided by M when
   communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
-  instead; the gradient points handed on follow. The new ops join the
+  instead; the gradient points handed on follow, and `copies.accumulations`
+  records each sum's parts and ops. The new ops join the
   cloned subgraph, so that every replica gets them; the copies are
   recorded in the provenance.
 
@@ -183,7 +185,10 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
                            c.name not in selected_names])
                  for tensor in tensors_of(grad)]
       grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
+      first_built = len(built)
       total = _accumulate(ctx, grad, grads, built)
+      copies.accumulations[tensors_of(total)[0].name] = Accumulation(
+          [grad] + grads, built[first_built:])
       for (old, consumers), new in zip(readers, tensors_of(total)):
         graph_editor.replace_input_in(consumers, old, new)
       accumulated[name] = total
