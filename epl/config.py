@@ -285,10 +285,12 @@ _KEYS = (
        "Drop the files left over so every worker gets as many files.",
        built=True),
     # zero
-    _k("zero", "level", _Choice(["", "v0", "v1", "v2"]), "",
+    _k("zero", "level", _Choice(["", "v0", "v1", "v2", "v3"]), "",
        "ZeRO memory partitioning over data-parallel replicas; \"v0\" "
-       "optimizer states, \"v1\" also gradients; \"v2\" (weights) is not "
-       "built and raises; \"\" is off.", built=True),
+       "optimizer states, \"v1\" also gradients (reduced on their owner), "
+       "\"v2\" also the micro-batch sums of gradients (on their owner "
+       "only); \"v3\" (weights) is not built and raises; \"\" is off.",
+       built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",
        "Offload to host memory; \"v0\" puts variables, optimizer state and "

@@ -367,7 +367,7 @@ def _keras_hooks():
   (`epl.tf_compat.keras`)."""
   found = keras.targets()
   hooks = [(target, _split_lowering("add_weight", expert_lowering))
-           for target in found.add_weight]
+           for target in found.add_weight + found.frozen_add_weight]
   if found.v1_dense is not None:
     hooks.append((found.v1_dense, _split_lowering("dense")))
   if found.dense_call is not None:

@@ -60,3 +60,12 @@ def test_fed_batch_that_does_not_divide_is_a_clear_error():
   assert "\n" not in message and raised.value.__cause__ is None
   assert "placeholder 'Placeholder' has 6 rows" in message
   assert "multiple of 4" in message
+
+
+@pytest.mark.usefixtures("tf1_tensor_shapes")
+def test_fed_batch_with_tf1_tensor_shapes():
+  # The placeholder's unknown batch size is Dimension(None), not None.
+  config = {"cluster.num_cpu_devices": 2, "pipeline.num_micro_batch": 2}
+  expected = _train_fed()
+  actual = _train_fed(config)
+  training.assert_close(actual, expected)

@@ -20,7 +20,8 @@ FED_BATCH_SCOPE = "EPL_FED_BATCH"
 def _is_batch(placeholder):
   """A placeholder with an unknown first dimension: a fed batch."""
   shape = placeholder.outputs[0].shape
-  return shape.rank is not None and shape.rank >= 1 and shape[0] is None
+  return shape.rank is not None and shape.rank >= 1 and (
+      tf.compat.dimension_value(shape[0]) is None)
 
 
 def split_fed_batches(ctx, captured_step, subgraph, copies):
