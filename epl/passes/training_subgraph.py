@@ -24,6 +24,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES, TABLE_TYPES,
                              VARIABLE_READERS, VARIABLE_TYPES)
@@ -92,15 +93,29 @@ class TrainingSubgraph:
         self, variables=[v for v in self.variables if v.name not in names])
 
 
-def written_variables(op):
-  """The variable ops that `op` writes (none for a reader)."""
-  if op.type in VARIABLE_READERS:
-    return []
-  return [t.op for t in op.inputs if t.op.type in VARIABLE_TYPES]
+def variable_behind(tensor):
+  """The variable op whose handle or reference `tensor` is, also through
+  the Enter and Switch ops (and Identity of a handle) that pass it into a
+  TF1 while-loop or cond branch; None for any other tensor."""
+  while (tensor.op.type in control_flow.VARIABLE_FORWARDING_TYPES and
+         (tensor.dtype == tf.resource or
+          graph_edit.is_ref_dtype(tensor.dtype))):
+    tensor = tensor.op.inputs[0]
+  return tensor.op if tensor.op.type in VARIABLE_TYPES else None
 
 
 def is_variable_writer(op):
-  return op.type not in VARIABLE_READERS
+  """Whether `op` may change the variables it is given: not a reader, nor
+  an op that passes a variable on into a cond or loop."""
+  return (op.type not in VARIABLE_READERS and
+          op.type not in control_flow.VARIABLE_FORWARDING_TYPES)
+
+
+def written_variables(op):
+  """The variable ops that `op` writes (none for a reader)."""
+  if not is_variable_writer(op):
+    return []
+  return [v for v in map(variable_behind, op.inputs) if v is not None]
 
 
 def variable_consumers(variable_op):
@@ -188,7 +203,6 @@ def select_training_subgraph(graph, state):
 
   cloned = [op for op in training_ops
             if op.name not in shared and op.name not in join_names]
-  graph_editor.check_cloneable(cloned)
   cloned = graph_editor.topological_order(cloned)
   step = CapturedStep(
       gradient_records=tuple(state.gradient_records),

@@ -1,0 +1,166 @@
+"""TF1 control flow (v1): the ops `tf.cond` and `tf.while_loop` build under
+`tf.compat.v1.disable_v2_behavior()`, and their contexts.
+
+A v1 while-loop is a frame of ops: Enter ops (all naming the loop's frame
+in their `frame_name` attribute) bring values in, Merge/Switch/LoopCond
+run the iterations, NextIteration feeds the next one back to the Merge
+(the graph's only cycle), Exit ops hand the results out. A v1 cond is a
+Switch per input, on the predicate, and a Merge per output. In Python,
+each op built in a cond or loop also belongs to a control-flow context
+(CondContext, WhileContext), which `tf.gradients` and op creation read.
+
+A copy of such ops (a replica, a micro-batch) must run as its own frame:
+each copy's Enter ops name a frame of their own (`<prefix><frame>`), and
+the copies get copies of the contexts of their originals.
+"""
+import tensorflow as tf
+
+from epl.tf_compat import graph_edit
+
+ENTER_TYPES = frozenset(["Enter", "RefEnter"])
+EXIT_TYPES = frozenset(["Exit", "RefExit"])
+SWITCH_TYPES = frozenset(["Switch", "RefSwitch"])
+MERGE_TYPES = frozenset(["Merge", "RefMerge"])
+# A v1 while-loop's back edge (NextIteration -> Merge): the loop's only
+# cycle.
+NEXT_ITERATION_TYPES = frozenset(["NextIteration", "RefNextIteration"])
+V1_CONTROL_FLOW_TYPES = (ENTER_TYPES | EXIT_TYPES | SWITCH_TYPES |
+                         MERGE_TYPES | NEXT_ITERATION_TYPES |
+                         frozenset(["LoopCond"]))
+# Ops that pass a variable (reference or resource handle) on into a cond
+# branch or a loop without changing it.
+VARIABLE_FORWARDING_TYPES = ENTER_TYPES | SWITCH_TYPES | frozenset(
+    ["Identity", "RefIdentity"])
+
+_COLLECTIONS = {"cond": tf.compat.v1.GraphKeys.COND_CONTEXT,
+                "while": tf.compat.v1.GraphKeys.WHILE_CONTEXT}
+
+
+def is_back_edge(producer, consumer):
+  """Whether the edge `producer` -> `consumer` is a loop's back edge."""
+  return producer.type in NEXT_ITERATION_TYPES and consumer.type in MERGE_TYPES
+
+
+def forward_input_ops(op):
+  """Producers of op's data and control inputs, less a loop's back edge:
+  with them, a graph with v1 while-loops is acyclic."""
+  inputs = [t.op for t in op.inputs] + list(op.control_inputs)
+  if op.type in MERGE_TYPES:
+    return [i for i in inputs if i.type not in NEXT_ITERATION_TYPES]
+  return inputs
+
+
+def while_context(op):
+  """The innermost v1 while-loop context around `op`, or None."""
+  return graph_edit.containing_while_context(op)
+
+
+def in_loop(op):
+  """Whether `op` runs in a v1 while-loop's body or condition."""
+  return while_context(op) is not None
+
+
+def loop_name(op):
+  """The name of the innermost v1 while-loop around `op` (its frame)."""
+  return while_context(op).name
+
+
+def context_of(op):
+  """The v1 cond or while context `op` was built in, or None."""
+  return graph_edit.control_flow_context(op)
+
+
+def building_next_to(op):
+  """A block in which new ops belong to the control-flow context of `op`
+  (where its inputs and outputs live), so that an op inserted between `op`
+  and a reader in the same loop or cond branch is built where it runs."""
+  return graph_edit.building_in_context(op.graph, context_of(op))
+
+
+def _top_level(context):
+  while context.outer_context is not None:
+    context = context.outer_context
+  return context
+
+
+def top_level_contexts(ops):
+  """The outermost v1 contexts of `ops`, in the order first met."""
+  found = {}
+  for op in ops:
+    context = context_of(op)
+    if context is not None:
+      top = _top_level(context)
+      found.setdefault(id(top), top)
+  return list(found.values())
+
+
+def _op_names(values):
+  return {value.split(":")[0] for value in values}
+
+
+def _inner_op_names(context_proto):
+  """Names of the ops inside a context's proto (not its external
+  values)."""
+  values = context_proto.values_def
+  return _op_names(set(values.values) - set(values.external_values))
+
+
+def _keep_copied_values(context_def, copied):
+  """Drops from `context_def` (in place, nested contexts too) the ops of the
+  context that were not copied (ops of the loop or branch, and loop exits,
+  that nothing of the training step reads). Returns the names of structural ops (pivots,
+  predicates, loop enters and exits) that were not copied."""
+  kind, proto = graph_edit.context_def_kind(context_def)
+  values = proto.values_def
+  inner = _inner_op_names(proto)
+  kept = [v for v in values.values
+          if v in values.external_values or v.split(":")[0] in copied]
+  del values.values[:]
+  values.values.extend(kept)
+  structure = [proto.pivot_name]
+  if kind == "cond":
+    structure.append(proto.pred_name)
+  else:
+    structure += [proto.pivot_for_pred_name, proto.pivot_for_body_name]
+    structure += list(proto.loop_enter_names)
+    # A loop result nothing reads (a counter's) is not part of the step.
+    exits = [n for n in proto.loop_exit_names
+             if n.split(":")[0] in copied]
+    del proto.loop_exit_names[:]
+    proto.loop_exit_names.extend(exits)
+  missing = sorted(n for n in _op_names(structure) if n in inner and
+                   n not in copied)
+  for nested in proto.nested_contexts:
+    missing += _keep_copied_values(nested, copied)
+  return missing
+
+
+class ContextCopier:
+  """Copies the v1 control-flow contexts of a set of ops for each copy of
+  the set (see graph_editor.Cloner)."""
+
+  def __init__(self, ops):
+    names = {op.name for op in ops}
+    self._defs = []
+    for context in top_level_contexts(ops):
+      context_def = graph_edit.control_flow_context_def(context)
+      missing = _keep_copied_values(context_def, names)
+      if missing:
+        raise ValueError(
+            "EPL copies only part of the TF1 control flow %r: its op(s) %s "
+            "would not be copied with the rest. Keep a tf.while_loop or "
+            "tf.cond inside one strategy scope (one pipeline stage), or "
+            "build it with control flow v2 "
+            "(tf.compat.v1.enable_control_flow_v2())." % (
+                context.name, ", ".join(missing[:3])))
+      self._defs.append(context_def)
+
+  def copy(self, graph, prefix):
+    """Gives the ops named `<prefix><name>` copies of their originals'
+    contexts (in the graph's cond and while context collections too)."""
+    for context_def in self._defs:
+      kind, _ = graph_edit.context_def_kind(context_def)
+      context = graph_edit.context_from_def(graph, context_def,
+                                            prefix.rstrip("/"))
+      graph.add_to_collection(_COLLECTIONS[kind], context)
+
