@@ -77,6 +77,35 @@ def building_next_to(op):
   return graph_edit.building_in_context(op.graph, context_of(op))
 
 
+def conditional_op_names(ops):
+  """Names of the ops of `ops` that may not run, or run more than once, in
+  a step: those in a v1 while-loop (another frame) and those downstream of
+  a cond's Switch before its Merge (dead when their branch is not taken,
+  also the gradients of a branch, which no context records).
+
+  A control edge may only join ops outside this set: an edge from an op
+  in a loop to one outside (or back) crosses frames, which TensorFlow
+  refuses, and an op that waits for a dead op is dead too, so an edge
+  from a branch would silently skip what waits for it.
+  """
+  names = {op.name for op in ops}
+  result = {op.name for op in ops if in_loop(op)}
+  stack = [op for op in ops if op.type in SWITCH_TYPES and not in_loop(op)]
+  seen = set()
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.name in names:
+      result.add(op.name)
+    stack.extend(c for t in op.outputs for c in t.consumers()
+                 if c.type not in MERGE_TYPES and c.type not in EXIT_TYPES)
+    stack.extend(c for c in graph_edit.control_outputs(op)
+                 if c.type not in MERGE_TYPES)
+  return result
+
+
 def _top_level(context):
   while context.outer_context is not None:
     context = context.outer_context
@@ -105,34 +134,65 @@ def _inner_op_names(context_proto):
   return _op_names(set(values.values) - set(values.external_values))
 
 
+def _structure_names(context_def):
+  """Names of the ops a context is built on (pivots, predicate, loop
+  enters), of `context_def` and the contexts nested in it."""
+  kind, proto = graph_edit.context_def_kind(context_def)
+  names = [proto.pivot_name]
+  if kind == "cond":
+    names.append(proto.pred_name)
+  else:
+    names += [proto.pivot_for_pred_name, proto.pivot_for_body_name]
+    names += list(proto.loop_enter_names)
+  names = _op_names(names)
+  for nested in proto.nested_contexts:
+    names |= _structure_names(nested)
+  return names
+
+
+def structure_ops(ops):
+  """The ops that the v1 contexts of `ops` are built on (a cond's pivot,
+  which nothing may read when its branch has no constant; a loop's
+  pivots and enters): a copy of the contexts needs them copied too."""
+  result = []
+  for context in top_level_contexts(ops):
+    names = _structure_names(graph_edit.control_flow_context_def(context))
+    result += [ops[0].graph.get_operation_by_name(n) for n in sorted(names)]
+  return result
+
+
 def _keep_copied_values(context_def, copied):
   """Drops from `context_def` (in place, nested contexts too) the ops of the
   context that were not copied (ops of the loop or branch, and loop exits,
-  that nothing of the training step reads). Returns the names of structural ops (pivots,
-  predicates, loop enters and exits) that were not copied."""
+  that nothing of the training step reads)."""
   kind, proto = graph_edit.context_def_kind(context_def)
   values = proto.values_def
-  inner = _inner_op_names(proto)
-  kept = [v for v in values.values
-          if v in values.external_values or v.split(":")[0] in copied]
+  # An outside value the copies share (a variable every micro-batch
+  # reads) is not named `<prefix><name>`: the copy's context does not
+  # record it, and reads it through the copied Enter or Switch as before.
+  for name, value in dict(values.external_values).items():
+    if not _op_names([name, value]) <= copied:
+      del values.external_values[name]
+  kept = [v for v in values.values if v.split(":")[0] in copied]
   del values.values[:]
   values.values.extend(kept)
-  structure = [proto.pivot_name]
-  if kind == "cond":
-    structure.append(proto.pred_name)
-  else:
-    structure += [proto.pivot_for_pred_name, proto.pivot_for_body_name]
-    structure += list(proto.loop_enter_names)
+  if kind == "while":
     # A loop result nothing reads (a counter's) is not part of the step.
     exits = [n for n in proto.loop_exit_names
              if n.split(":")[0] in copied]
     del proto.loop_exit_names[:]
     proto.loop_exit_names.extend(exits)
-  missing = sorted(n for n in _op_names(structure) if n in inner and
-                   n not in copied)
   for nested in proto.nested_contexts:
-    missing += _keep_copied_values(nested, copied)
-  return missing
+    _keep_copied_values(nested, copied)
+
+
+def _corresponding(original, copy, mapping):
+  """Adds {id(context): its copy} for `original` and the contexts nested in
+  it to `mapping` (a copy nests its copies in the same order)."""
+  mapping[id(original)] = copy
+  for inner, inner_copy in zip(graph_edit.nested_contexts(original),
+                               graph_edit.nested_contexts(copy)):
+    _corresponding(inner, inner_copy, mapping)
 
 
 class ContextCopier:
@@ -141,10 +201,14 @@ class ContextCopier:
 
   def __init__(self, ops):
     names = {op.name for op in ops}
-    self._defs = []
+    self._in_context = [op for op in ops if context_of(op) is not None]
+    self._contexts = []  # (original top-level context, its trimmed proto)
     for context in top_level_contexts(ops):
       context_def = graph_edit.control_flow_context_def(context)
-      missing = _keep_copied_values(context_def, names)
+      missing = sorted((_structure_names(context_def) &
+                        _inner_op_names(graph_edit.context_def_kind(
+                            context_def)[1])) - names)
+      _keep_copied_values(context_def, names)
       if missing:
         raise ValueError(
             "EPL copies only part of the TF1 control flow %r: its op(s) %s "
@@ -153,14 +217,21 @@ class ContextCopier:
             "build it with control flow v2 "
             "(tf.compat.v1.enable_control_flow_v2())." % (
                 context.name, ", ".join(missing[:3])))
-      self._defs.append(context_def)
+      self._contexts.append((context, context_def))
 
-  def copy(self, graph, prefix):
-    """Gives the ops named `<prefix><name>` copies of their originals'
-    contexts (in the graph's cond and while context collections too)."""
-    for context_def in self._defs:
+  def copy(self, graph, prefix, clones):
+    """Gives each copy in `clones` ({original name: copy}, named
+    `<prefix><name>`) the copy of its original's context; the copied
+    contexts join the graph's cond and while context collections. Ops
+    without outputs (a loop's ControlTrigger), which a context's proto
+    does not name, get theirs too."""
+    mapping = {}
+    for context, context_def in self._contexts:
       kind, _ = graph_edit.context_def_kind(context_def)
-      context = graph_edit.context_from_def(graph, context_def,
-                                            prefix.rstrip("/"))
-      graph.add_to_collection(_COLLECTIONS[kind], context)
-
+      copy = graph_edit.context_from_def(graph, context_def,
+                                         prefix.rstrip("/"))
+      graph.add_to_collection(_COLLECTIONS[kind], copy)
+      _corresponding(context, copy, mapping)
+    for op in self._in_context:
+      graph_edit.set_control_flow_context(clones[op.name],
+                                          mapping[id(context_of(op))])

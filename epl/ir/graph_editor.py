@@ -198,7 +198,7 @@ class Cloner:
                        (len(clones), prefix, len(self._ops)))
     for name, controls in self._outside_controls.items():
       graph_edit.add_control_inputs(clones[name], controls)
-    self._contexts.copy(self._graph, prefix)
+    self._contexts.copy(self._graph, prefix, clones)
     if provenance is not None:
       provenance.record_copies(clones, prefix, replica, micro_batch)
     return clones

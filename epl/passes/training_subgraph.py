@@ -175,8 +175,11 @@ def select_training_subgraph(graph, state):
       for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
   forward_updates = [op for op in forward_updates
                      if state.phase_of(op) is Phase.FORWARD]
-  training_ops = graph_editor.ancestors(after_updates + merged +
-                                        forward_updates)
+  roots = after_updates + merged + forward_updates
+  training_ops = graph_editor.ancestors(roots)
+  # The pivots of TF1 conds and loops, which a copy of them needs.
+  training_ops = graph_editor.ancestors(
+      roots + control_flow.structure_ops(training_ops))
   join_names = {op.name for op in joins}
   # Gradient clipping built outside every scope works per replica.
   mark_gradient_processing(state, training_ops)

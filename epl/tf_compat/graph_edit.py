@@ -138,3 +138,15 @@ def building_in_context(graph, context):
     yield
   finally:
     graph._set_control_flow_context(outer)
+
+
+def nested_contexts(context):
+  """The v1 control-flow contexts built directly inside `context`, in the
+  order they were built (the order of its proto's nested contexts)."""
+  return list(context._nested_contexts)
+
+
+def set_control_flow_context(op, context):
+  """`op` belongs to the v1 control-flow `context` (what tf.gradients and
+  op creation read), as if it had been built in it."""
+  op._set_control_flow_context(context)
