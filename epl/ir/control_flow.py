@@ -14,6 +14,7 @@ each copy's Enter ops name a frame of their own (`<prefix><frame>`), and
 the copies get copies of the contexts of their originals.
 """
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from epl.tf_compat import graph_edit
 
@@ -104,6 +105,12 @@ def conditional_op_names(ops):
     stack.extend(c for c in graph_edit.control_outputs(op)
                  if c.type not in MERGE_TYPES)
   return result
+
+
+def set_frame(enter, frame):
+  """The Enter op `enter` starts the frame named `frame`."""
+  graph_edit.set_attr(enter, "frame_name",
+                      attr_value_pb2.AttrValue(s=frame.encode()))
 
 
 def _top_level(context):

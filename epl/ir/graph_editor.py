@@ -129,7 +129,7 @@ class Cloner:
     self._outside_inputs = {}  # 'name:index' -> tensor outside the set
     self._outside_controls = {}  # op name -> control inputs outside the set
     self._shared_names = []  # nodes that name a resource (variables)
-    self._enters = []  # (Enter node, its frame) of v1 while-loops
+    self._enters = []  # (Enter op name, its frame) of v1 while-loops
     for op in self._ops:
       node = self._template.node.add()
       node.CopyFrom(op.node_def)
@@ -153,7 +153,7 @@ class Cloner:
       if "shared_name" in node.attr and node.attr["shared_name"].s:
         self._shared_names.append(node)
       if op.type in control_flow.ENTER_TYPES:
-        self._enters.append((node, node.attr["frame_name"].s))
+        self._enters.append((op.name, op.get_attr("frame_name").decode()))
     self._contexts = control_flow.ContextCopier(self._ops)
 
   def clone(self, prefix, device_fn, tensor_map=None, provenance=None,
@@ -186,9 +186,6 @@ class Cloner:
       node.device = device_fn(op)
     for node in self._shared_names:
       node.attr["shared_name"].s = (prefix + node.name).encode()
-    for node, frame in self._enters:
-      # The name the copy of the loop's context gets (see ContextCopier).
-      node.attr["frame_name"].s = prefix.encode() + frame
     input_map = {key: tensor_map.get(key, tensor)
                  for key, tensor in self._outside_inputs.items()}
     new_ops = _import(self._graph, self._template, prefix, input_map)
@@ -199,6 +196,12 @@ class Cloner:
     for name, controls in self._outside_controls.items():
       graph_edit.add_control_inputs(clones[name], controls)
     self._contexts.copy(self._graph, prefix, clones)
+    for name, frame in self._enters:
+      # The name of the copy of the loop's context. Set after the contexts
+      # are copied: importing a context under a scope renames the frame of
+      # every Enter its values name, also of another loop's Enter that a
+      # gradient loop reads.
+      control_flow.set_frame(clones[name], prefix + frame)
     if provenance is not None:
       provenance.record_copies(clones, prefix, replica, micro_batch)
     return clones

@@ -1,0 +1,203 @@
+"""TF1 control flow (tf.while_loop, tf.cond, dynamic_rnn, raw_rnn, TF's
+dynamic loss-scale optimizer, built with control flow v1 as under
+`disable_v2_behavior()`) replicates, pipelines, accumulates, recomputes and
+casts like any other ops: the weights match single-device TensorFlow."""
+import functools
+
+import pytest
+import tensorflow as tf
+
+import epl
+from epl.ir import control_flow
+from tests import training
+
+MICRO = 8
+STEPS = 4
+
+
+@pytest.fixture(autouse=True)
+def _control_flow_v1():
+  tf.compat.v1.disable_control_flow_v2()
+  yield
+  tf.compat.v1.enable_control_flow_v2()
+
+
+def _dense(hidden, units, seed, name, activation=None):
+  return tf.compat.v1.layers.dense(
+      hidden, units, activation=activation, name=name,
+      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
+
+
+def _while_body(x):
+  """Three tanh layers sharing one weight, in a tf.while_loop."""
+  weight = tf.compat.v1.get_variable(
+      "loop_weight", [training.FEATURES, training.FEATURES],
+      initializer=tf.compat.v1.random_normal_initializer(stddev=0.3, seed=3))
+
+  def body(step, hidden):
+    return step + 1, tf.tanh(tf.matmul(hidden, weight))
+  _, hidden = tf.while_loop(lambda step, _: step < 3, body,
+                            [tf.constant(0), x])
+  return hidden
+
+
+def _cond_body(x):
+  """A dense layer, then tanh on even steps and relu on odd ones."""
+  hidden = _dense(x, 16, 1, "cond_dense")
+  even = tf.equal(tf.math.floormod(
+      tf.compat.v1.train.get_or_create_global_step(), 2), 0)
+  return tf.cond(even, lambda: tf.tanh(hidden), lambda: tf.nn.relu(hidden))
+
+
+def _sequence(x):
+  """The features as a sequence of 4 steps of 2."""
+  return tf.reshape(x, [-1, 4, 2])
+
+
+def _lstm_cell():
+  return tf.compat.v1.nn.rnn_cell.LSTMCell(
+      8, initializer=tf.compat.v1.glorot_uniform_initializer(seed=5))
+
+
+def _dynamic_rnn_body(x):
+  outputs, _ = tf.compat.v1.nn.dynamic_rnn(_lstm_cell(), _sequence(x),
+                                           dtype=tf.float32)
+  return outputs[:, -1]
+
+
+def _raw_rnn_body(x):
+  """An LSTM over the sequence through tf.compat.v1.nn.raw_rnn."""
+  steps = tf.transpose(_sequence(x), [1, 0, 2])
+  inputs = tf.TensorArray(tf.float32, size=4).unstack(steps)
+  cell = _lstm_cell()
+  batch = tf.shape(x)[0]
+
+  def loop_fn(time, output, state, loop_state):
+    del loop_state
+    finished = tf.fill([batch], time >= 4)
+    if output is None:  # the first call: no step has run yet
+      state = cell.zero_state(batch, tf.float32)
+    next_input = tf.cond(time >= 4, lambda: tf.zeros([batch, 2]),
+                         lambda: inputs.read(tf.minimum(time, 3)))
+    next_input.set_shape([None, 2])
+    return finished, next_input, state, output, None
+  _, final_state, _ = tf.compat.v1.nn.raw_rnn(cell, loop_fn)
+  return final_state.h
+
+
+BODIES = {"while_loop": _while_body, "cond": _cond_body,
+          "dynamic_rnn": _dynamic_rnn_body, "raw_rnn": _raw_rnn_body}
+
+
+def _model(body, stages=False):
+  """`body` then a dense head; with `stages` (under EPL), the body is
+  pipeline stage 0 and the head stage 1."""
+  def model(x):
+    if stages and epl.Env.initialised():
+      with epl.replicate(device_count=1, name="stage_0"):
+        hidden = body(x)
+      epl.set_default_strategy(epl.replicate(device_count=1, name="stage_1"))
+    else:
+      hidden = body(x)
+    return _dense(hidden, 1, 2, "head")
+  return model
+
+
+def _check(body, config, micro_batches=1, replicas=1, stages=False,
+           optimizer="momentum", expected_config=None):
+  """EPL with `config` trains `body` STEPS steps like single-device TF (or
+  like EPL with `expected_config`) on the same global batch."""
+  model = _model(body, stages)
+  expected, _, _ = training.train(
+      model, optimizer, steps=STEPS,
+      batch_size=MICRO * micro_batches * replicas,
+      with_epl=expected_config is not None, config=expected_config)
+  epl.shutdown()
+  actual, _, graph = training.train(
+      model, optimizer, steps=STEPS, batch_size=MICRO, config=config,
+      default_strategy=not stages)
+  training.assert_close(actual, expected)
+  return graph
+
+
+def _v1_ops(graph, prefix=""):
+  return [op for op in graph.get_operations()
+          if op.type in control_flow.V1_CONTROL_FLOW_TYPES and
+          op.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_data_parallel(body):
+  graph = _check(BODIES[body], {"cluster.num_cpu_devices": 2}, replicas=2)
+  assert _v1_ops(graph, "EPL_REPLICA_1/")
+  # Each replica's loop runs in a frame of its own.
+  frames = {op.name: op.get_attr("frame_name")
+            for op in graph.get_operations()
+            if op.type in control_flow.ENTER_TYPES}
+  for name, frame in frames.items():
+    if not name.startswith("EPL_"):
+      assert frames["EPL_REPLICA_1/" + name] == b"EPL_REPLICA_1/" + frame
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_gradient_accumulation(body):
+  graph = _check(BODIES[body], {"pipeline.num_micro_batch": 3},
+                 micro_batches=3)
+  assert _v1_ops(graph, "EPL_MICRO_BATCH_2/")
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_pipeline_two_stages_with_replicas(body):
+  _check(BODIES[body], {"cluster.num_cpu_devices": 4,
+                        "pipeline.num_micro_batch": 2},
+         micro_batches=2, replicas=2, stages=True)
+
+
+def test_copies_get_their_own_contexts():
+  graph = _check(_while_body, {"cluster.num_cpu_devices": 2,
+                               "pipeline.num_micro_batch": 2},
+                 micro_batches=2, replicas=2)
+  original = graph.get_operation_by_name("while/Merge_1")
+  for prefix in ("EPL_MICRO_BATCH_1/", "EPL_REPLICA_1/",
+                 "EPL_REPLICA_1/EPL_MICRO_BATCH_1/"):
+    copy = graph.get_operation_by_name(prefix + "while/Merge_1")
+    context = control_flow.while_context(copy)
+    assert context is not control_flow.while_context(original)
+    assert context.name == prefix + "while/while_context"
+  whiles = graph.get_collection(tf.compat.v1.GraphKeys.WHILE_CONTEXT)
+  assert {c.name for c in whiles} >= {
+      "while/while_context", "EPL_REPLICA_1/while/while_context"}
+
+
+@pytest.mark.parametrize("body", ["while_loop", "cond", "dynamic_rnn"])
+def test_amp_o1_data_parallel_equals_amp_on_one_device(body):
+  amp = {"amp.level": "O1", "amp.loss_scale": 128}
+  _check(BODIES[body], dict(amp, **{"cluster.num_cpu_devices": 2}),
+         replicas=2,
+         expected_config=dict(amp, **{"cluster.num_cpu_devices": 1}))
+
+
+@pytest.mark.parametrize("body", ["while_loop", "cond", "dynamic_rnn"])
+def test_gradient_checkpoint(body):
+  _check(BODIES[body], {"gradient_checkpoint.type": "auto",
+                        "cluster.num_cpu_devices": 2}, replicas=2)
+
+
+def _loss_scale_optimizer():
+  return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.MomentumOptimizer(0.05, 0.9), "dynamic")
+
+
+@pytest.mark.parametrize("extra,micro_batches,replicas", [
+    ({"cluster.num_cpu_devices": 2}, 1, 2),
+    ({"pipeline.num_micro_batch": 2}, 2, 1),
+], ids=["data_parallel", "accumulation"])
+def test_dynamic_loss_scale_optimizer(monkeypatch, extra, micro_batches,
+                                      replicas):
+  monkeypatch.setitem(training.OPTIMIZERS, "loss_scale",
+                      _loss_scale_optimizer)
+  graph = _check(functools.partial(_dense, units=16, seed=1, name="body",
+                                   activation=tf.nn.tanh),
+                 extra, micro_batches=micro_batches, replicas=replicas,
+                 optimizer="loss_scale")
+  assert _v1_ops(graph)
