@@ -142,15 +142,14 @@ def _inner_op_names(context_proto):
 
 
 def _structure_names(context_def):
-  """Names of the ops a context is built on (pivots, predicate, loop
-  enters), of `context_def` and the contexts nested in it."""
+  """Names of the ops a context is built on (pivots, predicate), of
+  `context_def` and the contexts nested in it."""
   kind, proto = graph_edit.context_def_kind(context_def)
   names = [proto.pivot_name]
   if kind == "cond":
     names.append(proto.pred_name)
   else:
     names += [proto.pivot_for_pred_name, proto.pivot_for_body_name]
-    names += list(proto.loop_enter_names)
   names = _op_names(names)
   for nested in proto.nested_contexts:
     names |= _structure_names(nested)
@@ -160,7 +159,7 @@ def _structure_names(context_def):
 def structure_ops(ops):
   """The ops that the v1 contexts of `ops` are built on (a cond's pivot,
   which nothing may read when its branch has no constant; a loop's
-  pivots and enters): a copy of the contexts needs them copied too."""
+  pivots): a copy of the contexts needs them copied too."""
   result = []
   for context in top_level_contexts(ops):
     names = _structure_names(graph_edit.control_flow_context_def(context))
@@ -170,8 +169,8 @@ def structure_ops(ops):
 
 def _keep_copied_values(context_def, copied):
   """Drops from `context_def` (in place, nested contexts too) the ops of the
-  context that were not copied (ops of the loop or branch, and loop exits,
-  that nothing of the training step reads)."""
+  context that were not copied (ops of the loop or branch, loop exits and
+  enters, that nothing of the training step reads)."""
   kind, proto = graph_edit.context_def_kind(context_def)
   values = proto.values_def
   # An outside value the copies share (a variable every micro-batch
@@ -184,11 +183,12 @@ def _keep_copied_values(context_def, copied):
   del values.values[:]
   values.values.extend(kept)
   if kind == "while":
-    # A loop result nothing reads (a counter's) is not part of the step.
-    exits = [n for n in proto.loop_exit_names
-             if n.split(":")[0] in copied]
-    del proto.loop_exit_names[:]
-    proto.loop_exit_names.extend(exits)
+    # A loop result nothing reads (a counter's) is not part of the step,
+    # nor the gradient loop's entry for it.
+    for names in (proto.loop_exit_names, proto.loop_enter_names):
+      kept = [n for n in names if n.split(":")[0] in copied]
+      del names[:]
+      names.extend(kept)
   for nested in proto.nested_contexts:
     _keep_copied_values(nested, copied)
 
