@@ -190,10 +190,37 @@ def test_amp_o1_data_parallel(body):
           graph.get_operation_by_name(op.name[:-len("_EPL_AMP_float16")]))
 
 
+def _checkpointed(body):
+  """`body` between dense layers; the layer before it and the second
+  after it are checkpoints: the first layer after it is recomputed."""
+  def model(x):
+    hidden = _dense(x, training.FEATURES, 6, "before", tf.nn.tanh)
+    tf.compat.v1.add_to_collection("checkpoints", hidden)
+    hidden = _dense(body(hidden), 16, 7, "after", tf.nn.tanh)
+    hidden = _dense(hidden, 16, 9, "after_2", tf.nn.tanh)
+    tf.compat.v1.add_to_collection("checkpoints", hidden)
+    return _dense(hidden, 16, 8, "last", tf.nn.tanh)
+  return model
+
+
 @pytest.mark.parametrize("body", ["while_loop", "cond", "dynamic_rnn"])
 def test_gradient_checkpoint(body):
-  _check(BODIES[body], {"gradient_checkpoint.type": "auto",
-                        "cluster.num_cpu_devices": 2}, replicas=2)
+  graph = _check(_checkpointed(BODIES[body]),
+                 {"gradient_checkpoint.type": "collection",
+                  "gradient_checkpoint.check_gradients": body == "cond",
+                  "cluster.num_cpu_devices": 2}, replicas=2)
+  recomputed = [op for op in graph.get_operations()
+                if op.name.startswith("EPL_GRADIENT_CHECKPOINTS/")]
+  assert recomputed
+  assert not any(control_flow.context_of(op) for op in recomputed)
+
+
+def test_error_check_gradients_with_a_loop_in_backward():
+  with pytest.raises(ValueError, match=r"check_gradients.*while-loop.*"
+                     r"gradient_checkpoint.check_gradients to False"):
+    training.train(_model(_checkpointed(_while_body)), steps=1,
+                   config={"gradient_checkpoint.type": "collection",
+                           "gradient_checkpoint.check_gradients": True})
 
 
 def _loss_scale_optimizer():
