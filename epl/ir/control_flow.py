@@ -78,33 +78,57 @@ def building_next_to(op):
   return graph_edit.building_in_context(op.graph, context_of(op))
 
 
+def has_v1_control_flow(graph):
+  """Whether `graph` has any v1 cond or while-loop op."""
+  return any(op.type in SWITCH_TYPES for op in graph.get_operations())
+
+
 def conditional_op_names(ops):
   """Names of the ops of `ops` that may not run, or run more than once, in
-  a step: those in a v1 while-loop (another frame) and those downstream of
-  a cond's Switch before its Merge (dead when their branch is not taken,
-  also the gradients of a branch, which no context records).
+  a step: those in a v1 while-loop (another frame), those of a v1 cond
+  branch, and those downstream of a cond's Switch before its Merge (the
+  gradients of a branch, which no context records), which are dead when
+  their branch is not taken.
 
   A control edge may only join ops outside this set: an edge from an op
   in a loop to one outside (or back) crosses frames, which TensorFlow
   refuses, and an op that waits for a dead op is dead too, so an edge
   from a branch would silently skip what waits for it.
   """
-  names = {op.name for op in ops}
-  result = {op.name for op in ops if in_loop(op)}
-  stack = [op for op in ops if op.type in SWITCH_TYPES and not in_loop(op)]
-  seen = set()
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    if op.name in names:
-      result.add(op.name)
-    stack.extend(c for t in op.outputs for c in t.consumers()
-                 if c.type not in MERGE_TYPES and c.type not in EXIT_TYPES)
-    stack.extend(c for c in graph_edit.control_outputs(op)
-                 if c.type not in MERGE_TYPES)
-  return result
+  if not ops or not has_v1_control_flow(ops[0].graph):
+    return set()
+  memo = {}
+
+  def conditional(root):
+    # Iterative: an op is conditional when it is in a context, is a
+    # Switch, or reads a conditional op other than through a Merge (live
+    # when either branch is) or an Exit (live after its loop).
+    stack = [root]
+    while stack:
+      op = stack[-1]
+      if op.name in memo:
+        stack.pop()
+        continue
+      if op.type in EXIT_TYPES:
+        memo[op.name] = while_context(op).outer_context is not None
+      elif context_of(op) is not None or op.type in SWITCH_TYPES:
+        memo[op.name] = True
+      elif op.type in MERGE_TYPES:
+        memo[op.name] = False
+      if op.name in memo:
+        stack.pop()
+        continue
+      inputs = forward_input_ops(op)
+      pending = [i for i in inputs if i.name not in memo]
+      if pending:
+        stack.extend(pending)
+        continue
+      memo[op.name] = any(memo[i.name] for i in inputs)
+      stack.pop()
+    return memo[root.name]
+  # An Exit's output is live after its loop, but the Exit itself runs in
+  # the loop's frame.
+  return {op.name for op in ops if in_loop(op) or conditional(op)}
 
 
 def set_frame(enter, frame):

@@ -1,5 +1,6 @@
 """One consistent step: writes of shared variables (the `global_step`
 increment) run once, after every replica has read the old value."""
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.passes.training_subgraph import (variable_consumers,
                                           written_variables)
@@ -16,7 +17,10 @@ def order_shared_writes(ctx, captured_step, subgraph, copies):
   learning rate from the same `global_step`, and the increment runs after
   every replica's update. Reads and updates that come after the write, and
   those of other train ops, are left alone, so running one train op never
-  runs another's step. Only control edges are added.
+  runs another's step. Only control edges are added, and none that TF1
+  control flow forbids (control_flow.conditional_op_names): none from an
+  op in a while-loop or a cond branch (a skipped update of TF's loss-scale
+  optimizer would skip the increment), none to a write in a loop.
   """
   if not captured_step.shared_writes:
     return
@@ -40,4 +44,8 @@ def order_shared_writes(ctx, captured_step, subgraph, copies):
           op for op in (copies.op(local, u) for u in captured_step.updates
                         if u.name in subgraph.cloned_names)
           if op.name in with_write and op.name not in after_names)
-    graph_editor.add_control_inputs(write, waits)
+    conditional = control_flow.conditional_op_names(waits + [write])
+    if write.name in conditional and control_flow.in_loop(write):
+      continue
+    graph_editor.add_control_inputs(
+        write, [op for op in waits if op.name not in conditional])
