@@ -241,3 +241,40 @@ def test_dynamic_loss_scale_optimizer(monkeypatch, extra, micro_batches,
                  extra, micro_batches=micro_batches, replicas=replicas,
                  optimizer="loss_scale")
   assert _v1_ops(graph)
+
+
+def test_error_loop_split_across_stages():
+  def split_loop(x):
+    weight = tf.compat.v1.get_variable(
+        "loop_weight", [training.FEATURES, training.FEATURES])
+
+    def body(step, hidden):
+      hidden = tf.tanh(tf.matmul(hidden, weight))
+      epl.set_default_strategy(epl.replicate(device_count=1, name="stage_1"))
+      return step + 1, hidden * 2.0
+    epl.set_default_strategy(epl.replicate(device_count=1, name="stage_0"))
+    _, hidden = tf.while_loop(lambda step, _: step < 3, body,
+                              [tf.constant(0), x])
+    return _dense(hidden, 1, 2, "head")
+  with pytest.raises(ValueError, match=r"while-loop 'while/while_context' "
+                     r"spans two pipeline stages.*inside one stage scope"):
+    training.train(split_loop, steps=1, default_strategy=False,
+                   config={"cluster.num_cpu_devices": 2,
+                           "pipeline.num_micro_batch": 2})
+
+
+def test_error_gradients_inside_a_loop_body():
+  def inner_gradient(x):
+    weight = tf.compat.v1.get_variable(
+        "loop_weight", [training.FEATURES, training.FEATURES])
+
+    def body(step, hidden):
+      grad, = tf.gradients(tf.reduce_sum(tf.matmul(hidden, weight)), weight)
+      return step + 1, hidden - tf.reduce_sum(grad)
+    _, hidden = tf.while_loop(lambda step, _: step < 2, body,
+                              [tf.constant(0), x])
+    return _dense(hidden, 1, 2, "head")
+  with pytest.raises(ValueError, match=r"gradient of 'loop_weight.*inside "
+                     r"the TF1 while-loop.*outside the loop body"):
+    training.train(inner_gradient, steps=1,
+                   config={"cluster.num_cpu_devices": 2})

@@ -61,6 +61,16 @@ def in_loop(op):
   return while_context(op) is not None
 
 
+def value_in_loop(tensor):
+  """Whether `tensor` is a value of a v1 while-loop's iterations (a loop's
+  Exit hands its value out of the loop)."""
+  op = tensor.op
+  if op.type in EXIT_TYPES:
+    return graph_edit.containing_while_context_of(
+        while_context(op).outer_context) is not None
+  return in_loop(op)
+
+
 def loop_name(op):
   """The name of the innermost v1 while-loop around `op` (its frame)."""
   return while_context(op).name

@@ -96,7 +96,13 @@ def control_flow_context(op):
 def containing_while_context(op):
   """The innermost v1 WhileContext around `op` (through cond contexts), or
   None when `op` is in no v1 while-loop."""
-  return control_flow_util.GetContainingWhileContext(op._control_flow_context)
+  return containing_while_context_of(op._control_flow_context)
+
+
+def containing_while_context_of(context):
+  """The innermost v1 WhileContext that is or contains the v1 control-flow
+  `context` (None for None or a cond outside every loop)."""
+  return control_flow_util.GetContainingWhileContext(context)
 
 
 def control_flow_context_def(context):
