@@ -37,11 +37,6 @@ _COLLECTIONS = {"cond": tf.compat.v1.GraphKeys.COND_CONTEXT,
                 "while": tf.compat.v1.GraphKeys.WHILE_CONTEXT}
 
 
-def is_back_edge(producer, consumer):
-  """Whether the edge `producer` -> `consumer` is a loop's back edge."""
-  return producer.type in NEXT_ITERATION_TYPES and consumer.type in MERGE_TYPES
-
-
 def forward_input_ops(op):
   """Producers of op's data and control inputs, less a loop's back edge:
   with them, a graph with v1 while-loops is acyclic."""
