@@ -28,10 +28,6 @@ NEXT_ITERATION_TYPES = frozenset(["NextIteration", "RefNextIteration"])
 V1_CONTROL_FLOW_TYPES = (ENTER_TYPES | EXIT_TYPES | SWITCH_TYPES |
                          MERGE_TYPES | NEXT_ITERATION_TYPES |
                          frozenset(["LoopCond"]))
-# Ops that pass a variable (reference or resource handle) on into a cond
-# branch or a loop without changing it.
-VARIABLE_FORWARDING_TYPES = ENTER_TYPES | SWITCH_TYPES | frozenset(
-    ["Identity", "RefIdentity"])
 
 _COLLECTIONS = {"cond": tf.compat.v1.GraphKeys.COND_CONTEXT,
                 "while": tf.compat.v1.GraphKeys.WHILE_CONTEXT}

@@ -26,8 +26,11 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES, TABLE_TYPES,
-                             VARIABLE_READERS, VARIABLE_TYPES)
+from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
+                             PLACEHOLDER_TYPES,
+                             REFERENCE_KEEPING_TYPES,
+                             RESOURCE_VARIABLE_READERS, TABLE_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
 from epl.tf_compat import graph_edit
@@ -95,31 +98,62 @@ class TrainingSubgraph:
 
 def variable_behind(tensor):
   """The variable op whose handle or reference `tensor` is, also through
-  the Enter and Switch ops (and Identity of a handle) that pass it into a
-  TF1 while-loop or cond branch; None for any other tensor."""
-  while (tensor.op.type in control_flow.VARIABLE_FORWARDING_TYPES and
+  the ops that pass it on unchanged (the Enter and Switch that bring it
+  into a TF1 while-loop or cond branch, an Identity); None for any other
+  tensor."""
+  while (tensor.op.type in BUFFER_FORWARDING_TYPES and
          (tensor.dtype == tf.resource or
           graph_edit.is_ref_dtype(tensor.dtype))):
     tensor = tensor.op.inputs[0]
   return tensor.op if tensor.op.type in VARIABLE_TYPES else None
 
 
-def is_variable_writer(op):
-  """Whether `op` may change the variables it is given: not a reader, nor
-  an op that passes a variable on into a cond or loop."""
-  return (op.type not in VARIABLE_READERS and
-          op.type not in control_flow.VARIABLE_FORWARDING_TYPES)
+def _written_inputs(op):
+  """The indices of the inputs through which `op` may change state: a
+  resource handle it does not only read, or a reference its definition
+  takes as a reference (ScatterUpdate, Assign, ApplyAdam; not SaveV2 or
+  Identity, which take a reference variable's value) to change it. An op
+  that passes a variable on (Switch, Enter, Identity) changes nothing."""
+  if (op.type in RESOURCE_VARIABLE_READERS or
+      op.type in BUFFER_FORWARDING_TYPES):
+    return []
+  declared = graph_edit.declared_input_types(op)
+  return [index for index, dtype in enumerate(declared)
+          if dtype == tf.resource or (
+              graph_edit.is_ref_dtype(dtype) and
+              op.type not in REFERENCE_KEEPING_TYPES)]
 
 
 def written_variables(op):
-  """The variable ops that `op` writes (none for a reader)."""
-  if not is_variable_writer(op):
-    return []
-  return [v for v in map(variable_behind, op.inputs) if v is not None]
+  """The variable ops that `op` writes (none for a reader), also through
+  a TF1 cond's Switch or a loop's Enter."""
+  return [v for v in (variable_behind(op.inputs[index])
+                      for index in _written_inputs(op)) if v is not None]
 
 
-def variable_consumers(variable_op):
-  return [c for c in variable_op.outputs[0].consumers()]
+def is_variable_writer(op):
+  """Whether `op` changes state through one of its inputs (a variable,
+  possibly reached through a handle another op passes on)."""
+  return bool(_written_inputs(op))
+
+
+def value_readers(variable_op):
+  """The ops that read the value of `variable_op` (its writers excepted):
+  a resource variable's reads, each a snapshot; for a reference variable,
+  the ops that read its buffer, reached through the ops that pass the
+  buffer on without a copy (its `read` Identity, Switch, Enter), which
+  see whatever the variable holds when they run."""
+  readers, seen = [], set()
+  stack = list(variable_op.outputs[0].consumers())
+  while stack:
+    op = stack.pop()
+    if op.name in seen or is_variable_writer(op):
+      continue
+    seen.add(op.name)
+    readers.append(op)
+    if op.type in BUFFER_FORWARDING_TYPES:
+      stack.extend(c for t in op.outputs for c in t.consumers())
+  return readers
 
 
 def tensors_of(grad):
