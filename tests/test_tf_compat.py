@@ -196,6 +196,79 @@ def test_in_graph_context_tells_a_nested_default_graph():
   assert not graph_edit.in_graph_context()
 
 
+@pytest.fixture(name="control_flow_v1")
+def _control_flow_v1():
+  tf.compat.v1.disable_control_flow_v2()
+  yield
+  tf.compat.v1.enable_control_flow_v2()
+
+
+def _v1_loop_and_cond(graph):
+  """A v1 while-loop with a cond in its body, in `graph`."""
+  with graph.as_default():
+    def body(i, x):
+      return i + 1, tf.cond(x > 0.0, lambda: x * 0.5, lambda: x + 1.0)
+    return tf.while_loop(lambda i, _: i < 3, body,
+                         [tf.constant(0), tf.constant(-2.0)])
+
+
+def test_control_flow_contexts_of_ops(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  merge = graph.get_operation_by_name("while/Merge_1")
+  loop = graph_edit.control_flow_context(merge)
+  assert loop.name == "while/while_context"
+  in_cond = graph.get_operation_by_name("while/cond/mul")
+  assert graph_edit.control_flow_context(in_cond).IsCondContext()
+  assert graph_edit.containing_while_context(in_cond) is loop
+  assert graph_edit.containing_while_context_of(None) is None
+  assert graph_edit.control_flow_context(
+      graph.get_operation_by_name("Const")) is None
+  # The cond's two branches, in the order built.
+  assert graph_edit.control_flow_context(in_cond) in (
+      graph_edit.nested_contexts(loop))
+  assert all(c.IsCondContext() for c in graph_edit.nested_contexts(loop))
+
+
+def test_control_flow_contexts_copied_under_a_scope(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  loop = graph_edit.control_flow_context(
+      graph.get_operation_by_name("while/Merge_1"))
+  context_def = graph_edit.control_flow_context_def(loop)
+  kind, proto = graph_edit.context_def_kind(context_def)
+  assert kind == "while" and proto.context_name == "while/while_context"
+  with graph.as_default():
+    tf.graph_util.import_graph_def(graph.as_graph_def(), name="copy")
+  copy = graph_edit.context_from_def(graph, context_def, "copy")
+  assert copy.name == "copy/while/while_context"
+  copied_merge = graph.get_operation_by_name("copy/while/Merge_1")
+  assert graph_edit.control_flow_context(copied_merge) is copy
+  assert graph_edit.nested_contexts(copy)[0].IsCondContext()
+  trigger = graph.get_operation_by_name("copy/while/Merge")
+  graph_edit.set_control_flow_context(trigger, copy)
+  assert graph_edit.control_flow_context(trigger) is copy
+
+
+def test_building_in_context_enters_a_loop(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  in_loop = graph.get_operation_by_name("while/Identity_1")
+  outside = graph.get_operation_by_name("Const_1").outputs[0]
+  with graph.as_default(), graph_edit.building_in_context(
+      graph, graph_edit.control_flow_context(in_loop)):
+    added = tf.add(in_loop.outputs[0], outside)
+  assert graph_edit.control_flow_context(added.op) is (
+      graph_edit.control_flow_context(in_loop))
+  # The outside value enters the loop through a new Enter op.
+  assert added.op.inputs[1].op.type == "Enter"
+  assert graph_edit.control_flow_context(
+      graph.get_operation_by_name("Const_1")) is None
+
+
 # --------------------------------------------------------------- importer
 
 

@@ -7,6 +7,7 @@ from typing import Optional
 import tensorflow as tf
 
 from epl.capture import capture
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.phase import Phase
@@ -97,7 +98,11 @@ def blocks(ctx, subgraph, copies, first_replica_only=False):
 
 def _ends(ops):
   """(first ops, last ops) of `ops`: those with no input, and those with no
-  consumer, among `ops`."""
+  consumer, among `ops`, leaving out ops that TF1 control flow may skip or
+  repeat (control_flow.conditional_op_names): their loop or cond runs
+  between the ends found around it."""
+  conditional = control_flow.conditional_op_names(ops)
+  ops = [op for op in ops if op.name not in conditional]
   names = {op.name for op in ops}
   first = [op for op in ops
            if not any(i.name in names for i in graph_editor.input_ops(op))]

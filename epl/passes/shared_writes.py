@@ -2,6 +2,7 @@
 old value. Writes of shared variables (the `global_step` increment) run
 once, after every replica has read them; the updates of reference
 variables, whose reads are no snapshots, after their replica's reads."""
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.passes.training_subgraph import value_readers, written_variables
 from epl.tf_compat import graph_edit
@@ -32,7 +33,10 @@ def order_shared_writes(ctx, captured_step, subgraph, copies):
   learning rate from the same `global_step`, and the increment runs after
   every replica's update. Reads and updates that come after the write, and
   those of other train ops, are left alone, so running one train op never
-  runs another's step. Only control edges are added.
+  runs another's step. Only control edges are added, and none that TF1
+  control flow forbids (control_flow.conditional_op_names): none from an
+  op in a while-loop or a cond branch (a skipped update of TF's loss-scale
+  optimizer would skip the increment), none to a write in a loop.
   """
   if not captured_step.shared_writes:
     return
@@ -52,7 +56,11 @@ def order_shared_writes(ctx, captured_step, subgraph, copies):
           op for op in (copies.op(local, u) for u in captured_step.updates
                         if u.name in subgraph.cloned_names)
           if op.name in with_write and op.name not in after_names)
-    graph_editor.add_control_inputs(write, waits)
+    if control_flow.in_loop(write):
+      continue
+    conditional = control_flow.conditional_op_names(waits)
+    graph_editor.add_control_inputs(
+        write, [op for op in waits if op.name not in conditional])
 
 
 def order_reference_updates(ctx, captured_step, subgraph, copies):
@@ -70,7 +78,10 @@ def order_reference_updates(ctx, captured_step, subgraph, copies):
   reference variable gets control edges from the copies, in its replica
   and every micro-batch, of the reads of that variable that run with it
   and do not come after it. Resource variables, whose reads are
-  snapshots, are left alone. Only control edges are added.
+  snapshots, are left alone. Only control edges are added, none from a
+  read in a TF1 while-loop or cond branch (control_flow.
+  conditional_op_names; such a read is not ordered) nor to an update in a
+  loop.
   """
   updates = [u for u in captured_step.updates
              if u.name in subgraph.cloned_names]
@@ -83,8 +94,12 @@ def order_reference_updates(ctx, captured_step, subgraph, copies):
                    if graph_edit.is_ref_dtype(v.outputs[0].dtype)]
       if not variables:
         continue
+      if control_flow.in_loop(update):
+        continue
       with_write, after_names = _run_with(update, step_names, cache)
-      graph_editor.add_control_inputs(update, [
-          op for variable in variables for op in value_readers(variable)
-          if op.name in step_names and op.name in with_write and
-          op.name not in after_names])
+      readers = [op for variable in variables for op in value_readers(variable)
+                 if op.name in step_names and op.name in with_write and
+                 op.name not in after_names]
+      conditional = control_flow.conditional_op_names(readers)
+      graph_editor.add_control_inputs(
+          update, [op for op in readers if op.name not in conditional])

@@ -24,6 +24,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
                              PLACEHOLDER_TYPES,
@@ -95,14 +96,28 @@ class TrainingSubgraph:
         self, variables=[v for v in self.variables if v.name not in names])
 
 
+def variable_behind(tensor):
+  """The variable op whose handle or reference `tensor` is, also through
+  the ops that pass it on unchanged (the Enter and Switch that bring it
+  into a TF1 while-loop or cond branch, an Identity); None for any other
+  tensor."""
+  while (tensor.op.type in BUFFER_FORWARDING_TYPES and
+         (tensor.dtype == tf.resource or
+          graph_edit.is_ref_dtype(tensor.dtype))):
+    tensor = tensor.op.inputs[0]
+  return tensor.op if tensor.op.type in VARIABLE_TYPES else None
+
+
 def _written_inputs(op):
   """The indices of the inputs through which `op` may change state: a
   resource handle it does not only read, or a reference its definition
   takes as a reference (ScatterUpdate, Assign, ApplyAdam; not SaveV2 or
-  Identity, which take a reference variable's value) to change it."""
-  declared = graph_edit.declared_input_types(op)
-  if op.type in RESOURCE_VARIABLE_READERS:
+  Identity, which take a reference variable's value) to change it. An op
+  that passes a variable on (Switch, Enter, Identity) changes nothing."""
+  if (op.type in RESOURCE_VARIABLE_READERS or
+      op.type in BUFFER_FORWARDING_TYPES):
     return []
+  declared = graph_edit.declared_input_types(op)
   return [index for index, dtype in enumerate(declared)
           if dtype == tf.resource or (
               graph_edit.is_ref_dtype(dtype) and
@@ -110,9 +125,10 @@ def _written_inputs(op):
 
 
 def written_variables(op):
-  """The variable ops that `op` writes (none for a reader)."""
-  return [op.inputs[index].op for index in _written_inputs(op)
-          if op.inputs[index].op.type in VARIABLE_TYPES]
+  """The variable ops that `op` writes (none for a reader), also through
+  a TF1 cond's Switch or a loop's Enter."""
+  return [v for v in (variable_behind(op.inputs[index])
+                      for index in _written_inputs(op)) if v is not None]
 
 
 def is_variable_writer(op):
@@ -193,8 +209,11 @@ def select_training_subgraph(graph, state):
       for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
   forward_updates = [op for op in forward_updates
                      if state.phase_of(op) is Phase.FORWARD]
-  training_ops = graph_editor.ancestors(after_updates + merged +
-                                        forward_updates)
+  roots = after_updates + merged + forward_updates
+  training_ops = graph_editor.ancestors(roots)
+  # The pivots of TF1 conds and loops, which a copy of them needs.
+  training_ops = graph_editor.ancestors(
+      roots + control_flow.structure_ops(training_ops))
   join_names = {op.name for op in joins}
   # Gradient clipping built outside every scope works per replica.
   mark_gradient_processing(state, training_ops)
@@ -221,7 +240,6 @@ def select_training_subgraph(graph, state):
 
   cloned = [op for op in training_ops
             if op.name not in shared and op.name not in join_names]
-  graph_editor.check_cloneable(cloned)
   cloned = graph_editor.topological_order(cloned)
   step = CapturedStep(
       gradient_records=tuple(state.gradient_records),

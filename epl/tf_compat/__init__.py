@@ -4,7 +4,8 @@ Everything EPL uses that is not TensorFlow's public API comes from a module
 of this package, and only from here (tests/test_layers.py checks it):
 
 - `graph_edit`: editing ops in place (re-wiring inputs, control edges,
-  attributes, devices; building an op as given).
+  attributes, devices; building an op as given; the v1 control-flow
+  contexts of ops, copied for copies of them).
 - `importer`: adding many nodes at once through the C API.
 - `ops`: private op modules (V2 collectives, `gen_*` wrappers,
   `tensor_util`, `control_flow_ops`, resource variables).
@@ -50,6 +51,12 @@ VERSIONS = {
     "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
     "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
     "ops._default_graph_stack.is_cleared": Support(_ALL_TF, _ANY_KERAS),
+    "Operation._control_flow_context, _set_control_flow_context; "
+    "Graph._get/_set_control_flow_context; ControlFlowContext."
+    "_nested_contexts, to_control_flow_context_def; "
+    "control_flow_ops.from_control_flow_context_def; "
+    "control_flow_util.GetContainingWhileContext":
+        Support(_ALL_TF, _ANY_KERAS),
     # importer
     "importer._PopulateTFImportGraphDefOptions": Support(_ALL_TF,
                                                          _ANY_KERAS),
