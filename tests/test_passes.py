@@ -253,13 +253,16 @@ def test_the_plan_is_made_once_and_is_the_rewrites_from_then_on():
 
 
 def test_no_plan_before_the_rewrite_reports_it():
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  # Too few devices is caught at scope entry; a stage count that does not
+  # match the scopes is known only to the planner.
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                       "pipeline.num_stages": 3}))
   graph = tf.Graph()
   with graph.as_default():
-    with epl.replicate(device_count=4):
+    with epl.replicate(device_count=1):
       tf.constant(1.0)
     assert planner.plan_of(graph) is None
-    with pytest.raises(ValueError, match="only 2"):
+    with pytest.raises(ValueError, match="pipeline.num_stages is 3"):
       planner.plan_of(graph, for_rewrite=True)
 
 
