@@ -9,8 +9,7 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.ir.phase import Phase
-from epl.passes import schedule
+from epl.plan import pipeline_order
 from epl.tools import timeline
 from tests import tolerance
 from tests import training
@@ -51,7 +50,8 @@ def _check_pipeline(stages, micro_batches, replicas=1, optimizer="momentum",
 
 @pytest.mark.parametrize("strategy, optimizer", [
     ("PreferForward", "momentum"), ("PreferBackward", "momentum"),
-    ("PreferForward", "adam"), ("PreferBackward", "adam")])
+    ("PreferForward", "adam"), ("PreferBackward", "adam"),
+    ("ZeroBubble", "momentum"), ("ZeroBubble", "adam")])
 def test_two_stages_four_micro_batches(strategy, optimizer):
   graph = _check_pipeline(2, 4, optimizer=optimizer, strategy=strategy)
   for m in range(1, 4):
@@ -60,15 +60,17 @@ def test_two_stages_four_micro_batches(strategy, optimizer):
     assert clone.device.endswith("CPU:1")
 
 
-def test_four_stages_on_four_devices():
-  graph = _check_pipeline(4, 4, optimizer="adam")
+@pytest.mark.parametrize("strategy", ["PreferBackward", "ZeroBubble"])
+def test_four_stages_on_four_devices(strategy):
+  graph = _check_pipeline(4, 4, optimizer="adam", strategy=strategy)
   for stage in range(4):
     kernel = graph.get_operation_by_name("layer_%d/kernel" % stage)
     assert kernel.device.endswith("CPU:%d" % stage)
 
 
 @pytest.mark.parametrize("strategy, optimizer, intra_node", [
-    ("PreferBackward", "momentum", True), ("PreferForward", "adam", False)])
+    ("PreferBackward", "momentum", True), ("PreferForward", "adam", False),
+    ("ZeroBubble", "momentum", False)])
 def test_two_stages_two_replicas_on_four_devices(strategy, optimizer,
                                                  intra_node):
   graph = _check_pipeline(
@@ -308,14 +310,12 @@ def test_outputs_merge_over_micro_batches_and_replicas():
 
 
 def test_stage_order():
-  assert schedule.stage_order("PreferForward", 2, 0, 3) == [
-      (Phase.FORWARD, 0), (Phase.FORWARD, 1), (Phase.FORWARD, 2),
-      (Phase.BACKWARD, 0), (Phase.BACKWARD, 1), (Phase.BACKWARD, 2)]
-  short = schedule.stage_order("PreferBackward", 4, 0, 2)
-  assert short == [(Phase.FORWARD, 0), (Phase.FORWARD, 1),
-                   (Phase.BACKWARD, 0), (Phase.BACKWARD, 1)]
+  assert pipeline_order.stage_order("PreferForward", 2, 0, 3) == [
+      (F, 0), (F, 1), (F, 2), (B, 0), (B, 1), (B, 2)]
+  short = pipeline_order.stage_order("PreferBackward", 4, 0, 2)
+  assert short == [(F, 0), (F, 1), (B, 0), (B, 1)]
   with pytest.raises(ValueError, match="pipeline.strategy"):
-    schedule.stage_order("Interleaved", 2, 0, 2)
+    pipeline_order.stage_order("Interleaved", 2, 0, 2)
 
 
 ONE_F_ONE_B = {  # 3 stages, 4 micro-batches
