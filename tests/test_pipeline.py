@@ -9,7 +9,10 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir.graph_state import state_of
+from epl.passes import schedule
 from epl.plan import pipeline_order
+from epl.tools import schedule_simulator
 from epl.tools import timeline
 from tests import tolerance
 from tests import training
@@ -345,8 +348,60 @@ def _traced_step(config, stages, tmp_path=None):
                          ids=["GPipe", "1F1B"])
 def test_traced_step_follows_the_schedule(strategy, expected):
   trace = _traced_step(_config(3, 4, strategy=strategy), 3)
+  simulated = schedule_simulator.simulate(
+      epl.Config({"pipeline.strategy": strategy}).pipeline.strategy, 3, 4)
   for stage in range(3):
     assert trace.order(stage) == expected[stage], stage
+    assert trace.order(stage) == simulated.order(stage), stage
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(3, 4), (4, 6)])
+def test_zero_bubble_traced_order_is_the_simulators(stages, micro_batches):
+  trace = _traced_step(_config(stages, micro_batches,
+                               strategy="ZeroBubble"), stages)
+  simulated = schedule_simulator.simulate("ZeroBubble", stages,
+                                          micro_batches)
+  for stage in range(stages):
+    expected = simulated.order(stage)
+    if stage == 0:
+      # The first stage sends no gradient: its whole backward is W.
+      expected = [(kind, m) for kind, m in expected if kind != B]
+    assert trace.order(stage) == expected, stage
+  costs = schedule_simulator.costs_from_trace(trace)
+  assert costs.backward[0] == 0
+  assert all(cost > 0 for cost in costs.forward + costs.weight +
+             costs.backward[1:])
+  assert schedule_simulator.simulate("ZeroBubble", stages, micro_batches,
+                                     costs=costs).makespan > 0
+
+
+def test_zero_bubble_splits_each_backward_into_input_and_weight_gradients():
+  graph = _check_pipeline(2, 2, strategy="ZeroBubble")
+  result = state_of(graph).rewrite_result
+  by_block = schedule.blocks(result.context, result.subgraph, result.copies)
+  names = {(b.stage, b.kind, b.micro_batch): {op.name for op in ops}
+           for b, ops in by_block.items()}
+  prefix = "EPL_MICRO_BATCH_1/gradients/layer_%d/"
+  # Stage 1: B is the gradient with respect to its input (sent to stage
+  # 0) and what it needs, the loss's gradient down to the MatMul's input
+  # gradient; W the kernel and bias gradients and their accumulation.
+  stage_1_b, stage_1_w = names[(1, B, 1)], names[(1, "weight", 1)]
+  assert prefix % 1 + "MatMul_grad/MatMul" in stage_1_b
+  assert prefix % 1 + "MatMul_grad/MatMul_1" in stage_1_w
+  assert prefix % 1 + "BiasAdd_grad/BiasAddGrad" in stage_1_w
+  assert any(n.startswith("EPL_MICRO_BATCH_ACCUMULATION/") for n in stage_1_w)
+  assert not any("MatMul_grad/MatMul_1" in n or "BiasAddGrad" in n
+                 for n in stage_1_b)
+  # tf.gradients' gate (a NoOp waiting for both MatMuls) no longer holds
+  # the input gradient back until the kernel gradient is done; it waits
+  # for the input-gradient MatMul only.
+  sent = graph.get_operation_by_name(
+      prefix % 1 + "MatMul_grad/tuple/control_dependency")
+  assert [c.name for c in sent.control_inputs] == [
+      prefix % 1 + "MatMul_grad/MatMul"]
+  # Stage 0 sends no gradient: no B block, everything is W.
+  assert (0, B, 1) not in names
+  assert prefix % 0 + "Tanh_grad/TanhGrad" in names[(0, "weight", 1)]
 
 
 def test_every_replica_follows_the_schedule():

@@ -49,55 +49,9 @@ class Block:
                kind == pipeline_order.WEIGHT)
 
 
-def split_backward(by_key):
-  """Splits each backward block of {(stage, phase, micro-batch): [ops]}
-  into its input-gradient part B and its weight-gradient part W; returns
-  {(stage, phase, micro-batch, weight_gradients): [ops]}.
-
-  B is what another stage's backward waits for: the ops whose outputs a
-  backward op of another stage reads (the gradients with respect to the
-  stage's inputs, sent to the previous stage), and every op of the block
-  they depend on, through data or control edges. An op that serves both
-  (the gradient arriving from the next stage, a recomputed activation that
-  both parts read) is in B. W is the rest: the ops that lead only to the
-  stage's weight gradients (a MatMul's kernel gradient, BiasAddGrad, the
-  accumulation over micro-batches). The first stage sends no gradient:
-  its whole backward is W. Forward and apply blocks are kept whole.
-  """
-  key_of = {op.name: key for key, ops in by_key.items() for op in ops}
-  result = {}
-  for key, ops in by_key.items():
-    stage, phase, _ = key
-    if phase is not Phase.BACKWARD:
-      result[key + (False,)] = ops
-      continue
-    def read_by_another_stage(op, stage=stage):
-      return any(key_of.get(c.name, key)[0] != stage and
-                 key_of[c.name][1] is Phase.BACKWARD
-                 for t in op.outputs for c in t.consumers())
-
-    names = {op.name for op in ops}
-    sent = [op for op in ops if read_by_another_stage(op)]
-    needed = {op.name for op in graph_editor.reachable(
-        sent, lambda op: [i for i in graph_editor.input_ops(op)
-                          if i.name in names])}
-    result[key + (False,)] = [op for op in ops if op.name in needed]
-    result[key + (True,)] = [op for op in ops if op.name not in needed]
-  return result
-
-
-def blocks(ctx, subgraph, copies, first_replica_only=False):
-  """{Block: [ops]} over every local replica (or the first), in the cloned
-  subgraph's order.
-
-  Forward and backward ops of a micro-batch (tagged by the micro-batch
-  pass) make its FORWARD and BACKWARD blocks; the optimizer's ops that
-  work on gradients (the update, not the reads of its constants) make an
-  APPLY block per replica and stage. When pipeline.strategy splits the
-  backward (ZeroBubble), each BACKWARD block is two, B and W
-  (`split_backward`). The blocks are found in replica 0 and mapped to the
-  others, copies with the same edges.
-  """
+def _replica_0_blocks(ctx, subgraph):
+  """{(stage, phase, micro-batch): [ops]} of replica 0, in the cloned
+  subgraph's order (see `blocks`)."""
   by_key = collections.defaultdict(list)
   updates = set()
   for op in subgraph.cloned:
@@ -113,6 +67,108 @@ def blocks(ctx, subgraph, copies, first_replica_only=False):
     elif micro_batch is None or phase not in (Phase.FORWARD, Phase.BACKWARD):
       continue
     by_key[(ctx.taskgraph_index(op), phase, micro_batch)].append(op)
+  return by_key
+
+
+def _input_gradients(by_key, through_gates):
+  """{backward key: names of its B ops}: the ops whose outputs a backward
+  op of another stage reads, and the ops of the block they depend on
+  through data edges and control edges; with `through_gates` False, not
+  through a control input that is a NoOp (a gate of tf.gradients, which
+  orders and computes nothing)."""
+  key_of = {op.name: key for key, ops in by_key.items() for op in ops}
+
+  def read_by_another_stage(op, stage):
+    return any(key_of.get(c.name, (stage,))[0] != stage and
+               key_of[c.name][1] is Phase.BACKWARD
+               for t in op.outputs for c in t.consumers())
+
+  result = {}
+  for key, ops in by_key.items():
+    if key[1] is not Phase.BACKWARD:
+      continue
+    names = {op.name for op in ops}
+
+    def inputs(op, names=names):
+      return [t.op for t in op.inputs if t.op.name in names] + [
+          c for c in op.control_inputs if c.name in names and
+          (through_gates or c.type != "NoOp")]
+    result[key] = {op.name for op in graph_editor.reachable(
+        [op for op in ops if read_by_another_stage(op, key[0])], inputs)}
+  return result
+
+
+def ungate_input_gradients(ctx, subgraph, copies):
+  """Lets each stage's input gradients (B) run before its weight
+  gradients (W), in every local replica.
+
+  tf.gradients gates the gradients of an op (the default
+  gate_gradients=GATE_OP): a NoOp waits for all of them and each output
+  Identity waits for the NoOp, so the input gradient a MatMul sends to the
+  previous stage would wait for its kernel gradient. A B op's control
+  input on such a NoOp that is not itself needed by B is replaced by
+  control inputs on the NoOp's inputs that are in B: the gate still orders
+  B's ops, and stops waiting for W. Values do not change.
+  """
+  by_key = _replica_0_blocks(ctx, subgraph)
+  for key, needed in _input_gradients(by_key, through_gates=False).items():
+    for op in by_key[key]:
+      if op.name not in needed:
+        continue
+      for gate in op.control_inputs:
+        if gate.type != "NoOp" or gate.name in needed or not any(
+            gate is other for other in by_key[key]):
+          continue
+        kept = [i for i in graph_editor.input_ops(gate) if i.name in needed]
+        for local in range(len(ctx.replicas)):
+          copy = copies.op(local, op)
+          graph_editor.remove_control_input(copy, copies.op(local, gate))
+          graph_editor.add_control_inputs(
+              copy, [copies.op(local, i) for i in kept])
+
+
+def split_backward(by_key):
+  """Splits each backward block of {(stage, phase, micro-batch): [ops]}
+  into its input-gradient part B and its weight-gradient part W; returns
+  {(stage, phase, micro-batch, weight_gradients): [ops]}.
+
+  B is what another stage's backward waits for: the ops whose outputs a
+  backward op of another stage reads (the gradients with respect to the
+  stage's inputs, sent to the previous stage), and every op of the block
+  they depend on, through data or control edges (after
+  `ungate_input_gradients`, no gate makes them wait for W). An op that
+  serves both (the gradient arriving from the next stage, a recomputed
+  activation that both parts read) is in B. W is the rest: the ops that
+  lead only to the stage's weight gradients (a MatMul's kernel gradient,
+  BiasAddGrad, the accumulation over micro-batches). The first stage sends
+  no gradient: its whole backward is W. Forward and apply blocks are kept
+  whole.
+  """
+  needed = _input_gradients(by_key, through_gates=True)
+  result = {}
+  for key, ops in by_key.items():
+    if key not in needed:
+      result[key + (False,)] = ops
+      continue
+    result[key + (False,)] = [op for op in ops if op.name in needed[key]]
+    result[key + (True,)] = [op for op in ops
+                             if op.name not in needed[key]]
+  return result
+
+
+def blocks(ctx, subgraph, copies, first_replica_only=False):
+  """{Block: [ops]} over every local replica (or the first), in the cloned
+  subgraph's order.
+
+  Forward and backward ops of a micro-batch (tagged by the micro-batch
+  pass) make its FORWARD and BACKWARD blocks; the optimizer's ops that
+  work on gradients (the update, not the reads of its constants) make an
+  APPLY block per replica and stage. When pipeline.strategy splits the
+  backward (ZeroBubble), each BACKWARD block is two, B and W
+  (`split_backward`). The blocks are found in replica 0 and mapped to the
+  others, copies with the same edges.
+  """
+  by_key = _replica_0_blocks(ctx, subgraph)
   if pipeline_order.splits_backward(ctx.plan.schedule):
     split = split_backward(by_key)
   else:
@@ -156,6 +212,8 @@ def schedule_pipeline(ctx, subgraph, copies):
   plan = ctx.plan
   if plan.num_micro_batch == 1 or plan.has_split:
     return
+  if pipeline_order.splits_backward(plan.schedule):
+    ungate_input_gradients(ctx, subgraph, copies)
   # Replicas are copies with the same edges inside each block: the blocks
   # and their ends are found in the first replica and mapped to the others.
   by_block = blocks(ctx, subgraph, copies, first_replica_only=True)
