@@ -112,12 +112,13 @@ def ungate_input_gradients(ctx, subgraph, copies):
   """
   by_key = _replica_0_blocks(ctx, subgraph)
   for key, needed in _input_gradients(by_key, through_gates=False).items():
+    names = {op.name for op in by_key[key]}
     for op in by_key[key]:
       if op.name not in needed:
         continue
       for gate in op.control_inputs:
-        if gate.type != "NoOp" or gate.name in needed or not any(
-            gate is other for other in by_key[key]):
+        if (gate.type != "NoOp" or gate.name in needed or
+            gate.name not in names):
           continue
         kept = [i for i in graph_editor.input_ops(gate) if i.name in needed]
         for local in range(len(ctx.replicas)):
