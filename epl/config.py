@@ -371,12 +371,15 @@ _KEYS = (
        "this many; with stage scopes written by hand, their count (-1: any).",
        built=True),
     _k("pipeline", "strategy",
-       _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer"],
+       _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
+                "ZeroBubble"],
                aliases={"1F1B": "PreferBackward", "GPipe": "PreferForward"}),
        "PreferBackward",
        "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
-       "(GPipe) or \"PreferBackwardOptimizer\" (1F1B with one more forward "
-       "in flight on every stage but the last).", built=True),
+       "(GPipe), \"PreferBackwardOptimizer\" (1F1B with one more forward "
+       "in flight on every stage but the last) or \"ZeroBubble\" (ZB-H1: "
+       "each backward split into input and weight gradients, the weight "
+       "gradients deferred into the bubble).", built=True),
     # log
     _k("log", "passes", _Bool(), False,
        "Log each rewrite pass at INFO: whether it ran, the ops it added and "

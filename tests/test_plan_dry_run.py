@@ -255,6 +255,15 @@ def test_gpipe_keeps_every_micro_batch():
   assert [e.in_flight for e in estimates] == [2, 2]
 
 
+def test_zero_bubble_plan_keeps_1f1b_peak_and_simulates_its_bubble():
+  result = _pipeline_rewrite("ZeroBubble")
+  assert [e.in_flight for e in memory_estimate.estimate(result)] == [2, 2]
+  text = dry_run.describe(result)
+  assert "schedule ZeroBubble (ZB-H1)" in text
+  # 2 stages, 2 micro-batches, F = B = W: (p-1) / (3m + p - 1) = 1/7.
+  assert "pipeline bubble: 14.3% of a step (simulated with F = B = W)" in text
+
+
 @pytest.mark.parametrize("stages, micro_batches, expected", [
     (1, 8, 0.0), (2, 4, 1 / 5.0), (4, 8, 3 / 11.0), (4, 1, 3 / 4.0)])
 def test_bubble_fraction(stages, micro_batches, expected):
@@ -263,7 +272,8 @@ def test_bubble_fraction(stages, micro_batches, expected):
 
 
 @pytest.mark.parametrize("schedule, expected", [
-    ("PreferBackward", [4, 3, 2, 1]), ("PreferForward", [8, 8, 8, 8])])
+    ("PreferBackward", [4, 3, 2, 1]), ("PreferForward", [8, 8, 8, 8]),
+    ("ZeroBubble", [4, 4, 4, 4])])
 def test_in_flight_micro_batches(schedule, expected):
   assert [memory_estimate.in_flight_micro_batches(schedule, 4, s, 8)
           for s in range(4)] == expected

@@ -54,8 +54,8 @@ import tensorflow as tf
 
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
-from epl.passes import schedule
 from epl.passes.training_subgraph import tensors_of
+from epl.plan import pipeline_order
 
 logger = logging.getLogger("epl")
 
@@ -93,7 +93,8 @@ def variable_bytes(op):
 def in_flight_micro_batches(schedule_name, num_stages, stage,
                             num_micro_batch):
   """Micro-batches whose activations stage `stage` holds at once."""
-  return schedule.warm_up(schedule_name, num_stages, stage, num_micro_batch)
+  return pipeline_order.in_flight(schedule_name, num_stages, stage,
+                                 num_micro_batch)
 
 
 def bubble_fraction(num_stages, num_micro_batch):

@@ -32,14 +32,16 @@ import tensorflow as tf
 
 from epl.analysis import memory_estimate
 from epl.ir.phase import Phase
-from epl.passes import schedule
+from epl.plan import pipeline_order
+from epl.tools import schedule_simulator
 
 logger = logging.getLogger("epl")
 
 ENV_VAR = "EPL_DRY_RUN"
-_SCHEDULE_NAMES = {schedule.PREFER_BACKWARD: "1F1B",
-                   schedule.PREFER_FORWARD: "GPipe",
-                   schedule.PREFER_BACKWARD_OPTIMIZER:
+_SCHEDULE_NAMES = {pipeline_order.PREFER_BACKWARD: "1F1B",
+                   pipeline_order.PREFER_FORWARD: "GPipe",
+                   pipeline_order.ZERO_BUBBLE: "ZB-H1",
+                   pipeline_order.PREFER_BACKWARD_OPTIMIZER:
                        "1F1B, one more forward in flight"}
 # Replicas whose devices are listed by name (the first ones and the last).
 _LISTED_REPLICAS = 4
@@ -245,7 +247,12 @@ def describe(result, estimates=None):
                      micro_batch,
                      micro_batch * plan.num_micro_batch * plan.num_replicas,
                      plan.num_replicas, plan.num_micro_batch, micro_batch))
-  if stages > 1:
+  if stages > 1 and pipeline_order.splits_backward(plan.schedule):
+    bubble = schedule_simulator.simulate(
+        plan.schedule, stages, plan.num_micro_batch).bubble_fraction
+    lines.append("  pipeline bubble: %.1f%% of a step (simulated with "
+                 "F = B = W)" % (100.0 * bubble))
+  elif stages > 1:
     bubble = memory_estimate.bubble_fraction(stages, plan.num_micro_batch)
     lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a "
                  "step" % (stages - 1, plan.num_micro_batch + stages - 1,
