@@ -106,7 +106,10 @@ def _fresh_epl():
 @pytest.fixture(name="tf1_tensor_shapes")
 def _tf1_tensor_shapes():
   """The test runs with TF1 tensor shapes, as after disable_v2_behavior():
-  `shape[i]` is a `Dimension`, whose unknown size is not None."""
+  `shape[i]` is a `Dimension`, whose unknown size is not None. Under
+  EPL_TEST_TF1_BEHAVIOUR=1 they stay on after the test."""
+  already = tf.TensorShape([None])[0] is not None
   tf.compat.v1.disable_v2_tensorshape()
   yield
-  tf.compat.v1.enable_v2_tensorshape()
+  if not already:
+    tf.compat.v1.enable_v2_tensorshape()
