@@ -64,9 +64,10 @@ def pytest_configure(config):
       "skips, giving the reason")
 
 
-def _mark_tf1_behaviour_tests(items):
-  """Marks the tests of TF1_BEHAVIOUR_TESTS `tf1_behaviour`; raises when
-  one names no test of a file that was collected (a renamed test)."""
+def _mark_tf1_behaviour_tests(config, items):
+  """Marks the tests of TF1_BEHAVIOUR_TESTS `tf1_behaviour`; when they are
+  selected (`-m tf1_behaviour`), raises if one names no test of a file
+  that was collected (a renamed test)."""
   listed = set(TF1_BEHAVIOUR_TESTS)
   found, files = set(), set()
   for item in items:
