@@ -27,6 +27,14 @@ def _init_epl():
   epl.set_default_strategy(epl.replicate(device_count=1))
 
 
+def _epl_or_plain(with_epl):
+  """EPL data parallel over REPLICAS devices, or plain TensorFlow."""
+  if with_epl:
+    _init_epl()
+  else:
+    epl.shutdown()
+
+
 def _replica_names(graph, name):
   return [name] + ["EPL_REPLICA_%d/%s" % (r, name) for r in range(1, REPLICAS)]
 
@@ -167,10 +175,7 @@ def test_saver_of_reference_variables_and_slots_is_not_training(tmp_path):
   path = str(tmp_path / "reference")
 
   def run(with_epl, batch_size, restore=False):
-    if with_epl:
-      _init_epl()
-    else:
-      epl.shutdown()
+    _epl_or_plain(with_epl)
     graph = tf.Graph()
     with graph.as_default():
       _, step, train_op = _build(batch_size, "adam",
@@ -196,10 +201,7 @@ def test_initializable_iterator_and_gradient_apis():
   """compute/apply_gradients and tf.gradients + apply_gradients, with an
   initializable iterator, equal single-device training."""
   def run(with_epl, batch_size, use_tf_gradients):
-    if with_epl:
-      _init_epl()
-    else:
-      epl.shutdown()
+    _epl_or_plain(with_epl)
     graph = tf.Graph()
     with graph.as_default():
       x, y = training.input_batch(batch_size, initializable=True)
