@@ -545,3 +545,63 @@ def test_error_stage_count_does_not_fit_the_devices(devices, extra, message):
           return tf.reduce_mean(tf.square(hidden - y))
   with pytest.raises(ValueError, match=message):
     _run_first_step(build, devices=devices, **extra)
+
+
+# ------------------------------------------------------ interleaved 1F1B
+
+
+def _interleaved_config(stages, micro_batches, replicas=1, **extra):
+  """`stages` stage scopes, two per device (pipeline.virtual_stages 2)."""
+  config = _config(stages // 2, micro_batches, replicas,
+                   **{"pipeline.virtual_stages": 2})
+  config.update(extra)
+  return config
+
+
+@pytest.mark.parametrize("replicas, optimizer", [(1, "momentum"),
+                                                 (1, "adam"), (2, "adam")])
+def test_interleaved_four_stages_on_two_devices_per_replica(replicas,
+                                                            optimizer):
+  model = training.staged_model(_widths(4))
+  expected, _, _ = training.train(
+      model, optimizer, batch_size=MICRO * 4 * replicas, with_epl=False)
+  actual, _, graph = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=False,
+      config=_interleaved_config(4, 4, replicas))
+  training.assert_close(actual, expected)
+  assert actual["global_step"] == 5
+  # Stage s on device s mod 2 of its replica (intra-node: replica r has
+  # devices 2r and 2r + 1).
+  for replica in range(replicas):
+    prefix = "EPL_REPLICA_%d/" % replica if replica else ""
+    for stage in range(4):
+      kernel = graph.get_operation_by_name(prefix + "layer_%d/kernel" % stage)
+      assert kernel.device.endswith("CPU:%d" % (2 * replica + stage % 2))
+
+
+def test_interleaved_traced_order_is_the_simulators():
+  trace = _traced_step(_interleaved_config(4, 4), 4)
+  simulated = schedule_simulator.simulate("PreferBackward", 4, 4,
+                                          virtual_stages=2)
+  for device in range(2):
+    rows = [i for i, row in enumerate(trace.rows)
+            if row.replica == 0 and row.stage % 2 == device]
+    ran = sorted((s for s in trace.slices if s.row in rows),
+                 key=lambda s: s.start)
+    assert [(s.phase, trace.rows[s.row].stage, s.micro_batch)
+            for s in ran] == simulated.order(device), device
+
+
+@pytest.mark.parametrize("stages, extra, error, message", [
+    (3, {}, ValueError, "virtual_stages is 2 but the model's 3 stage"),
+    (4, {"pipeline.num_micro_batch": 3}, ValueError,
+     "num_micro_batch to be a multiple of 2; it is 3"),
+    (4, {"pipeline.strategy": "ZeroBubble"}, ValueError,
+     "interleaves 1F1B only.*'ZeroBubble'")])
+def test_error_interleaved_virtual_stages(stages, extra, error, message):
+  def build(x, y):
+    return tf.reduce_mean(tf.square(
+        training.staged_model(_widths(stages))(x) - y))
+  extra = dict({"pipeline.virtual_stages": 2}, **extra)
+  with pytest.raises(error, match=message):
+    _run_first_step(build, devices=2, **extra)
