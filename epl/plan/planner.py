@@ -76,6 +76,8 @@ class Plan:
     lines = ["%d model replica(s) x %d TaskGraph(s), %d micro-batch(es), "
              "schedule %s" % (self.num_replicas, self.num_stages,
                               self.num_micro_batch, self.schedule)]
+    if self.virtual_stages > 1:
+      lines[0] += " interleaved, %d stages per device" % self.virtual_stages
     for t, taskgraph in enumerate(self.taskgraphs):
       lines.append("  TaskGraph %d %r (%s): %s" % (
           t, taskgraph.name, taskgraph.kind,
