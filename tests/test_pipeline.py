@@ -558,25 +558,33 @@ def _interleaved_config(stages, micro_batches, replicas=1, **extra):
   return config
 
 
-@pytest.mark.parametrize("replicas, optimizer", [(1, "momentum"),
-                                                 (1, "adam"), (2, "adam")])
-def test_interleaved_four_stages_on_two_devices_per_replica(replicas,
-                                                            optimizer):
+@pytest.mark.parametrize("replicas, optimizer, extra", [
+    (1, "momentum", {}), (1, "adam", {}), (2, "adam", {}),
+    (2, "momentum", {"cluster.device_place_prefer_intra_node": False}),
+    (1, "adam", {"gradient_checkpoint.type": "auto"})],
+                         ids=["momentum", "adam", "2-replicas",
+                              "2-replicas-spread", "checkpointing"])
+def test_interleaved_four_stages_on_two_devices_per_replica(
+    replicas, optimizer, extra):
   model = training.staged_model(_widths(4))
   expected, _, _ = training.train(
       model, optimizer, batch_size=MICRO * 4 * replicas, with_epl=False)
   actual, _, graph = training.train(
       model, optimizer, batch_size=MICRO, default_strategy=False,
-      config=_interleaved_config(4, 4, replicas))
+      config=_interleaved_config(4, 4, replicas, **extra))
   training.assert_close(actual, expected)
   assert actual["global_step"] == 5
-  # Stage s on device s mod 2 of its replica (intra-node: replica r has
-  # devices 2r and 2r + 1).
+  # Stage s on pipeline device s mod 2 of its replica: devices 2r and 2r +
+  # 1 when a replica's devices stay together (intra-node), else devices r
+  # and 2 + r.
+  intra_node = extra.get("cluster.device_place_prefer_intra_node", True)
   for replica in range(replicas):
     prefix = "EPL_REPLICA_%d/" % replica if replica else ""
     for stage in range(4):
       kernel = graph.get_operation_by_name(prefix + "layer_%d/kernel" % stage)
-      assert kernel.device.endswith("CPU:%d" % (2 * replica + stage % 2))
+      device = (2 * replica + stage % 2 if intra_node else
+                stage % 2 * replicas + replica)
+      assert kernel.device.endswith("CPU:%d" % device), kernel.name
 
 
 def test_interleaved_traced_order_is_the_simulators():
