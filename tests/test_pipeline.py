@@ -614,3 +614,22 @@ def test_error_interleaved_virtual_stages(stages, extra, error, message):
   extra = dict({"pipeline.virtual_stages": 2}, **extra)
   with pytest.raises(error, match=message):
     _run_first_step(build, devices=2, **extra)
+
+
+def test_interleaved_plan_and_its_errors_with_split():
+  from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
+  from epl.plan import planner  # pylint: disable=import-outside-toplevel
+  epl.init(epl.Config(_interleaved_config(
+      4, 2, **{"cluster.colocate_split_and_replicate": True})))
+  env = epl.Env.get()
+  plan = planner.make_plan(
+      env.cluster, [TaskGraph(i, epl.replicate(1, name="stage_%d" % i))
+                    for i in range(4)], env.config)
+  assert plan.num_replicas == 1
+  assert [plan.device(0, s) for s in range(4)] == [
+      "/device:CPU:0", "/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
+  assert "interleaved, 2 stages per device" in plan.describe()
+  with pytest.raises(NotImplementedError, match="virtual_stages 2 with "
+                     "epl.split"):
+    planner.make_plan(env.cluster, [TaskGraph(0, epl.replicate(2)),
+                                    TaskGraph(1, epl.split(2))], env.config)

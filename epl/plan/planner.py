@@ -47,11 +47,6 @@ class Plan:
     return len(self.taskgraphs)
 
   @property
-  def pipeline_devices(self):
-    """Devices of one pipeline replica (stages / virtual_stages)."""
-    return self.num_stages // self.virtual_stages
-
-  @property
   def has_split(self):
     """Split TaskGraphs share the devices of the data-parallel one: the
     TaskGraphs are then not pipeline stages."""
