@@ -380,6 +380,12 @@ _KEYS = (
        "in flight on every stage but the last) or \"ZeroBubble\" (ZB-H1: "
        "each backward split into input and weight gradients, the weight "
        "gradients deferred into the bubble).", built=True),
+    _k("pipeline", "virtual_stages", _Int(minimum=1), 1,
+       "Stages per pipeline device (v): with v > 1, the S stage scopes run "
+       "on S / v devices per replica, stage s on device s mod (S / v), "
+       "under Megatron-LM's interleaved 1F1B; needs pipeline.strategy "
+       "\"PreferBackward\" and num_micro_batch a multiple of S / v.",
+       built=True),
     # log
     _k("log", "passes", _Bool(), False,
        "Log each rewrite pass at INFO: whether it ran, the ops it added and "

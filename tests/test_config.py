@@ -53,6 +53,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_micro_batch": 1,
     "pipeline.num_stages": -1,
     "pipeline.strategy": "PreferBackward",
+    "pipeline.virtual_stages": 1,
     "log.passes": False,
 }
 
@@ -451,7 +452,8 @@ def test_repr_is_readable():
                   "optimizer", "cluster", "gradient_checkpoint"):
     assert "\n  %s(" % section in text
   assert repr(Config().pipeline) == (
-      "pipeline(num_micro_batch=1, num_stages=-1, strategy='PreferBackward')")
+      "pipeline(num_micro_batch=1, num_stages=-1, strategy='PreferBackward', "
+      "virtual_stages=1)")
 
 
 # ---------------------------------------------------------- reference table

@@ -545,3 +545,91 @@ def test_error_stage_count_does_not_fit_the_devices(devices, extra, message):
           return tf.reduce_mean(tf.square(hidden - y))
   with pytest.raises(ValueError, match=message):
     _run_first_step(build, devices=devices, **extra)
+
+
+# ------------------------------------------------------ interleaved 1F1B
+
+
+def _interleaved_config(stages, micro_batches, replicas=1, **extra):
+  """`stages` stage scopes, two per device (pipeline.virtual_stages 2)."""
+  config = _config(stages // 2, micro_batches, replicas,
+                   **{"pipeline.virtual_stages": 2})
+  config.update(extra)
+  return config
+
+
+@pytest.mark.parametrize("replicas, optimizer, extra", [
+    (1, "momentum", {}), (1, "adam", {}), (2, "adam", {}),
+    (2, "momentum", {"cluster.device_place_prefer_intra_node": False}),
+    (1, "adam", {"gradient_checkpoint.type": "auto"})],
+                         ids=["momentum", "adam", "2-replicas",
+                              "2-replicas-spread", "checkpointing"])
+def test_interleaved_four_stages_on_two_devices_per_replica(
+    replicas, optimizer, extra):
+  model = training.staged_model(_widths(4))
+  expected, _, _ = training.train(
+      model, optimizer, batch_size=MICRO * 4 * replicas, with_epl=False)
+  actual, _, graph = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=False,
+      config=_interleaved_config(4, 4, replicas, **extra))
+  training.assert_close(actual, expected)
+  assert actual["global_step"] == 5
+  # Stage s on pipeline device s mod 2 of its replica: devices 2r and 2r +
+  # 1 when a replica's devices stay together (intra-node), else devices r
+  # and 2 + r.
+  intra_node = extra.get("cluster.device_place_prefer_intra_node", True)
+  for replica in range(replicas):
+    prefix = "EPL_REPLICA_%d/" % replica if replica else ""
+    for stage in range(4):
+      kernel = graph.get_operation_by_name(prefix + "layer_%d/kernel" % stage)
+      device = (2 * replica + stage % 2 if intra_node else
+                stage % 2 * replicas + replica)
+      assert kernel.device.endswith("CPU:%d" % device), kernel.name
+
+
+def test_interleaved_traced_order_is_the_simulators():
+  trace = _traced_step(_interleaved_config(4, 4), 4)
+  simulated = schedule_simulator.simulate("PreferBackward", 4, 4,
+                                          virtual_stages=2)
+  for device in range(2):
+    rows = [i for i, row in enumerate(trace.rows)
+            if row.replica == 0 and row.stage % 2 == device]
+    ran = sorted((s for s in trace.slices
+                  if s.row in rows and s.phase != "apply"),
+                 key=lambda s: s.start)
+    assert [(s.phase, trace.rows[s.row].stage, s.micro_batch)
+            for s in ran] == simulated.order(device), device
+
+
+@pytest.mark.parametrize("stages, extra, error, message", [
+    (3, {}, ValueError, "virtual_stages is 2 but the model's 3 stage"),
+    (4, {"pipeline.num_micro_batch": 3}, ValueError,
+     "num_micro_batch to be a multiple of 2; it is 3"),
+    (4, {"pipeline.strategy": "ZeroBubble"}, ValueError,
+     "interleaves 1F1B only.*'ZeroBubble'")])
+def test_error_interleaved_virtual_stages(stages, extra, error, message):
+  def build(x, y):
+    return tf.reduce_mean(tf.square(
+        training.staged_model(_widths(stages))(x) - y))
+  extra = dict({"pipeline.virtual_stages": 2}, **extra)
+  with pytest.raises(error, match=message):
+    _run_first_step(build, devices=2, **extra)
+
+
+def test_interleaved_plan_and_its_errors_with_split():
+  from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
+  from epl.plan import planner  # pylint: disable=import-outside-toplevel
+  epl.init(epl.Config(_interleaved_config(
+      4, 2, **{"cluster.colocate_split_and_replicate": True})))
+  env = epl.Env.get()
+  plan = planner.make_plan(
+      env.cluster, [TaskGraph(i, epl.replicate(1, name="stage_%d" % i))
+                    for i in range(4)], env.config)
+  assert plan.num_replicas == 1
+  assert [plan.device(0, s) for s in range(4)] == [
+      "/device:CPU:0", "/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
+  assert "interleaved, 2 stages per device" in plan.describe()
+  with pytest.raises(NotImplementedError, match="virtual_stages 2 with "
+                     "epl.split"):
+    planner.make_plan(env.cluster, [TaskGraph(0, epl.replicate(2)),
+                                    TaskGraph(1, epl.split(2))], env.config)

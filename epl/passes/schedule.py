@@ -203,17 +203,21 @@ def _ends(ops):
 
 
 def schedule_pipeline(ctx, subgraph, copies):
-  """Makes every stage of every replica run its blocks in schedule order.
+  """Makes every pipeline device of every replica run its blocks in
+  schedule order.
 
-  For each stage of each local replica, the blocks (forward or backward
-  pass of one micro-batch; under ZeroBubble the backward's B and W parts)
-  follow `pipeline_order.stage_order` for pipeline.strategy: a NoOp
-  `EPL_SCHEDULE/...` on the stage's device waits for the last ops of a
-  block, and the first ops of the next block wait for the NoOp, so that
-  no op of a block starts before the previous block has finished. Only
-  control edges are added; with one micro-batch nothing changes (a stage's
-  backward already follows its forward), nor with split TaskGraphs (they
-  share the data-parallel part's devices: no stages).
+  For each device of each local replica, the blocks (forward or backward
+  pass of one micro-batch of a stage; under ZeroBubble the backward's B
+  and W parts) follow `pipeline_order.device_orders` for
+  pipeline.strategy: one stage per device (`stage_order`), or with
+  pipeline.virtual_stages v > 1 the v stages a device holds under
+  interleaved 1F1B (`interleaved_device_order`). A NoOp
+  `EPL_SCHEDULE/...` on the device waits for the last ops of a block, and
+  the first ops of the next block wait for the NoOp, so that no op of a
+  block starts before the previous block has finished. Only control edges
+  are added; with one micro-batch nothing changes (a stage's backward
+  already follows its forward), nor with split TaskGraphs (they share the
+  data-parallel part's devices: no stages).
   """
   plan = ctx.plan
   if plan.num_micro_batch == 1 or plan.has_split:
@@ -223,7 +227,13 @@ def schedule_pipeline(ctx, subgraph, copies):
   # Replicas are copies with the same edges inside each block: the blocks
   # and their ends are found in the first replica and mapped to the others.
   by_block = blocks(ctx, subgraph, copies, first_replica_only=True)
-  stages = sorted({block.stage for block in by_block})
+  if plan.virtual_stages == 1:
+    stages = sorted({block.stage for block in by_block})
+  else:
+    # Stage s's device is fixed by its index among all the stages.
+    stages = list(range(plan.num_stages))
+  orders = pipeline_order.device_orders(
+      plan.schedule, len(stages), plan.num_micro_batch, plan.virtual_stages)
   first_replica_ends = {}
 
   def ends(local, block):
@@ -235,12 +245,10 @@ def schedule_pipeline(ctx, subgraph, copies):
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       None), ctx.graph.control_dependencies(None):
     for local, replica in enumerate(ctx.replicas):
-      for stage in stages:
-        order = pipeline_order.stage_order(
-            plan.schedule, len(stages), stages.index(stage),
-            plan.num_micro_batch)
+      for order in orders:
         previous = None
-        for kind, micro_batch in order:
+        for kind, stage_index, micro_batch in order:
+          stage = stages[stage_index]
           block = Block.of_pass(ctx.replicas[0], stage, kind, micro_batch)
           if block not in by_block:
             continue

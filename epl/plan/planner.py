@@ -13,6 +13,7 @@ from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.env import Env
 from epl.ir import graph_state
+from epl.plan import pipeline_order
 from epl.strategies.strategy import Replicate, Split
 
 
@@ -37,6 +38,9 @@ class Plan:
   worker_index: int
   num_micro_batch: int
   schedule: str
+  # Stages per pipeline device (pipeline.virtual_stages): stage s of a
+  # replica shares the device of stage s mod (num_stages / virtual_stages).
+  virtual_stages: int = 1
 
   @property
   def num_stages(self):
@@ -67,6 +71,8 @@ class Plan:
     lines = ["%d model replica(s) x %d TaskGraph(s), %d micro-batch(es), "
              "schedule %s" % (self.num_replicas, self.num_stages,
                               self.num_micro_batch, self.schedule)]
+    if self.virtual_stages > 1:
+      lines[0] += " interleaved, %d stages per device" % self.virtual_stages
     for t, taskgraph in enumerate(self.taskgraphs):
       lines.append("  TaskGraph %d %r (%s): %s" % (
           t, taskgraph.name, taskgraph.kind,
@@ -148,7 +154,8 @@ def make_plan(cluster, taskgraphs, config):
             ", ".join(t.name for t in taskgraphs)))
   total = cluster.total_devices
   counts = [t.device_count for t in taskgraphs]
-  per_replica = sum(counts)
+  virtual_stages = _check_virtual_stages(taskgraphs, config)
+  per_replica = sum(counts) // virtual_stages
   cluster.require_devices(per_replica, "The model (per replica: %s)" % (
       " + ".join("%s:%d" % (t.name, t.device_count) for t in taskgraphs)))
   if total % per_replica:
@@ -166,9 +173,9 @@ def make_plan(cluster, taskgraphs, config):
   num_replicas = total // slots
   devices, workers = [], []
   for replica in range(num_replicas):
-    indices = [_device_index(replica, stage, num_replicas, slots,
+    indices = [_device_index(replica, stage % slots, num_replicas, slots,
                              config.cluster.device_place_prefer_intra_node)
-               for stage in range(slots)]
+               for stage in range(len(taskgraphs))]
     devices.append([cluster.device_name(i) for i in indices])
     workers.append([cluster.worker_of(i) for i in indices])
   return cluster.check_plan(Plan(
@@ -179,7 +186,42 @@ def make_plan(cluster, taskgraphs, config):
       device_workers=workers,
       worker_index=cluster.worker_index,
       num_micro_batch=config.pipeline.num_micro_batch,
-      schedule=config.pipeline.strategy))
+      schedule=config.pipeline.strategy,
+      virtual_stages=virtual_stages))
+
+
+def _check_virtual_stages(taskgraphs, config):
+  """pipeline.virtual_stages (v), checked against the S stage scopes: S a
+  multiple of v, the schedule interleaved 1F1B (PreferBackward) and
+  num_micro_batch a multiple of the S / v devices of a pipeline; raises
+  ValueError naming the fix otherwise."""
+  virtual_stages = config.pipeline.virtual_stages
+  if virtual_stages == 1:
+    return 1
+  stages = len(taskgraphs)
+  if stages % virtual_stages:
+    raise ValueError(
+        "pipeline.virtual_stages is %d but the model's %d stage scope(s) "
+        "(%s) do not divide into %d per device. Use a stage count that is a "
+        "multiple of pipeline.virtual_stages, or set it to a divisor of %d." %
+        (virtual_stages, stages, ", ".join(t.name for t in taskgraphs),
+         virtual_stages, stages))
+  if config.pipeline.strategy != pipeline_order.PREFER_BACKWARD:
+    raise ValueError(
+        "pipeline.virtual_stages %d interleaves 1F1B only, but "
+        "pipeline.strategy is %r: set it to %r or set "
+        "pipeline.virtual_stages to 1." % (
+            virtual_stages, config.pipeline.strategy,
+            pipeline_order.PREFER_BACKWARD))
+  devices = stages // virtual_stages
+  if config.pipeline.num_micro_batch % devices:
+    raise ValueError(
+        "Interleaved 1F1B (pipeline.virtual_stages %d, %d stages on %d "
+        "devices per pipeline) needs pipeline.num_micro_batch to be a "
+        "multiple of %d; it is %d." % (
+            virtual_stages, stages, devices, devices,
+            config.pipeline.num_micro_batch))
+  return virtual_stages
 
 
 def _split_plan(cluster, taskgraphs, config):
@@ -196,6 +238,13 @@ def _split_plan(cluster, taskgraphs, config):
         "the config key cluster.colocate_split_and_replicate to True, as "
         "the original EPL requires." % ", ".join(
             t.name for t in taskgraphs if isinstance(t.strategy, Split)))
+  if config.pipeline.virtual_stages != 1:
+    raise NotImplementedError(
+        "pipeline.virtual_stages %d with epl.split (%s) is not built: split "
+        "parts have no pipeline stages to interleave. Set "
+        "pipeline.virtual_stages to 1." % (
+            config.pipeline.virtual_stages, ", ".join(
+                t.name for t in taskgraphs if isinstance(t.strategy, Split))))
   replicated = [t for t in taskgraphs if isinstance(t.strategy, Replicate)]
   if len(replicated) > 1 or config.pipeline.num_stages not in (-1, 1):
     raise NotImplementedError(

@@ -89,7 +89,8 @@ def require_devices(strategy):
   """Raises now, before the model is built, when the cluster cannot hold
   `strategy` with the TaskGraphs the default graph has so far: a scope
   wider than the cluster, or replicate scopes (a pipeline's stages) that
-  need more devices per replica together than it has."""
+  need more devices per replica together than it has (their count
+  divided by pipeline.virtual_stages, rounded up)."""
   state = state_of(tf.compat.v1.get_default_graph())
   strategies = {t.name: t.strategy
                 for t in (state.taskgraphs if state is not None else [])}
@@ -100,10 +101,14 @@ def require_devices(strategy):
     cluster.require_devices(strategy.device_count or 0, repr(strategy))
     return
   replicated = list(strategies.values())
+  # With pipeline.virtual_stages v, v stages share a device.
+  virtual_stages = Env.get().config.pipeline.virtual_stages
   cluster.require_devices(
-      sum(s.device_count for s in replicated),
-      "%r: the model (per replica: %s)" % (strategy, " + ".join(
-          "%s:%d" % (s.name, s.device_count) for s in replicated)))
+      -(-sum(s.device_count for s in replicated) // virtual_stages),
+      "%r: the model (per replica: %s%s)" % (strategy, " + ".join(
+          "%s:%d" % (s.name, s.device_count) for s in replicated),
+          ", %d stages per device" % virtual_stages
+          if virtual_stages > 1 else ""))
 
 
 def replicate(device_count=None, name=None):
