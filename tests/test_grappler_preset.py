@@ -47,10 +47,11 @@ def test_a_field_the_user_set_wins():
   mine = next(v.number for v in enum.values
               if v.number not in (0, _fast_value(field)))
   setattr(user.graph_options.rewrite_options, field, mine)
-  user.graph_options.rewrite_options.constant_folding = RewriterConfig.ON
+  user.graph_options.rewrite_options.arithmetic_optimization = (
+      RewriterConfig.ON)
   options = _rewrite_options({"optimizer.grappler": "fast"}, user)
   assert getattr(options, field) == mine
-  assert options.constant_folding == RewriterConfig.ON
+  assert options.arithmetic_optimization == RewriterConfig.ON
   # The user's proto itself is not changed.
   assert user.graph_options.rewrite_options.memory_optimization == 0
 
