@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from benchmarks import smoke  # noqa: E402
 from epl.communicators.collective import (  # noqa: E402
     CollectiveCommunicator, CollectiveKeys)
 from epl.communicators.local import LocalCommunicator  # noqa: E402
@@ -37,6 +38,7 @@ from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 
 DEVICES = 4
+SMOKE = ["--config", "tiny", "--steps", "1"]
 # (name, communication.max_splits or None for unfused, communicators,
 # communicator class)
 CONFIGS = [("unfused, 1 communicator", None, 1, CollectiveCommunicator),
@@ -105,7 +107,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--config", default="base")
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
   shapes = gradient_shapes(args.config)
   floats = sum(int(np.prod(s)) for s in shapes)

@@ -42,7 +42,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+import epl  # noqa: E402
 from benchmarks import bert_throughput  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from epl.analysis import flops  # noqa: E402
 from epl.ir import graph_editor  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
@@ -136,7 +138,7 @@ def report(args, size, runs, sequential):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   bert_throughput.add_arguments(parser)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, bert_throughput.SMOKE)
   sizes = bert_throughput.configured_sizes(args)
   print("Auto parallel vs hand-annotated BERT pipelines on %d logical CPU "
         "devices; %d CPU cores; TensorFlow %s; %d timed steps (median) after "
@@ -159,6 +161,7 @@ def main(argv=None):
     runs, sequential = measure(args, size)
     report(args, size, runs, sequential)
     print("(%s took %.0fs)" % (size, time.perf_counter() - begin), flush=True)
+  epl.shutdown()
   return 0
 
 

@@ -9,14 +9,19 @@ the same global batch per step in five runs:
                   devices, in graph mode under a tf.compat.v1 Session
                   (call_for_each_replica; G/4 examples per replica)
   EPL data        EPL data parallelism, 4 replicas of G/4 examples (as
-                  G/(4b) accumulated micro-batches of b when G > 4b)
+                  G/(4b) accumulated micro-batches of b when G > 4b),
+                  gradients summed on one device (local sums, the default
+                  on one host's CPUs), in communication.max_splits buckets
   EPL data ring   the same with collective ring all-reduce
                   (communication.local_cpu_reduce off), as across workers
   EPL pipeline    EPL pipeline of 4 stages (encoder layers split evenly),
                   M = G/b micro-batches of b examples
   EPL pipe+data   EPL 2 stages x 2 replicas, M = G/(2b) micro-batches
 
-Every EPL and Mirrored run has the same micro-batch of b examples per device
+EPL's runs run as a user's script runs them: EPL initialised, its hooks
+on at every Session.run, fetching the user's train op and loss (EPL swaps
+in the loss merged over replicas and micro-batches); plain TF and
+MirroredStrategy run without EPL. Every EPL and Mirrored run has the same micro-batch of b examples per device
 and step (G/4 = b with the defaults). The runs are built one after the other
 (build and rewrite times are printed), then timed step by step in turn, in
 this process, so that any load on the machine hits them alike; with
@@ -34,6 +39,7 @@ a 4-stage pipeline has one layer per stage.
     python benchmarks/bert_throughput.py [--configs tiny,base] [--steps 10]
 """
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -52,13 +58,20 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from epl.env import detached  # noqa: E402
 from epl.passes import engine  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import optimization  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4
+# --smoke (also auto_parallel's): a 4-layer tiny BERT of sequence 8 and
+# vocabulary 100, one micro-batch of 1 per device, one timed step.
+SMOKE = ["--configs", "tiny", "--steps", "1", "--warmup", "1",
+         "--global_batch", "4", "--micro_batch", "1", "--seq_length", "8",
+         "--vocab_size", "100"]
 # Per-size defaults: sequence length, global batch G, micro-batch b.
 SIZES = {
     "tiny": dict(seq_length=64, global_batch=32, micro_batch=8),
@@ -128,14 +141,14 @@ def build_train(args, size, run, batch, inspect=None):
         os.environ[key] = value
   with graph.as_default():
     run.build_s = time.perf_counter() - start
+    # The user's fetches: EPL swaps the loss merged over replicas and
+    # micro-batches in for the loss at every run.
     run.train_op, run.loss = handles["train_op"], handles["loss"]
     if run.parallel != "none":
+      # What the first Session.run would do, timed on its own.
       start = time.perf_counter()
-      result = engine.ensure_rewritten(graph)
+      engine.ensure_rewritten(graph)
       run.rewrite_s = time.perf_counter() - start
-      # The loss merged over replicas and micro-batches, fetched directly
-      # (EPL, which swaps it in for the user's loss, is shut down later).
-      run.loss = result.substitutes.get(run.loss.name, run.loss)
     init = tf.global_variables_initializer()
     devices = DEVICES if run.parallel != "none" else 1
     run.session = tf.Session(config=_session_config(args, devices))
@@ -185,12 +198,26 @@ def build_mirrored(args, size, run, batch):
     run.init_s = time.perf_counter() - start
 
 
+def _without_epl(run):
+  """The context `run`'s TensorFlow calls run in: plain TensorFlow and
+  MirroredStrategy without EPL (`epl.env.detached`), EPL's runs with EPL
+  on, as in a user's script."""
+  if run.parallel in ("none", "mirrored"):
+    return detached()
+  return contextlib.nullcontext()
+
+
 def start_run(args, size, run, inspect=None):
-  """Builds, initialises and warms up `run`; EPL is shut down afterwards
-  (the session keeps running the rewritten graph)."""
+  """Builds, initialises and warms up `run`. EPL stays initialised with
+  the run's config (the next EPL run's epl.init replaces it): the timed
+  steps go through its hooks, as a user's do; `main` shuts it down."""
   g, b = args.global_batch or SIZES[size]["global_batch"], (
       args.micro_batch or SIZES[size]["micro_batch"])
-  try:
+  if run.parallel == "mirrored":
+    # MirroredStrategy builds its replicas in threads of its own, which
+    # `detached` (per thread) does not reach: EPL must be off.
+    epl.shutdown()
+  with _without_epl(run):
     if run.parallel == "mirrored":
       build_mirrored(args, size, run, g // DEVICES)
     elif run.parallel == "none":
@@ -202,14 +229,13 @@ def start_run(args, size, run, inspect=None):
       loss = run.session.run([run.train_op, run.loss])[1]
       if step == 0:
         run.first_loss = float(loss)
-  finally:
-    epl.shutdown()
 
 
 def time_step(run):
-  start = time.perf_counter()
-  run.last_loss = float(run.session.run([run.train_op, run.loss])[1])
-  run.times.append(time.perf_counter() - start)
+  with _without_epl(run):
+    start = time.perf_counter()
+    run.last_loss = float(run.session.run([run.train_op, run.loss])[1])
+    run.times.append(time.perf_counter() - start)
 
 
 def runs_for(args, size):
@@ -287,7 +313,14 @@ def measure(args, size):
 
 def time_in_turn(runs, steps):
   """Times `steps` steps of every run, one step of each in turn (so that
-  load on the machine hits them alike); closes their sessions."""
+  load on the machine hits them alike), after one untimed step of each:
+  a session's first step after other sessions were built in the process
+  is as slow as a first step (22 s instead of 0.2 s for tiny BERT data
+  parallel on a loaded 2-core machine, with or without EPL). Closes their
+  sessions."""
+  for run in runs:
+    with _without_epl(run):
+      run.session.run([run.train_op, run.loss])
   for _ in range(steps):
     for run in runs:
       time_step(run)
@@ -375,7 +408,7 @@ def main(argv=None):
   add_arguments(parser)
   parser.add_argument("--run_index", type=int, default=-1,
                       help=argparse.SUPPRESS)  # child process of --sequential
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   sizes = configured_sizes(args)
   if args.run_index >= 0:
     _run_alone(args, sizes[0], runs_for(args, sizes[0])[args.run_index])
@@ -402,6 +435,7 @@ def main(argv=None):
     report(args, size, runs, sequential)
     print("(%s took %.0fs; peak RSS of this process so far %.1f GiB)" % (
         size, time.perf_counter() - start, _peak_rss_gib()), flush=True)
+  epl.shutdown()
   return 0
 
 
