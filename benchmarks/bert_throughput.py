@@ -157,39 +157,46 @@ def build_train(args, size, run, batch, inspect=None):
     run.init_s = time.perf_counter() - start
 
 
+def mirrored_train_step(flags, devices):
+  """(train op, loss) of the example's BERT, optimizer and input (resolved
+  `flags`, batch_size per replica) under MirroredStrategy over `devices`
+  logical CPU devices, built in the default graph."""
+  bert_config = train.bert_config_from_flags(flags)
+  tf.set_random_seed(flags.seed)
+  strategy = tf.distribute.MirroredStrategy(
+      devices=["/device:CPU:%d" % i for i in range(devices)])
+  dataset = input_pipeline.pretraining_dataset(
+      "", flags.batch_size, flags.seq_length, flags.max_predictions_per_seq,
+      vocab_size=bert_config.vocab_size, seed=flags.seed)
+  # One iterator read by every replica: replica r takes the r-th batch.
+  iterator = tf.data.make_one_shot_iterator(dataset)
+  with strategy.scope():
+    global_step = tf.train.get_or_create_global_step()
+
+    def step_fn():
+      outputs = modeling.build_pretraining_model(
+          bert_config, iterator.get_next(), is_training=flags.dropout)
+      loss = outputs["total_loss"]
+      train_op = optimization.create_optimizer(
+          loss, flags.learning_rate, flags.steps, flags.warmup_steps,
+          weight_decay_rate=flags.weight_decay, global_step=global_step,
+          add_summaries=False)
+      with tf.control_dependencies([train_op]):
+        return tf.identity(loss)
+
+    per_replica = strategy.extended.call_for_each_replica(step_fn)
+    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
+                           axis=None)
+  return loss.op, loss
+
+
 def build_mirrored(args, size, run, batch):
   """The same model, optimizer and input under MirroredStrategy."""
   flags = train.resolve_flags(_flags(args, size, run, batch))
-  bert_config = train.bert_config_from_flags(flags)
   graph = tf.Graph()
   with graph.as_default():
     start = time.perf_counter()
-    tf.set_random_seed(flags.seed)
-    strategy = tf.distribute.MirroredStrategy(
-        devices=["/device:CPU:%d" % i for i in range(DEVICES)])
-    dataset = input_pipeline.pretraining_dataset(
-        "", batch, flags.seq_length, flags.max_predictions_per_seq,
-        vocab_size=bert_config.vocab_size, seed=flags.seed)
-    # One iterator read by every replica: replica r takes the r-th batch.
-    iterator = tf.data.make_one_shot_iterator(dataset)
-    with strategy.scope():
-      global_step = tf.train.get_or_create_global_step()
-
-      def step_fn():
-        outputs = modeling.build_pretraining_model(
-            bert_config, iterator.get_next(), is_training=flags.dropout)
-        loss = outputs["total_loss"]
-        train_op = optimization.create_optimizer(
-            loss, flags.learning_rate, flags.steps, flags.warmup_steps,
-            weight_decay_rate=flags.weight_decay, global_step=global_step,
-            add_summaries=False)
-        with tf.control_dependencies([train_op]):
-          return tf.identity(loss)
-
-      per_replica = strategy.extended.call_for_each_replica(step_fn)
-      run.loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
-                                 axis=None)
-    run.train_op = run.loss.op
+    run.train_op, run.loss = mirrored_train_step(flags, DEVICES)
     run.build_s = time.perf_counter() - start
     init = tf.global_variables_initializer()
     run.session = tf.Session(config=_session_config(args, DEVICES))

@@ -129,9 +129,10 @@ def main(argv=None):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print("Copies as ops vs as function calls, plain TensorFlow %s, BERT %s "
         "forward + backward, micro-batch %d x %d tokens, %d CPU cores; "
-        "each row a fresh process; seconds." % (
+        "each row %s; seconds." % (
             tf.__version__, args.config, args.batch_size, args.seq_length,
-            os.cpu_count()))
+            os.cpu_count(), "in this process (--in_process)"
+            if args.in_process else "a fresh process"))
   print("%-16s %8s %11s %8s %9s %8s %8s %8s" % (
       "run", "build", "first step", "step", "total", "CPU s", "ops",
       "RSS MiB"))

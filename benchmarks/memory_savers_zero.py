@@ -26,6 +26,7 @@ logical CPU devices the host CPU (where offload puts the state) is also
 replica 0's device, /device:CPU:0, whose figures are printed on their own.
 
     python benchmarks/memory_savers_zero.py [--config tiny] [--steps 8]
+    python benchmarks/memory_savers_zero.py --smoke   # seconds
 """
 import argparse
 import logging
@@ -163,9 +164,14 @@ def main(argv=None):
                       help="examples per replica and step")
   parser.add_argument("--seq_length", type=int, default=64)
   parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--smoke", action="store_true",
+                      help="a seconds-long check that every run works: "
+                      "sequence 16, batch 2, 3 steps")
   parser.add_argument("--runs", default="",
                       help="comma-separated run names (default: all)")
   args = parser.parse_args(argv)
+  if args.smoke:
+    args.seq_length, args.batch_size, args.steps = 16, 2, 3
   tf.disable_eager_execution()
   wanted = set(args.runs.split(",")) if args.runs else None
   runs = [(n, s) for n, s in RUNS if wanted is None or n in wanted or

@@ -23,9 +23,13 @@ graph handed to TF and the process's peak RSS.
     python benchmarks/startup.py --runs tiny:1x1,tiny:8x4
     python benchmarks/startup.py --runs large:8x4:build
     python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:nograppler
+    python benchmarks/startup.py --runs tiny:8x1,tiny:8x1:mirrored
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
+':mirrored' builds the same model, optimizer and input under
+tf.distribute.MirroredStrategy with R replicas instead (M must be 1); an
+EPL row after it with as many replicas is compared with it.
 """
 import argparse
 import os
@@ -39,6 +43,10 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import fresh_process  # pylint: disable=wrong-import-position
+from benchmarks import smoke  # pylint: disable=wrong-import-position
+from benchmarks import verdict  # pylint: disable=wrong-import-position
+
+SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1", "--in_process"]
 
 
 def _rss_mib():
@@ -46,9 +54,10 @@ def _rss_mib():
 
 
 def measure(config, replicas, micro_batches, plain, build_only, batch_size,
-            grappler=True):
+            grappler=True, mirrored=False):
   """One run in this process; returns a dict of seconds, op counts, RSS.
-  With `grappler` False the session runs without TF's graph optimiser."""
+  With `grappler` False the session runs without TF's graph optimiser;
+  with `mirrored` the model is built under MirroredStrategy (plain TF)."""
   import logging  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   from examples.bert_large import train  # pylint: disable=g-import-not-at-top
@@ -64,7 +73,13 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
   graph = tf.Graph()
   with graph.as_default():
     start = time.perf_counter()
-    handles = train.build_graph(flags)
+    if mirrored:
+      from benchmarks import bert_throughput  # pylint: disable=g-import-not-at-top
+      train_op, _ = bert_throughput.mirrored_train_step(
+          train.resolve_flags(flags), replicas)
+      handles = {"train_op": train_op}
+    else:
+      handles = train.build_graph(flags)
     result["build"] = time.perf_counter() - start
     result["user_ops"] = len(graph.get_operations())
     result["rewrite"] = 0.0
@@ -78,6 +93,8 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
       init = tf.global_variables_initializer()
       start = time.perf_counter()
       session_config = tf.ConfigProto()
+      if mirrored:
+        session_config.device_count["CPU"] = replicas
       session_config.graph_options.rewrite_options.disable_meta_optimizer = (
           not grappler)
       sess = tf.Session(config=session_config)
@@ -93,27 +110,38 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
       sess.close()
   result["cpu"] = time.process_time() - cpu_start
   result["peak_rss_mib"] = _rss_mib()
+  if not plain:
+    # The steps ran with EPL on; the next row (--in_process) starts plain.
+    import epl  # pylint: disable=g-import-not-at-top
+    epl.shutdown()
   return result
 
 
-def _child(args, config, layout, plain, build_only, grappler=True):
+def _child(args, config, layout, plain, build_only, grappler=True,
+           mirrored=False):
   replicas, micro_batches = (int(x) for x in layout.split("x"))
+  if mirrored and micro_batches != 1:
+    raise SystemExit("--runs: MirroredStrategy has no micro-batches; use "
+                     "%s:%dx1:mirrored" % (config, replicas))
   return fresh_process.measure_in_child(
       os.path.abspath(__file__),
       [config, replicas, micro_batches, plain, build_only, args.batch_size,
-       grappler], args.timeout)
+       grappler, mirrored], args.timeout,
+      in_process=measure if args.in_process else None)
 
 
 def _runs(text):
-  """[(config, build_only, [(layout, grappler)])] from items such as
-  'tiny:8x4', 'tiny:8x4:nograppler', 'large:8x4:build', in the order given."""
+  """[(config, build_only, [(layout, grappler, mirrored)])] from items
+  such as 'tiny:8x4', 'tiny:8x4:nograppler', 'large:8x4:build',
+  'tiny:8x1:mirrored', in the order given."""
   runs = []
   for item in text.split(","):
     config, layout, *options = item.split(":")
     key = (config, "build" in options)
     if not runs or runs[-1][:2] != key:
       runs.append(key + ([],))
-    runs[-1][2].append((layout, "nograppler" not in options))
+    runs[-1][2].append((layout, "nograppler" not in options,
+                        "mirrored" in options))
   return runs
 
 
@@ -143,16 +171,21 @@ def main(argv=None):
   parser.add_argument("--batch_size", type=int, default=2,
                       help="micro-batch per replica (and plain TF's batch)")
   parser.add_argument("--timeout", type=int, default=3600)
+  parser.add_argument("--in_process", action="store_true",
+                      help="every row in this process (peak RSS is then "
+                      "the largest so far)")
   parser.add_argument("--child", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   if args.child:
     fresh_process.answer_child(args.child, measure)
     return 0
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print("EPL start-up: BERT (examples/bert_large), data parallel on R "
         "logical CPU devices x M micro-batches, micro-batch %d; TensorFlow "
-        "%s, %d CPU cores; each row a fresh process; seconds." % (
-            args.batch_size, tf.__version__, os.cpu_count()), flush=True)
+        "%s, %d CPU cores; each row %s; seconds." % (
+            args.batch_size, tf.__version__, os.cpu_count(),
+            "in this process (--in_process)" if args.in_process else
+            "a fresh process"), flush=True)
   header = "%-22s %s %9s %9s %9s %9s" % (
       "", " ".join("%8s" % p for p in PHASES), "to step 1", "CPU s", "ops",
       "RSS MiB")
@@ -162,7 +195,19 @@ def main(argv=None):
     print(header)
     plain = _child(args, config, "1x1", True, build_only)
     print(_row("plain TF", plain), flush=True)
-    for layout, grappler in layouts:
+    mirrored_results = {}
+    for layout, grappler, mirrored in layouts:
+      if mirrored:
+        mirrored_results[layout.split("x")[0]] = result = _child(
+            args, config, layout, True, build_only, grappler, True)
+        print(_row("Mirrored %s" % layout, result), flush=True)
+        print("%-22s to step 1 %.2fx plain (CPU time %.2fx), ops %.1fx, "
+              "peak RSS %.2fx" % (
+                  "  ratio", _total(result) / _total(plain),
+                  result["cpu"] / plain["cpu"], result["ops"] / plain["ops"],
+                  result["peak_rss_mib"] / plain["peak_rss_mib"]),
+              flush=True)
+        continue
       epl_result = _child(args, config, layout, False, build_only, grappler)
       print(_row("EPL %s%s" % (layout, "" if grappler else ", no grappler"),
                  epl_result), flush=True)
@@ -174,6 +219,12 @@ def main(argv=None):
                 epl_result["ops"] / plain["ops"],
                 epl_result["peak_rss_mib"] / plain["peak_rss_mib"]),
             flush=True)
+      mirrored = mirrored_results.get(layout.split("x")[0])
+      if mirrored is not None:
+        versus = _total(epl_result) / _total(mirrored)
+        print("%-22s to step 1 %.2fx Mirrored with as many replicas (lower "
+              "is better): %s" % ("  vs Mirrored", versus, verdict.verdict(
+                  versus, higher_is_better=False)), flush=True)
   return 0
 
 
