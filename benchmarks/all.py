@@ -17,7 +17,10 @@ command with its output, and the text of SECTIONS around it: what is
 measured, what each ratio means and which way is better. A benchmark that
 fails is written as failed, with the end of its error output, and the
 command exits non-zero; one that needs Horovod where Horovod is not
-installed is written as skipped, saying why.
+installed is written as skipped, saying why. On a GPU machine the
+benchmarks marked `uses_gpus` (data_parallel: examples/s and MFU) run on
+its GPUs; the others are written for logical CPU devices and run with the
+GPUs hidden.
 """
 import argparse
 import collections
@@ -27,6 +30,7 @@ import importlib
 import io
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -41,13 +45,14 @@ for _path in (ROOT, BENCHMARKS):
 from benchmarks import machine  # noqa: E402  pylint: disable=wrong-import-position
 
 Section = collections.namedtuple(
-    "Section", "name heading args marker text both_versions needs_horovod")
+    "Section",
+    "name heading args marker text both_versions needs_horovod uses_gpus")
 
 
 def _section(name, heading, args, marker, text, both_versions=False,
-             needs_horovod=False):
+             needs_horovod=False, uses_gpus=False):
   return Section(name, heading, args, marker, text, both_versions,
-                 needs_horovod)
+                 needs_horovod, uses_gpus)
 
 
 # Every benchmark, in the order of the page. `args`: the documented size;
@@ -67,8 +72,9 @@ says whether EPL wins, loses or is level (within 5%). MFU (model FLOPs per
 second over the devices' peak) needs a known peak: a GPU of
 `benchmarks/machine.py`'s table or `--peak_tflops`; on CPUs it is "-".
 On 2 cores the logical devices share the cores: the rows compare what
-each way of splitting the work costs, not a speed-up.""",
-        both_versions=True),
+each way of splitting the work costs, not a speed-up. On a GPU machine
+the rows use its GPUs (the Horovod rows stay on CPUs over Gloo).""",
+        both_versions=True, uses_gpus=True),
     _section(
         "allreduce", "All-reduce alone: fusion and communicators",
         ["--config", "base", "--steps", "3"], "all-reduces", """
@@ -222,10 +228,15 @@ def _has_horovod(python):
   return found.returncode == 0
 
 
-def _child_env():
+def _child_env(uses_gpus=True):
+  """The environment of a benchmark's process: benchmarks written for
+  logical CPU devices (not `uses_gpus`) see no GPU."""
   # tf.compat.v1.layers needs Keras 2 on TensorFlow >= 2.16; 2.15 ignores it.
-  return dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-              PYTHONPATH=ROOT)
+  env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=ROOT)
+  if not uses_gpus:
+    env["CUDA_VISIBLE_DEVICES"] = ""
+  return env
 
 
 def _command(section, smoke):
@@ -236,7 +247,8 @@ def _command(section, smoke):
 def _run_child(python, section, smoke, timeout):
   """(status, output) of one benchmark in a process of its own."""
   done = subprocess.run([python] + _command(section, smoke), cwd=ROOT,
-                        env=_child_env(), capture_output=True, text=True,
+                        env=_child_env(section.uses_gpus),
+                        capture_output=True, text=True,
                         timeout=timeout, check=False)
   if done.returncode:
     return "failed", done.stdout + "\n" + done.stderr[-4000:]
@@ -266,9 +278,16 @@ def _run_here(section, smoke):
   return status, output.getvalue()
 
 
+def _cpu_seconds():
+  """CPU time of this process and its finished children, all threads."""
+  return sum(r.ru_utime + r.ru_stime for r in (
+      resource.getrusage(resource.RUSAGE_SELF),
+      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def run_sections(sections, pythons, smoke, in_process, timeout):
-  """[{name, python, tf, status, seconds, command, output}] of every
-  section on its interpreters."""
+  """[{name, python, tf, status, seconds, cpu_seconds, command, output}]
+  of every section on its interpreters."""
   versions = {python: _python_version(python) for python in pythons}
   horovod = {python: _has_horovod(python) for python in pythons}
   results = []
@@ -277,7 +296,7 @@ def run_sections(sections, pythons, smoke, in_process, timeout):
       result = {"name": section.name, "python": python,
                 "tf": versions[python],
                 "command": "python " + " ".join(_command(section, smoke))}
-      start = time.perf_counter()
+      start, cpu_start = time.perf_counter(), _cpu_seconds()
       if section.needs_horovod and not horovod[python]:
         result["status"], result["output"] = "skipped", (
             "Horovod does not import with TensorFlow %s here (`make "
@@ -289,9 +308,10 @@ def run_sections(sections, pythons, smoke, in_process, timeout):
         result["status"], result["output"] = _run_child(
             python, section, smoke, timeout)
       result["seconds"] = time.perf_counter() - start
-      print("%-22s TF %-8s %-7s %6.0fs" % (
-          section.name, result["tf"], result["status"], result["seconds"]),
-            flush=True)
+      result["cpu_seconds"] = _cpu_seconds() - cpu_start
+      print("%-22s TF %-8s %-7s %6.0f s, CPU %6.0f s" % (
+          section.name, result["tf"], result["status"], result["seconds"],
+          result["cpu_seconds"]), flush=True)
       results.append(result)
   return results
 
@@ -358,7 +378,7 @@ def main(argv=None):
                       "first runs the others")
   parser.add_argument("--in_process", action="store_true",
                       help="run every benchmark in this process (only this "
-                      "interpreter)")
+                      "interpreter, on CPUs)")
   parser.add_argument("--out", default=os.path.join(ROOT, "docs",
                                                     "benchmarks.md"))
   parser.add_argument("--json", default="",
@@ -367,9 +387,12 @@ def main(argv=None):
                       help="seconds per benchmark")
   args = parser.parse_args(argv)
   pythons = args.python or [sys.executable]
-  if args.in_process and pythons != [sys.executable]:
-    raise SystemExit("--in_process runs this interpreter only; leave out "
-                     "--python")
+  if args.in_process:
+    if pythons != [sys.executable]:
+      raise SystemExit("--in_process runs this interpreter only; leave out "
+                       "--python")
+    # One TensorFlow for every benchmark: the logical CPU devices' one.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
   names = [n for n in args.only.split(",") if n]
   unknown = set(names) - {s.name for s in SECTIONS}
   if unknown:
