@@ -61,17 +61,21 @@ import epl  # noqa: E402
 from epl.env import detached  # noqa: E402
 from epl.passes import engine  # noqa: E402
 from benchmarks import smoke  # noqa: E402
+from benchmarks import verdict  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import optimization  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4
-# --smoke (also auto_parallel's): a 4-layer tiny BERT of sequence 8 and
+# --smoke (also auto_parallel's): a 2-layer tiny BERT of sequence 8 and
 # vocabulary 100, one micro-batch of 1 per device, one timed step.
 SMOKE = ["--configs", "tiny", "--steps", "1", "--warmup", "1",
          "--global_batch", "4", "--micro_batch", "1", "--seq_length", "8",
-         "--vocab_size", "100"]
+         "--vocab_size", "100", "--tiny_layers", "2"]
+# This benchmark's smoke size runs the rows that need no 4 layers and no
+# MirroredStrategy (startup.py's smoke size builds that, the slowest).
+SMOKE_RUNS = ["--runs", "TF 1 device,EPL data,EPL data ring,EPL pipe+data"]
 # Per-size defaults: sequence length, global batch G, micro-batch b.
 SIZES = {
     "tiny": dict(seq_length=64, global_batch=32, micro_batch=8),
@@ -261,7 +265,15 @@ def runs_for(args, size):
               {"EPL_COMMUNICATION_LOCAL_CPU_REDUCE": "false"}),
           Run("EPL pipeline", "pipeline", 1, DEVICES, g // b),
           Run("EPL pipe+data", "pipeline_data", 2, 2, g // (2 * b))]
-  return runs
+  wanted = getattr(args, "runs", "")
+  if not wanted:
+    return runs
+  names = wanted.split(",")
+  unknown = set(names) - {run.name for run in runs}
+  if unknown:
+    raise SystemExit("--runs: unknown %s (known: %s)" % (
+        sorted(unknown), ", ".join(run.name for run in runs)))
+  return [run for run in runs if run.name in names]
 
 
 _RESULT = "RUN RESULT "
@@ -279,7 +291,7 @@ def _in_subprocess(args, size, index):
   argv = [sys.executable, os.path.abspath(__file__), "--configs", size,
           "--run_index", str(index)] + [
               "--%s=%s" % (k, v) for k, v in sorted(vars(args).items())
-              if k not in ("configs", "run_index", "sequential")]
+              if k not in ("configs", "run_index", "sequential", "smoke")]
   proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True,
                         check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
@@ -345,7 +357,8 @@ def report(args, size, runs, sequential):
   g = args.global_batch or SIZES[size]["global_batch"]
   print_timing(size, g, sequential)
   header = ("run", "repl x stg x mb", "build s", "rewrite s", "step ms",
-            "examples/s", "vs TF 1 dev", "vs Mirrored", "loss first/last")
+            "examples/s", "vs TF 1 dev", "vs Mirrored", "EPL vs Mirrored",
+            "loss first/last")
   print(" | ".join(["%-15s" % header[0]] + ["%15s" % h for h in header[1:]]))
   rates = {}
   for run in runs:
@@ -353,13 +366,16 @@ def report(args, size, runs, sequential):
     rates[run.name] = g / median
   for run in runs:
     rate = rates[run.name]
+    versus = [verdict.ratio(rate, rates.get(anchor, 0))
+              for anchor in ("TF 1 device", "TF Mirrored")]
     print(" | ".join([
         "%-15s" % run.name, "%15s" % run.layout, "%15.1f" % run.build_s,
         "%15.1f" % run.rewrite_s,
-        "%15.1f" % (1e3 * g / rate), "%15.1f" % rate,
-        "%15.2f" % (rate / rates["TF 1 device"]),
-        "%15.2f" % (rate / rates["TF Mirrored"]),
-        "%15s" % ("%.3f/%.3f" % (run.first_loss, run.last_loss))]),
+        "%15.1f" % (1e3 * g / rate), "%15.1f" % rate] + [
+            "%15s" % ("-" if v != v else "%.2f" % v) for v in versus] + [
+                "%15s" % (verdict.verdict(versus[1])
+                          if run.name.startswith("EPL") else ""),
+                "%15s" % ("%.3f/%.3f" % (run.first_loss, run.last_loss))]),
           flush=True)
 
 
@@ -413,9 +429,11 @@ def configured_sizes(args):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_arguments(parser)
+  parser.add_argument("--runs", default="",
+                      help="comma-separated run names (default: all six)")
   parser.add_argument("--run_index", type=int, default=-1,
                       help=argparse.SUPPRESS)  # child process of --sequential
-  args = smoke.parse_args(parser, argv, SMOKE)
+  args = smoke.parse_args(parser, argv, SMOKE + SMOKE_RUNS)
   sizes = configured_sizes(args)
   if args.run_index >= 0:
     _run_alone(args, sizes[0], runs_for(args, sizes[0])[args.run_index])
