@@ -60,6 +60,7 @@ if ROOT not in sys.path:
 import epl  # noqa: E402
 from epl.env import detached  # noqa: E402
 from epl.passes import engine  # noqa: E402
+from benchmarks import mirrored  # noqa: E402
 from benchmarks import smoke  # noqa: E402
 from benchmarks import verdict  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
@@ -167,31 +168,23 @@ def mirrored_train_step(flags, devices):
   logical CPU devices, built in the default graph."""
   bert_config = train.bert_config_from_flags(flags)
   tf.set_random_seed(flags.seed)
-  strategy = tf.distribute.MirroredStrategy(
-      devices=["/device:CPU:%d" % i for i in range(devices)])
   dataset = input_pipeline.pretraining_dataset(
       "", flags.batch_size, flags.seq_length, flags.max_predictions_per_seq,
       vocab_size=bert_config.vocab_size, seed=flags.seed)
   # One iterator read by every replica: replica r takes the r-th batch.
   iterator = tf.data.make_one_shot_iterator(dataset)
-  with strategy.scope():
-    global_step = tf.train.get_or_create_global_step()
 
-    def step_fn():
-      outputs = modeling.build_pretraining_model(
-          bert_config, iterator.get_next(), is_training=flags.dropout)
-      loss = outputs["total_loss"]
-      train_op = optimization.create_optimizer(
-          loss, flags.learning_rate, flags.steps, flags.warmup_steps,
-          weight_decay_rate=flags.weight_decay, global_step=global_step,
-          add_summaries=False)
-      with tf.control_dependencies([train_op]):
-        return tf.identity(loss)
+  def replica_step(global_step):
+    loss = modeling.build_pretraining_model(
+        bert_config, iterator.get_next(),
+        is_training=flags.dropout)["total_loss"]
+    return loss, optimization.create_optimizer(
+        loss, flags.learning_rate, flags.steps, flags.warmup_steps,
+        weight_decay_rate=flags.weight_decay, global_step=global_step,
+        add_summaries=False)
 
-    per_replica = strategy.extended.call_for_each_replica(step_fn)
-    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
-                           axis=None)
-  return loss.op, loss
+  return mirrored.train_step(
+      ["/device:CPU:%d" % i for i in range(devices)], replica_step)
 
 
 def build_mirrored(args, size, run, batch):

@@ -101,23 +101,17 @@ def _build(row, model, global_batch, device_type, devices):
     step = tf.train.get_or_create_global_step()
     loss = loss_of(model, global_batch // devices)
     return optimizer_of(model, step).minimize(loss, global_step=step), loss
-  strategy = tf.distribute.MirroredStrategy(
-      devices=["/device:%s:%d" % (device_type, i) for i in range(devices)])
-  with strategy.scope():
-    step = tf.train.get_or_create_global_step()
 
-    # Each replica reads an input pipeline of its own (synthetic data:
-    # what is read does not change the cost).
-    def step_fn():
-      loss = loss_of(model, global_batch // devices)
-      train_op = optimizer_of(model, step).minimize(loss, global_step=step)
-      with tf.control_dependencies([train_op]):
-        return tf.identity(loss)
+  # Each replica reads an input pipeline of its own (synthetic data: what
+  # is read does not change the cost).
+  def replica_step(step):
+    loss = loss_of(model, global_batch // devices)
+    return loss, optimizer_of(model, step).minimize(loss, global_step=step)
 
-    per_replica = strategy.extended.call_for_each_replica(step_fn)
-    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
-                           axis=None)
-  return loss.op, loss
+  from benchmarks import mirrored  # pylint: disable=import-outside-toplevel
+  return mirrored.train_step(
+      ["/device:%s:%d" % (device_type, i) for i in range(devices)],
+      replica_step)
 
 
 def _step_flops(train_op, loss):

@@ -29,7 +29,7 @@ A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
 ':mirrored' builds the same model, optimizer and input under
 tf.distribute.MirroredStrategy with R replicas instead (M must be 1); an
-EPL row after it with as many replicas is compared with it.
+EPL row of the same layout after it is compared with it.
 """
 import argparse
 import os
@@ -198,7 +198,7 @@ def main(argv=None):
     mirrored_results = {}
     for layout, grappler, mirrored in layouts:
       if mirrored:
-        mirrored_results[layout.split("x")[0]] = result = _child(
+        mirrored_results[layout] = result = _child(
             args, config, layout, True, build_only, grappler, True)
         print(_row("Mirrored %s" % layout, result), flush=True)
         print("%-22s to step 1 %.2fx plain (CPU time %.2fx), ops %.1fx, "
@@ -219,7 +219,7 @@ def main(argv=None):
                 epl_result["ops"] / plain["ops"],
                 epl_result["peak_rss_mib"] / plain["peak_rss_mib"]),
             flush=True)
-      mirrored = mirrored_results.get(layout.split("x")[0])
+      mirrored = mirrored_results.get(layout)
       if mirrored is not None:
         versus = _total(epl_result) / _total(mirrored)
         print("%-22s to step 1 %.2fx Mirrored with as many replicas (lower "
