@@ -36,6 +36,9 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# get_memory_info("CPU:0") raises "Allocator stats not available" unless
+# the CPU allocator is the BFC one, chosen before TensorFlow starts.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 

@@ -66,7 +66,8 @@ def test_page_says_when_where_and_how(smoke):
                    r"TensorFlow \d+\.\d+", page)
   for section in all_benchmarks.SECTIONS:
     assert "## %s" % section.heading in page
-    assert "`python benchmarks/%s.py --smoke`" % section.name in page
+    assert "`python benchmarks/%s.py %s`" % (
+        section.name, " ".join(section.smoke_args)) in page
 
 
 def test_verdict_says_who_wins():
