@@ -43,7 +43,8 @@ from epl.ir.phase import Phase  # noqa: E402
 from epl.passes import schedule  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
-SMOKE = ["--traces", "1", "--png", "", "--seq_length", "8"]
+SMOKE = ["--traces", "1", "--png", "", "--seq_length", "8", "--num_layers",
+         "1"]
 _PHASES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward",
            Phase.APPLY: "update"}
 _COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#8c8c8c"}
@@ -193,6 +194,8 @@ def main(argv=None):
                       help="the picture's path; empty: none")
   parser.add_argument("--seq_length", type=int, default=0,
                       help="0: tiny BERT's 64")
+  parser.add_argument("--num_layers", type=int, default=4,
+                      help="encoder layers of tiny BERT")
   parser.add_argument("--chrome", default="")
   args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
@@ -204,7 +207,7 @@ def main(argv=None):
   run = bert_throughput.Run("EPL data", "data", bert_throughput.DEVICES, 1,
                             1)
   settings = argparse.Namespace(
-      seq_length=args.seq_length, tiny_layers=4, vocab_size=0,
+      seq_length=args.seq_length, tiny_layers=args.num_layers, vocab_size=0,
       schedule="PreferBackward",
       intra_op_threads=0, inter_op_threads=0, warmup=3)
   bert_throughput.build_train(
