@@ -24,7 +24,8 @@ TODAYS_ORDER = [
     "clone_micro_batches", "partition_updates", "clone_replicas",
     "vary_random_seeds", "place_updates", "offload_variables",
     "order_input_reads", "lower_split", "split_fed_batches", "join_replicas",
-    "order_shared_writes", "average_forward_state_updates",
+    "order_shared_writes",
+    "order_reference_updates", "average_forward_state_updates",
     "aggregate_gradients", "skip_nonfinite_updates", "schedule_pipeline",
     "merge_global_objects", "sync_variables"]
 

@@ -114,18 +114,19 @@ def test_summed_gradients_over_micro_batches_and_replicas():
 
 
 def _train_two_stages(first, second, make_train_op, batch_size,
-                      config=None):
+                      config=None, static_batch=False):
   """Trains 5 steps of `second(first(x), y) -> loss` in a
   MonitoredTrainingSession; with `config`, under EPL with the two functions
   in stages "stage_0" and "stage_1" and `make_train_op(loss)` built outside
-  every scope with no default strategy (as the BERT example does). Returns
+  every scope with no default strategy (as the BERT example does). With
+  `static_batch`, the batch size is in the input's static shape. Returns
   the trained variables by name."""
   if config is not None:
     epl.init(epl.Config(config))
   scope = (lambda i: epl.replicate(1, name="stage_%d" % i)) if config \
       else (lambda i: _Nothing())
   with tf.Graph().as_default():
-    x, y = training.input_batch(batch_size)
+    x, y = training.input_batch(batch_size, static_batch=static_batch)
     with scope(0):
       hidden = first(x)
     with scope(1):
@@ -201,6 +202,37 @@ def test_embedding_gradients_over_micro_batches_and_replicas(extra):
   training.assert_close(actual, expected)
 
 
+def _embedding_and_dense_first(x):
+  return _dense_first(_embedding_first(x))
+
+
+@pytest.fixture(name="variables", params=["resource", "reference"])
+def _variables(request):
+  """Runs the test with resource variables, then with TF1 reference
+  variables (VariableV2), as after tf.compat.v1.disable_resource_variables
+  (which TF1 scripts get from disable_v2_behavior)."""
+  if request.param == "reference":
+    tf.compat.v1.disable_resource_variables()
+  yield request.param
+  tf.compat.v1.enable_resource_variables()
+
+
+def test_embedding_and_dense_stage_with_a_static_batch(variables):
+  # A stage mixing an embedding lookup (an IndexedSlices gradient) with a
+  # dense layer, on a batch whose size is static: the embedding's gradient
+  # concatenated over 3 micro-batches has 3 times the rows of one.
+  expected = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                               _adam_on_global_step, 3 * MICRO,
+                               static_batch=True)
+  actual = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                             _adam_on_global_step, MICRO, _config(2, 3),
+                             static_batch=True)
+  assert sorted(actual) == [
+      "dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel",
+      "table"], variables
+  training.assert_close(actual, expected)
+
+
 # ---------------------------------------------------- placement and outputs
 
 
@@ -227,21 +259,27 @@ def test_variables_slots_and_adam_powers_follow_their_stage():
   def device(name):
     return graph.get_operation_by_name(name).device
 
+  def update(variable):
+    """Adam's update of `variable` (ResourceApplyAdam, or ApplyAdam of a
+    reference variable)."""
+    [op] = [op for op in graph.get_operations()
+            if op.name.startswith("Adam/update_%s/" % variable) and
+            op.type.endswith("ApplyAdam")]
+    return op.name
+
   for name in ("z_first/kernel", "z_first/kernel/Adam", "z_first/bias/Adam_1",
-               "Adam/update_z_first/kernel/ResourceApplyAdam"):
+               update("z_first/kernel")):
     assert device(name).endswith("CPU:0"), name
   for name in ("a_second/kernel", "a_second/kernel/Adam", "beta1_power",
-               "beta2_power", "Adam/update_a_second/bias/ResourceApplyAdam"):
+               "beta2_power", update("a_second/bias")):
     assert device(name).endswith("CPU:1"), name
   for name in ("IteratorGetNext", "EPL_MICRO_BATCH_1/IteratorGetNext"):
     assert device(name).endswith("CPU:0"), name  # the host
   ran_on = {node.node_name: stats.device
             for stats in run_metadata.step_stats.dev_stats
             for node in stats.node_stats}
-  assert ran_on["Adam/update_z_first/kernel/ResourceApplyAdam"].endswith(
-      "CPU:0")
-  assert ran_on["Adam/update_a_second/kernel/ResourceApplyAdam"].endswith(
-      "CPU:1")
+  assert ran_on[update("z_first/kernel")].endswith("CPU:0")
+  assert ran_on[update("a_second/kernel")].endswith("CPU:1")
 
 
 def _loss_on_rows(rows):

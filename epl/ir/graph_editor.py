@@ -224,6 +224,23 @@ def replace_input_in(consumers, old, new):
         graph_edit.update_input(op, index, new)
 
 
+def with_unknown_sizes(tensor):
+  """`tensor` (its value, through a PlaceholderWithDefault) with a static
+  shape of its rank and unknown sizes.
+
+  TensorFlow refuses to rewire an edge to a tensor whose static shape
+  differs from the one it replaces ("Cannot update edge, incompatible
+  shapes"), although the consumer's kernel takes any size: a rewrite that
+  hands a consumer another size (the rows of every micro-batch, a full
+  tensor where one shard flowed) rewires it to this tensor instead. Keeps
+  a tensor of unknown rank as it is.
+  """
+  if tensor.shape.rank is None:
+    return tensor
+  return tf.compat.v1.placeholder_with_default(
+      tensor, [None] * tensor.shape.rank)
+
+
 def consumers_of(tensor, among):
   """Ops in the set of names `among` that read `tensor`."""
   return [op for op in tensor.consumers() if op.name in among]

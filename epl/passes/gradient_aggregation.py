@@ -182,7 +182,7 @@ def _reduce_sparse(ctx, copies, communicator, grad, reduce_op, local_devices):
   values = [copies.tensor(l, grad.values) for l in range(len(local_devices))]
   indices = [copies.tensor(l, grad.indices)
              for l in range(len(local_devices))]
-  if grad.values.shape.rank is not None and grad.values.shape[0] is not None:
+  if tf.compat.dimension_value(grad.values.shape[0]) is not None:
     # A static row count: the same in every replica and step.
     gathered_values = communicator.all_gather(values)
     gathered_indices = communicator.all_gather(indices)

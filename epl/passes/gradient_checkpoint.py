@@ -155,7 +155,9 @@ def _dense(grad):
 
 def _add_gradient_checks(step, gradients, plain_copies):
   """Asserts, each step, that every recomputed gradient equals the plain
-  one; raises at rewrite time when shapes differ."""
+  one; raises at rewrite time when shapes differ. The step's updates wait
+  for the checks: a reference variable's read is no snapshot, so a plain
+  gradient computed after an update would read the new weights."""
   def plain(tensor):
     copy = plain_copies.get(tensor.op.name)
     return tensor if copy is None else copy.outputs[tensor.value_index]
@@ -182,8 +184,8 @@ def _add_gradient_checks(step, gradients, plain_copies):
                 "gradient of %s differs from the plain gradient; max "
                 "difference:" % var.name,
                 tf.reduce_max(tf.abs(actual - expected))]))
-    for join in step.joins:
-      graph_editor.add_control_inputs(join, checks)
+    for update in step.updates:
+      graph_editor.add_control_inputs(update, checks)
 
 
 def recompute_activations(ctx, captured_step, subgraph, gradients, copies,

@@ -25,8 +25,11 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from epl.ir import graph_editor
-from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES, TABLE_TYPES,
-                             VARIABLE_READERS, VARIABLE_TYPES)
+from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
+                             PLACEHOLDER_TYPES,
+                             REFERENCE_KEEPING_TYPES,
+                             RESOURCE_VARIABLE_READERS, TABLE_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
 from epl.tf_compat import graph_edit
@@ -92,19 +95,49 @@ class TrainingSubgraph:
         self, variables=[v for v in self.variables if v.name not in names])
 
 
+def _written_inputs(op):
+  """The indices of the inputs through which `op` may change state: a
+  resource handle it does not only read, or a reference its definition
+  takes as a reference (ScatterUpdate, Assign, ApplyAdam; not SaveV2 or
+  Identity, which take a reference variable's value) to change it."""
+  declared = graph_edit.declared_input_types(op)
+  if op.type in RESOURCE_VARIABLE_READERS:
+    return []
+  return [index for index, dtype in enumerate(declared)
+          if dtype == tf.resource or (
+              graph_edit.is_ref_dtype(dtype) and
+              op.type not in REFERENCE_KEEPING_TYPES)]
+
+
 def written_variables(op):
   """The variable ops that `op` writes (none for a reader)."""
-  if op.type in VARIABLE_READERS:
-    return []
-  return [t.op for t in op.inputs if t.op.type in VARIABLE_TYPES]
+  return [op.inputs[index].op for index in _written_inputs(op)
+          if op.inputs[index].op.type in VARIABLE_TYPES]
 
 
 def is_variable_writer(op):
-  return op.type not in VARIABLE_READERS
+  """Whether `op` changes state through one of its inputs (a variable,
+  possibly reached through a handle another op passes on)."""
+  return bool(_written_inputs(op))
 
 
-def variable_consumers(variable_op):
-  return [c for c in variable_op.outputs[0].consumers()]
+def value_readers(variable_op):
+  """The ops that read the value of `variable_op` (its writers excepted):
+  a resource variable's reads, each a snapshot; for a reference variable,
+  the ops that read its buffer, reached through the ops that pass the
+  buffer on without a copy (its `read` Identity, Switch, Enter), which
+  see whatever the variable holds when they run."""
+  readers, seen = [], set()
+  stack = list(variable_op.outputs[0].consumers())
+  while stack:
+    op = stack.pop()
+    if op.name in seen or is_variable_writer(op):
+      continue
+    seen.add(op.name)
+    readers.append(op)
+    if op.type in BUFFER_FORWARDING_TYPES:
+      stack.extend(c for t in op.outputs for c in t.consumers())
+  return readers
 
 
 def tensors_of(grad):

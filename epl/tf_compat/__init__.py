@@ -45,6 +45,7 @@ VERSIONS = {
     "Operation._control_outputs": Support(_ALL_TF, _ANY_KERAS),
     "Operation._id": Support(_ALL_TF, _ANY_KERAS),
     "DType._is_ref_dtype": Support(_ALL_TF, _ANY_KERAS),
+    "Operation._input_types": Support(_ALL_TF, _ANY_KERAS),
     "Graph._create_op_internal": Support(_ALL_TF, _ANY_KERAS),
     "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
     "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
@@ -82,6 +83,10 @@ VERSIONS = {
     # keras
     "Layer.add_weight (base_layer, base_layer_v1), Dense.__call__":
         Support(_ALL_TF, _LEGACY_KERAS),
+    "tensorflow.python.keras.engine base_layer(_v1).Layer.add_weight "
+    "(TF's frozen Keras 2, under tensorflow.python.layers.base.Layer)":
+        Support(_ALL_TF, "TensorFlow's own copy, hooked beside Keras 2 "
+                "(bundled on 2.15, tf-keras 2.16-2.21); not keras3"),
     "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
     "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),
     # estimator

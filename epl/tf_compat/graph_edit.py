@@ -50,6 +50,14 @@ def is_ref_dtype(dtype):
   return dtype._is_ref_dtype
 
 
+def declared_input_types(op):
+  """The input types of `op`'s definition, one per input: a reference
+  type where the op takes a variable by reference (it may change it), the
+  value type where it only reads a reference variable's value (SaveV2,
+  Identity), whatever dtype the tensor it reads has."""
+  return op._input_types
+
+
 def create_op(graph, op_type, inputs, dtypes, name, attrs, op_def):
   """A new op of `graph` with exactly `attrs` (AttrValue protos) and
   output `dtypes`, placed by no device function (set its device after).
