@@ -218,7 +218,7 @@ def _python_version(python):
   return found.stdout.strip().splitlines()[-1]
 
 
-def _has_horovod(python):
+def _has_horovod(python, tf_version):
   if python == sys.executable:
     try:
       import horovod.tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
@@ -227,16 +227,23 @@ def _has_horovod(python):
     return True
   found = subprocess.run(
       [python, "-c", "import horovod.tensorflow"], capture_output=True,
-      env=_child_env(), check=False)
+      env=_child_env(tf_version), check=False)
   return found.returncode == 0
 
 
-def _child_env(uses_gpus=True):
-  """The environment of a benchmark's process: benchmarks written for
-  logical CPU devices (not `uses_gpus`) see no GPU."""
-  # tf.compat.v1.layers needs Keras 2 on TensorFlow >= 2.16; 2.15 ignores it.
-  env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=ROOT)
+def _child_env(tf_version=None, uses_gpus=True):
+  """The environment of a benchmark's process on TensorFlow `tf_version`:
+  benchmarks written for logical CPU devices (not `uses_gpus`) see no
+  GPU."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  if tf_version is not None:
+    major, minor = (int(x) for x in tf_version.split(".")[:2])
+    # From 2.16 tf.compat.v1.layers needs Keras 2 (tf-keras); on 2.15 the
+    # variable would make tf.keras look for tf-keras, which is not there.
+    if (major, minor) >= (2, 16):
+      env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+      env.pop("TF_USE_LEGACY_KERAS", None)
   if not uses_gpus:
     env["CUDA_VISIBLE_DEVICES"] = ""
   return env
@@ -247,10 +254,10 @@ def _command(section, smoke):
       section.smoke_args if smoke else section.args)
 
 
-def _run_child(python, section, smoke, timeout):
+def _run_child(python, tf_version, section, smoke, timeout):
   """(status, output) of one benchmark in a process of its own."""
   done = subprocess.run([python] + _command(section, smoke), cwd=ROOT,
-                        env=_child_env(section.uses_gpus),
+                        env=_child_env(tf_version, section.uses_gpus),
                         capture_output=True, text=True,
                         timeout=timeout, check=False)
   if done.returncode:
@@ -292,7 +299,8 @@ def run_sections(sections, pythons, smoke, in_process, timeout):
   """[{name, python, tf, status, seconds, cpu_seconds, command, output}]
   of every section on its interpreters."""
   versions = {python: _python_version(python) for python in pythons}
-  horovod = {python: _has_horovod(python) for python in pythons}
+  horovod = {python: _has_horovod(python, versions[python])
+             for python in pythons}
   results = []
   for section in sections:
     for python in pythons if section.both_versions else pythons[:1]:
@@ -309,7 +317,7 @@ def run_sections(sections, pythons, smoke, in_process, timeout):
         result["status"], result["output"] = _run_here(section, smoke)
       else:
         result["status"], result["output"] = _run_child(
-            python, section, smoke, timeout)
+            python, versions[python], section, smoke, timeout)
       result["seconds"] = time.perf_counter() - start
       result["cpu_seconds"] = _cpu_seconds() - cpu_start
       print("%-22s TF %-8s %-7s %6.0f s, CPU %6.0f s" % (

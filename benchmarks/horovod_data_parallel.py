@@ -195,7 +195,8 @@ def _isolated(command):
   return command
 
 
-def _job(model, kind, processes, devices, global_batch, steps):
+def _job(model, row, global_batch, steps, rows):
+  kind, processes, devices = rows[row]
   with tempfile.TemporaryDirectory() as directory:
     out = os.path.join(directory, "result.json")
     command = [sys.executable, "-m", "horovod.runner.launch", "-np",
@@ -218,8 +219,9 @@ def _job(model, kind, processes, devices, global_batch, steps):
 def run(model_name, global_batch, steps, rows=None):
   """{row name: examples/s} of every row of `rows` (default ROWS) for
   `model_name`."""
-  return {row: _job(model_name, *spec, global_batch, steps)
-          for row, spec in (rows or ROWS).items()}
+  rows = rows or ROWS
+  return {row: _job(model_name, row, global_batch, steps, rows)
+          for row in rows}
 
 
 def main(argv=None):
