@@ -19,7 +19,7 @@ EXTRAS ?= cpu,test,plot
 STAMP := $(VENV)/.epl-installed
 
 .PHONY: venv venv-latest horovod tools test test-latest test-tf1 demo \
-  quick-start clean distclean
+  quick-start benchmarks benchmarks-smoke clean distclean
 
 venv: $(STAMP)
 
@@ -104,6 +104,19 @@ demo: venv-latest
 # The quick-start script of the README, data parallel on 4 logical devices.
 quick-start: venv
 	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(VENV_PY) examples/quick_start/train.py
+
+# Every benchmark at its documented size, written to docs/benchmarks.md
+# with the date, the machine and the commands (hours on 2 cores). The
+# data-parallel and start-up benchmarks run on both TensorFlow versions,
+# the others on .venv's (TensorFlow 2.15, with Horovod).
+benchmarks: venv horovod venv-latest
+	$(VENV_PY) -m benchmarks.all --python $(VENV_PY) --python $(LATEST_PY)
+
+# The same at every benchmark's --smoke size (minutes; says nothing about
+# speed), into docs/benchmarks.md too.
+benchmarks-smoke: venv horovod venv-latest
+	$(VENV_PY) -m benchmarks.all --smoke --python $(VENV_PY) \
+	  --python $(LATEST_PY)
 
 # Build outputs and caches; `distclean` also removes both environments.
 clean:

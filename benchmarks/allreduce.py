@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from benchmarks import smoke  # noqa: E402
 from epl.communicators.collective import (  # noqa: E402
     CollectiveCommunicator, CollectiveKeys)
 from epl.communicators.local import LocalCommunicator  # noqa: E402
@@ -37,6 +38,8 @@ from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 
 DEVICES = 4
+SMOKE = ["--config", "tiny", "--steps", "1", "--configs",
+         "unfused, 4 communicators;fused 5, 1 communicator;local sum, fused 5"]
 # (name, communication.max_splits or None for unfused, communicators,
 # communicator class)
 CONFIGS = [("unfused, 1 communicator", None, 1, CollectiveCommunicator),
@@ -50,6 +53,8 @@ CONFIGS = [("unfused, 1 communicator", None, 1, CollectiveCommunicator),
            ("fused 1, 1 communicator", 1, 1, CollectiveCommunicator),
            ("local sum, unfused", None, 1, LocalCommunicator),
            ("local sum, fused 5", 5, 1, LocalCommunicator)]
+# The configuration the others are compared with.
+REFERENCE = "fused 5, 1 communicator"
 
 
 def gradient_shapes(config_name):
@@ -105,7 +110,17 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--config", default="base")
-  args = parser.parse_args(argv)
+  parser.add_argument("--configs", default="",
+                      help="';'-separated names of CONFIGS to run (default: "
+                      "all; 'fused 5, 1 communicator', the reference, is "
+                      "always run)")
+  args = smoke.parse_args(parser, argv, SMOKE)
+  wanted = set(args.configs.split(";")) if args.configs else None
+  configs = [c for c in CONFIGS if wanted is None or c[0] in wanted or
+             c[0] == REFERENCE]
+  unknown = (wanted or set()) - {c[0] for c in CONFIGS}
+  if unknown:
+    raise SystemExit("--configs: unknown %s" % sorted(unknown))
   tf.disable_eager_execution()
   shapes = gradient_shapes(args.config)
   floats = sum(int(np.prod(s)) for s in shapes)
@@ -121,11 +136,11 @@ def main(argv=None):
   with graph.as_default():
     grads = gradients(shapes, devices)
     ops = [build(grads, splits, count, kind, keys, devices)
-           for _, splits, count, kind in CONFIGS]
+           for _, splits, count, kind in configs]
     session = tf.Session(config=tf.ConfigProto(
         device_count={"CPU": DEVICES}))
     session.run(tf.global_variables_initializer())
-  times = [[] for _ in CONFIGS]
+  times = [[] for _ in configs]
   for op, _ in ops:
     session.run(op)
   for _ in range(args.steps):
@@ -134,11 +149,10 @@ def main(argv=None):
       session.run(op)
       times[index].append(time.perf_counter() - start)
   medians = [float(np.median(t)) for t in times]
-  reference = medians[[c[0] for c in CONFIGS].index(
-      "fused 5, 1 communicator")]
+  reference = medians[[c[0] for c in configs].index(REFERENCE)]
   print("%-28s | %11s | %9s | %7s | %s" % (
       "configuration", "all-reduces", "step ms", "GB/s", "vs fused 5, 1 comm"))
-  for (name, _, _, _), (_, count), median in zip(CONFIGS, ops, medians):
+  for (name, _, _, _), (_, count), median in zip(configs, ops, medians):
     print("%-28s | %11d | %9.1f | %7.2f | %.2f" % (
         name, count, 1e3 * median, floats * 4 / median / 1e9,
         reference / median))

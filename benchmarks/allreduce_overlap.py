@@ -37,11 +37,14 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
 
 import bert_throughput  # noqa: E402
 import epl  # noqa: E402
+import smoke  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.phase import Phase  # noqa: E402
 from epl.passes import schedule  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
+SMOKE = ["--traces", "1", "--png", "", "--seq_length", "8", "--num_layers",
+         "1"]
 _PHASES = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward",
            Phase.APPLY: "update"}
 _COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "update": "#8c8c8c"}
@@ -187,9 +190,14 @@ def main(argv=None):
   parser.add_argument("--traces", type=int, default=3,
                       help="traced steps; the one of median step time is "
                       "kept")
-  parser.add_argument("--png", default="allreduce_overlap.png")
+  parser.add_argument("--png", default="allreduce_overlap.png",
+                      help="the picture's path; empty: none")
+  parser.add_argument("--seq_length", type=int, default=0,
+                      help="0: tiny BERT's 64")
+  parser.add_argument("--num_layers", type=int, default=4,
+                      help="encoder layers of tiny BERT")
   parser.add_argument("--chrome", default="")
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
   tf.logging.set_verbosity(tf.logging.ERROR)
   os.environ["EPL_COMMUNICATION_NUM_COMMUNICATORS"] = str(args.communicators)
@@ -199,7 +207,8 @@ def main(argv=None):
   run = bert_throughput.Run("EPL data", "data", bert_throughput.DEVICES, 1,
                             1)
   settings = argparse.Namespace(
-      seq_length=0, tiny_layers=4, schedule="PreferBackward",
+      seq_length=args.seq_length, tiny_layers=args.num_layers, vocab_size=0,
+      schedule="PreferBackward",
       intra_op_threads=0, inter_op_threads=0, warmup=3)
   bert_throughput.build_train(
       settings, "tiny", run, bert_throughput.SIZES["tiny"]["micro_batch"])

@@ -42,7 +42,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+import epl  # noqa: E402
 from benchmarks import bert_throughput  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from epl.analysis import flops  # noqa: E402
 from epl.ir import graph_editor  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
@@ -85,13 +87,14 @@ def _record_stage_flops(run, graph, handles):
 
 
 def runs_for(args, size):
+  """The hand and auto runs of every stage count of --stage_counts."""
   g = args.global_batch or SIZES[size]["global_batch"]
   b = args.micro_batch or SIZES[size]["micro_batch"]
   if g % (DEVICES * b):
     raise SystemExit("global batch %d is not a multiple of %d devices x "
                      "micro-batch %d" % (g, DEVICES, b))
   runs = []
-  for stages in STAGE_COUNTS:
+  for stages in (int(k) for k in args.stage_counts.split(",")):
     runs.append(Run("hand %d" % stages, "pipeline", stages, g, b))
     runs.append(Run("auto %d" % stages, "auto", stages, g, b))
   return runs
@@ -136,7 +139,10 @@ def report(args, size, runs, sequential):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   bert_throughput.add_arguments(parser)
-  args = parser.parse_args(argv)
+  parser.add_argument("--stage_counts", default=",".join(
+      str(k) for k in STAGE_COUNTS), help="comma-separated K values")
+  args = smoke.parse_args(parser, argv, bert_throughput.SMOKE + [
+      "--stage_counts", "2"])
   sizes = bert_throughput.configured_sizes(args)
   print("Auto parallel vs hand-annotated BERT pipelines on %d logical CPU "
         "devices; %d CPU cores; TensorFlow %s; %d timed steps (median) after "
@@ -159,6 +165,7 @@ def main(argv=None):
     runs, sequential = measure(args, size)
     report(args, size, runs, sequential)
     print("(%s took %.0fs)" % (size, time.perf_counter() - begin), flush=True)
+  epl.shutdown()
   return 0
 
 

@@ -33,9 +33,14 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from epl.passes import engine  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import train  # noqa: E402
+
+
+SMOKE = ["--config", "tiny", "--num_cpu_devices", "2", "--num_micro_batch",
+         "2", "--seq_length", "8", "--batch_size", "1"]
 
 
 def _flags(args, parallel):
@@ -101,7 +106,7 @@ def main(argv=None):
   parser.add_argument("--batch_size", type=int, default=8,
                       help="micro-batch (shapes only; nothing runs)")
   parser.add_argument("--seq_length", type=int, default=128)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
   layers = args.num_layers or modeling.BertConfig.from_name(
       args.config).num_hidden_layers

@@ -9,14 +9,19 @@ the same global batch per step in five runs:
                   devices, in graph mode under a tf.compat.v1 Session
                   (call_for_each_replica; G/4 examples per replica)
   EPL data        EPL data parallelism, 4 replicas of G/4 examples (as
-                  G/(4b) accumulated micro-batches of b when G > 4b)
+                  G/(4b) accumulated micro-batches of b when G > 4b),
+                  gradients summed on one device (local sums, the default
+                  on one host's CPUs), in communication.max_splits buckets
   EPL data ring   the same with collective ring all-reduce
                   (communication.local_cpu_reduce off), as across workers
   EPL pipeline    EPL pipeline of 4 stages (encoder layers split evenly),
                   M = G/b micro-batches of b examples
   EPL pipe+data   EPL 2 stages x 2 replicas, M = G/(2b) micro-batches
 
-Every EPL and Mirrored run has the same micro-batch of b examples per device
+EPL's runs run as a user's script runs them: EPL initialised, its hooks
+on at every Session.run, fetching the user's train op and loss (EPL swaps
+in the loss merged over replicas and micro-batches); plain TF and
+MirroredStrategy run without EPL. Every EPL and Mirrored run has the same micro-batch of b examples per device
 and step (G/4 = b with the defaults). The runs are built one after the other
 (build and rewrite times are printed), then timed step by step in turn, in
 this process, so that any load on the machine hits them alike; with
@@ -34,6 +39,7 @@ a 4-stage pipeline has one layer per stage.
     python benchmarks/bert_throughput.py [--configs tiny,base] [--steps 10]
 """
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -52,13 +58,26 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from epl.env import detached  # noqa: E402
 from epl.passes import engine  # noqa: E402
+from benchmarks import mirrored  # noqa: E402
+from benchmarks import smoke  # noqa: E402
+from benchmarks import verdict  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import optimization  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4
+# --smoke (also auto_parallel's): a 2-layer tiny BERT of sequence 8 and
+# vocabulary 100, one micro-batch of 1 per device, one timed step.
+SMOKE = ["--configs", "tiny", "--steps", "1", "--warmup", "1",
+         "--global_batch", "4", "--micro_batch", "1", "--seq_length", "8",
+         "--vocab_size", "100", "--tiny_layers", "2"]
+# This benchmark's smoke size runs the rows that need no 4 layers and no
+# MirroredStrategy (startup.py's smoke size builds that, the slowest, and
+# split_head.py's the ring).
+SMOKE_RUNS = ["--runs", "TF 1 device,EPL data,EPL pipe+data"]
 # Per-size defaults: sequence length, global batch G, micro-batch b.
 SIZES = {
     "tiny": dict(seq_length=64, global_batch=32, micro_batch=8),
@@ -128,14 +147,14 @@ def build_train(args, size, run, batch, inspect=None):
         os.environ[key] = value
   with graph.as_default():
     run.build_s = time.perf_counter() - start
+    # The user's fetches: EPL swaps the loss merged over replicas and
+    # micro-batches in for the loss at every run.
     run.train_op, run.loss = handles["train_op"], handles["loss"]
     if run.parallel != "none":
+      # What the first Session.run would do, timed on its own.
       start = time.perf_counter()
-      result = engine.ensure_rewritten(graph)
+      engine.ensure_rewritten(graph)
       run.rewrite_s = time.perf_counter() - start
-      # The loss merged over replicas and micro-batches, fetched directly
-      # (EPL, which swaps it in for the user's loss, is shut down later).
-      run.loss = result.substitutes.get(run.loss.name, run.loss)
     init = tf.global_variables_initializer()
     devices = DEVICES if run.parallel != "none" else 1
     run.session = tf.Session(config=_session_config(args, devices))
@@ -144,39 +163,38 @@ def build_train(args, size, run, batch, inspect=None):
     run.init_s = time.perf_counter() - start
 
 
+def mirrored_train_step(flags, devices):
+  """(train op, loss) of the example's BERT, optimizer and input (resolved
+  `flags`, batch_size per replica) under MirroredStrategy over `devices`
+  logical CPU devices, built in the default graph."""
+  bert_config = train.bert_config_from_flags(flags)
+  tf.set_random_seed(flags.seed)
+  dataset = input_pipeline.pretraining_dataset(
+      "", flags.batch_size, flags.seq_length, flags.max_predictions_per_seq,
+      vocab_size=bert_config.vocab_size, seed=flags.seed)
+  # One iterator read by every replica: replica r takes the r-th batch.
+  iterator = tf.data.make_one_shot_iterator(dataset)
+
+  def replica_step(global_step):
+    loss = modeling.build_pretraining_model(
+        bert_config, iterator.get_next(),
+        is_training=flags.dropout)["total_loss"]
+    return loss, optimization.create_optimizer(
+        loss, flags.learning_rate, flags.steps, flags.warmup_steps,
+        weight_decay_rate=flags.weight_decay, global_step=global_step,
+        add_summaries=False)
+
+  return mirrored.train_step(
+      ["/device:CPU:%d" % i for i in range(devices)], replica_step)
+
+
 def build_mirrored(args, size, run, batch):
   """The same model, optimizer and input under MirroredStrategy."""
   flags = train.resolve_flags(_flags(args, size, run, batch))
-  bert_config = train.bert_config_from_flags(flags)
   graph = tf.Graph()
   with graph.as_default():
     start = time.perf_counter()
-    tf.set_random_seed(flags.seed)
-    strategy = tf.distribute.MirroredStrategy(
-        devices=["/device:CPU:%d" % i for i in range(DEVICES)])
-    dataset = input_pipeline.pretraining_dataset(
-        "", batch, flags.seq_length, flags.max_predictions_per_seq,
-        vocab_size=bert_config.vocab_size, seed=flags.seed)
-    # One iterator read by every replica: replica r takes the r-th batch.
-    iterator = tf.data.make_one_shot_iterator(dataset)
-    with strategy.scope():
-      global_step = tf.train.get_or_create_global_step()
-
-      def step_fn():
-        outputs = modeling.build_pretraining_model(
-            bert_config, iterator.get_next(), is_training=flags.dropout)
-        loss = outputs["total_loss"]
-        train_op = optimization.create_optimizer(
-            loss, flags.learning_rate, flags.steps, flags.warmup_steps,
-            weight_decay_rate=flags.weight_decay, global_step=global_step,
-            add_summaries=False)
-        with tf.control_dependencies([train_op]):
-          return tf.identity(loss)
-
-      per_replica = strategy.extended.call_for_each_replica(step_fn)
-      run.loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
-                                 axis=None)
-    run.train_op = run.loss.op
+    run.train_op, run.loss = mirrored_train_step(flags, DEVICES)
     run.build_s = time.perf_counter() - start
     init = tf.global_variables_initializer()
     run.session = tf.Session(config=_session_config(args, DEVICES))
@@ -185,12 +203,26 @@ def build_mirrored(args, size, run, batch):
     run.init_s = time.perf_counter() - start
 
 
+def _without_epl(run):
+  """The context `run`'s TensorFlow calls run in: plain TensorFlow and
+  MirroredStrategy without EPL (`epl.env.detached`), EPL's runs with EPL
+  on, as in a user's script."""
+  if run.parallel in ("none", "mirrored"):
+    return detached()
+  return contextlib.nullcontext()
+
+
 def start_run(args, size, run, inspect=None):
-  """Builds, initialises and warms up `run`; EPL is shut down afterwards
-  (the session keeps running the rewritten graph)."""
+  """Builds, initialises and warms up `run`. EPL stays initialised with
+  the run's config (the next EPL run's epl.init replaces it): the timed
+  steps go through its hooks, as a user's do; `main` shuts it down."""
   g, b = args.global_batch or SIZES[size]["global_batch"], (
       args.micro_batch or SIZES[size]["micro_batch"])
-  try:
+  if run.parallel == "mirrored":
+    # MirroredStrategy builds its replicas in threads of its own, which
+    # `detached` (per thread) does not reach: EPL must be off.
+    epl.shutdown()
+  with _without_epl(run):
     if run.parallel == "mirrored":
       build_mirrored(args, size, run, g // DEVICES)
     elif run.parallel == "none":
@@ -202,14 +234,13 @@ def start_run(args, size, run, inspect=None):
       loss = run.session.run([run.train_op, run.loss])[1]
       if step == 0:
         run.first_loss = float(loss)
-  finally:
-    epl.shutdown()
 
 
 def time_step(run):
-  start = time.perf_counter()
-  run.last_loss = float(run.session.run([run.train_op, run.loss])[1])
-  run.times.append(time.perf_counter() - start)
+  with _without_epl(run):
+    start = time.perf_counter()
+    run.last_loss = float(run.session.run([run.train_op, run.loss])[1])
+    run.times.append(time.perf_counter() - start)
 
 
 def runs_for(args, size):
@@ -228,7 +259,15 @@ def runs_for(args, size):
               {"EPL_COMMUNICATION_LOCAL_CPU_REDUCE": "false"}),
           Run("EPL pipeline", "pipeline", 1, DEVICES, g // b),
           Run("EPL pipe+data", "pipeline_data", 2, 2, g // (2 * b))]
-  return runs
+  wanted = getattr(args, "runs", "")
+  if not wanted:
+    return runs
+  names = wanted.split(",")
+  unknown = set(names) - {run.name for run in runs}
+  if unknown:
+    raise SystemExit("--runs: unknown %s (known: %s)" % (
+        sorted(unknown), ", ".join(run.name for run in runs)))
+  return [run for run in runs if run.name in names]
 
 
 _RESULT = "RUN RESULT "
@@ -246,7 +285,7 @@ def _in_subprocess(args, size, index):
   argv = [sys.executable, os.path.abspath(__file__), "--configs", size,
           "--run_index", str(index)] + [
               "--%s=%s" % (k, v) for k, v in sorted(vars(args).items())
-              if k not in ("configs", "run_index", "sequential")]
+              if k not in ("configs", "run_index", "sequential", "smoke")]
   proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True,
                         check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith(_RESULT)]
@@ -287,7 +326,14 @@ def measure(args, size):
 
 def time_in_turn(runs, steps):
   """Times `steps` steps of every run, one step of each in turn (so that
-  load on the machine hits them alike); closes their sessions."""
+  load on the machine hits them alike), after one untimed step of each:
+  a session's first step after other sessions were built in the process
+  is as slow as a first step (22 s instead of 0.2 s for tiny BERT data
+  parallel on a loaded 2-core machine, with or without EPL). Closes their
+  sessions."""
+  for run in runs:
+    with _without_epl(run):
+      run.session.run([run.train_op, run.loss])
   for _ in range(steps):
     for run in runs:
       time_step(run)
@@ -305,7 +351,8 @@ def report(args, size, runs, sequential):
   g = args.global_batch or SIZES[size]["global_batch"]
   print_timing(size, g, sequential)
   header = ("run", "repl x stg x mb", "build s", "rewrite s", "step ms",
-            "examples/s", "vs TF 1 dev", "vs Mirrored", "loss first/last")
+            "examples/s", "vs TF 1 dev", "vs Mirrored", "EPL vs Mirrored",
+            "loss first/last")
   print(" | ".join(["%-15s" % header[0]] + ["%15s" % h for h in header[1:]]))
   rates = {}
   for run in runs:
@@ -313,13 +360,16 @@ def report(args, size, runs, sequential):
     rates[run.name] = g / median
   for run in runs:
     rate = rates[run.name]
+    versus = [verdict.ratio(rate, rates.get(anchor, 0))
+              for anchor in ("TF 1 device", "TF Mirrored")]
     print(" | ".join([
         "%-15s" % run.name, "%15s" % run.layout, "%15.1f" % run.build_s,
         "%15.1f" % run.rewrite_s,
-        "%15.1f" % (1e3 * g / rate), "%15.1f" % rate,
-        "%15.2f" % (rate / rates["TF 1 device"]),
-        "%15.2f" % (rate / rates["TF Mirrored"]),
-        "%15s" % ("%.3f/%.3f" % (run.first_loss, run.last_loss))]),
+        "%15.1f" % (1e3 * g / rate), "%15.1f" % rate] + [
+            "%15s" % ("-" if v != v else "%.2f" % v) for v in versus] + [
+                "%15s" % (verdict.verdict(versus[1])
+                          if run.name.startswith("EPL") else ""),
+                "%15s" % ("%.3f/%.3f" % (run.first_loss, run.last_loss))]),
           flush=True)
 
 
@@ -373,9 +423,11 @@ def configured_sizes(args):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_arguments(parser)
+  parser.add_argument("--runs", default="",
+                      help="comma-separated run names (default: all six)")
   parser.add_argument("--run_index", type=int, default=-1,
                       help=argparse.SUPPRESS)  # child process of --sequential
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE + SMOKE_RUNS)
   sizes = configured_sizes(args)
   if args.run_index >= 0:
     _run_alone(args, sizes[0], runs_for(args, sizes[0])[args.run_index])
@@ -402,6 +454,7 @@ def main(argv=None):
     report(args, size, runs, sequential)
     print("(%s took %.0fs; peak RSS of this process so far %.1f GiB)" % (
         size, time.perf_counter() - start, _peak_rss_gib()), flush=True)
+  epl.shutdown()
   return 0
 
 

@@ -31,6 +31,9 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import fresh_process  # pylint: disable=wrong-import-position
+from benchmarks import smoke  # pylint: disable=wrong-import-position
+
+SMOKE = ["--layouts", "2x1", "--seq_length", "8", "--in_process"]
 
 
 def measure(config_name, mode, replicas, micro_batches, batch_size,
@@ -103,7 +106,8 @@ def _child(args, mode, replicas, micro_batches):
   return fresh_process.measure_in_child(
       os.path.abspath(__file__),
       [args.config, mode, replicas, micro_batches, args.batch_size,
-       args.seq_length], args.timeout)
+       args.seq_length], args.timeout,
+      in_process=measure if args.in_process else None)
 
 
 def main(argv=None):
@@ -114,17 +118,21 @@ def main(argv=None):
   parser.add_argument("--batch_size", type=int, default=2)
   parser.add_argument("--seq_length", type=int, default=128)
   parser.add_argument("--timeout", type=int, default=1800)
+  parser.add_argument("--in_process", action="store_true",
+                      help="every row in this process (peak RSS is then "
+                      "the largest so far)")
   parser.add_argument("--child", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   if args.child:
     fresh_process.answer_child(args.child, measure)
     return 0
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   print("Copies as ops vs as function calls, plain TensorFlow %s, BERT %s "
         "forward + backward, micro-batch %d x %d tokens, %d CPU cores; "
-        "each row a fresh process; seconds." % (
+        "each row %s; seconds." % (
             tf.__version__, args.config, args.batch_size, args.seq_length,
-            os.cpu_count()))
+            os.cpu_count(), "in this process (--in_process)"
+            if args.in_process else "a fresh process"))
   print("%-16s %8s %11s %8s %9s %8s %8s %8s" % (
       "run", "build", "first step", "step", "total", "CPU s", "ops",
       "RSS MiB"))

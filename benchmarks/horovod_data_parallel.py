@@ -1,12 +1,13 @@
 """Data-parallel examples/s with Horovod: EPL's horovod backend against
 Horovod alone, same model, optimizer and global batch G per step.
 
-  EPL horovod 2x2    EPL (communication.backend "horovod"), horovodrun -np 2,
-                     2 logical CPU devices per process: 4 replicas of G/4,
-                     reduced in each process, then across with Horovod
-  EPL horovod 4x1    the same with 4 processes of one device each
-  Horovod alone 4x1  hand-written plain TF + hvd.DistributedOptimizer,
-                     horovodrun -np 4, G/4 examples per process
+  EPL Horovod/Gloo 2x2    EPL (communication.backend "horovod"),
+                          horovodrun -np 2, 2 logical CPU devices per
+                          process: 4 replicas of G/4, reduced in each
+                          process, then across with Horovod over Gloo
+  EPL Horovod/Gloo 4x1    the same with 4 processes of one device each
+  Horovod alone/Gloo 4x1  hand-written plain TF + hvd.DistributedOptimizer,
+                          horovodrun -np 4, G/4 examples per process
 
 Models: `bert_tiny` (examples/bert_large, tiny config, AdamW, synthetic
 input, sequence length 64) and `resnet` (a small ResNet-style conv net on
@@ -17,11 +18,12 @@ The processes share this machine's cores: on a 2-core machine the figures
 compare how each way of splitting the work costs, not a speed-up.
 
     python benchmarks/horovod_data_parallel.py [--models bert_tiny,resnet]
-        [--global_batch 32] [--steps 10]
+        [--global_batch 32] [--steps 10] [--smoke]
 
 `run(model_name, global_batch, steps)` returns {row name: examples/s}.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -34,14 +36,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from benchmarks import smoke  # noqa: E402
 from benchmarks import timing  # pylint: disable=wrong-import-position
+from benchmarks import verdict  # pylint: disable=wrong-import-position
 
 # name -> (launcher: "epl" or "horovod", processes, devices per process)
 ROWS = {
-    "EPL horovod 2x2": ("epl", 2, 2),
-    "EPL horovod 4x1": ("epl", 4, 1),
-    "Horovod alone 4x1": ("horovod", 4, 1),
+    "EPL Horovod/Gloo 2x2": ("epl", 2, 2),
+    "EPL Horovod/Gloo 4x1": ("epl", 4, 1),
+    "Horovod alone/Gloo 4x1": ("horovod", 4, 1),
 }
+# The anchor the other rows of ROWS are compared with.
+HOROVOD_ALONE = "Horovod alone/Gloo 4x1"
+# --smoke: two jobs of 2 processes.
+SMOKE_ROWS = {
+    "EPL Horovod/Gloo 2x1": ("epl", 2, 1),
+    "Horovod alone/Gloo 2x1": ("horovod", 2, 1),
+}
+SMOKE = ["--models", "resnet", "--global_batch", "4", "--steps", "1"]
 WARMUP = 3
 IMAGE, CLASSES = 32, 10
 
@@ -183,8 +195,8 @@ def _isolated(command):
   return command
 
 
-def _job(model, row, global_batch, steps):
-  kind, processes, devices = ROWS[row]
+def _job(model, row, global_batch, steps, rows):
+  kind, processes, devices = rows[row]
   with tempfile.TemporaryDirectory() as directory:
     out = os.path.join(directory, "result.json")
     command = [sys.executable, "-m", "horovod.runner.launch", "-np",
@@ -204,12 +216,15 @@ def _job(model, row, global_batch, steps):
       return json.load(f)["examples_per_s"]
 
 
-def run(model_name, global_batch, steps):
-  """{row name: examples/s} of every row of ROWS for `model_name`."""
-  return {row: _job(model_name, row, global_batch, steps) for row in ROWS}
+def run(model_name, global_batch, steps, rows=None):
+  """{row name: examples/s} of every row of `rows` (default ROWS) for
+  `model_name`."""
+  rows = rows or ROWS
+  return {row: _job(model_name, row, global_batch, steps, rows)
+          for row in rows}
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--models", default="bert_tiny,resnet")
   parser.add_argument("--global_batch", type=int, default=32)
@@ -220,22 +235,34 @@ def main():
   parser.add_argument("--devices", type=int, default=1,
                       help=argparse.SUPPRESS)
   parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = smoke.parse_args(parser, argv, SMOKE)
   if args.worker:
     worker(args)
-    return
+    return 0
+  if importlib.util.find_spec("horovod") is None:
+    raise SystemExit(
+        "horovod_data_parallel.py needs Horovod: `make horovod` builds it "
+        "into .venv (TensorFlow 2.15; Horovod 0.28.1 does not build against "
+        "later TensorFlow).")
+  rows = SMOKE_ROWS if args.smoke else ROWS
   print("global batch %d, %d timed steps after %d warm-up, Gloo on this "
-        "machine (%d cores)" % (args.global_batch, args.steps, WARMUP,
-                                os.cpu_count()))
-  print("%-10s %-20s %12s %10s" % ("model", "run", "examples/s",
-                                   "vs Horovod"))
+        "machine (%d cores); EPL rows run as a user's script runs them (EPL "
+        "on, its hooks at every Session.run)" % (
+            args.global_batch, args.steps, WARMUP, os.cpu_count()))
+  print("%-10s %-24s %12s %10s %10s" % ("model", "run", "examples/s",
+                                        "vs Horovod", ""))
   for model in args.models.split(","):
-    figures = run(model, args.global_batch, args.steps)
-    reference = figures["Horovod alone 4x1"]
+    figures = run(model, args.global_batch, args.steps, rows)
+    reference = next(figures[row] for row, (kind, _, _) in rows.items()
+                     if kind == "horovod")
     for row, value in figures.items():
-      print("%-10s %-20s %12.1f %9.2fx" % (model, row, value,
-                                           value / reference), flush=True)
+      ratio = value / reference
+      print("%-10s %-24s %12.1f %9.2fx %10s" % (
+          model, row, value, ratio,
+          verdict.verdict(ratio) if row.startswith("EPL") else ""),
+            flush=True)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -42,6 +42,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from epl.config import key_info  # noqa: E402
 from epl.tools.memory_profiler_hook import profile_memory  # noqa: E402
 from examples.bert_large import train  # noqa: E402
@@ -66,6 +67,9 @@ SAVERS = collections.OrderedDict([
 FLOAT16_ROWS = ("amp_o1", "gc_auto+amp_o1")
 COLUMNS = ("peak", "persistent", "step_s", "loss")
 MIB = 2.0 ** 20
+SMOKE = ["--savers", "none,gc_auto", "--num_layers", "1", "--seq_length",
+         "8", "--batch_size", "1", "--replicas", "2", "--warmup", "1",
+         "--timed", "1"]
 
 
 def _set_environment(keys):
@@ -132,7 +136,7 @@ def main(argv=None):
   parser.add_argument("--seq_length", type=int, default=128)
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--timed", type=int, default=5)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
   if args.savers:
     names = args.savers.split(",")

@@ -19,7 +19,12 @@ import tensorflow as tf  # noqa: E402
 import epl  # noqa: E402
 from examples.moe import train as moe_train  # noqa: E402
 
-import timing  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402  (benchmarks/, next to this script)
+import timing  # noqa: E402
+
+SMOKE = ["--experts", "4", "--model_dim", "8", "--hidden", "16", "--tokens",
+         "8", "--capacity", "4", "--batch_size", "1", "--layers", "1",
+         "--steps", "1"]
 
 DEVICES = 4
 
@@ -45,7 +50,7 @@ def measure(mode, args):
 
 
 def main(argv=None):
-  args = moe_train.parser().parse_args(argv)
+  args = smoke.parse_args(moe_train.parser(), argv, SMOKE)
   print("MoE: %d layers, %d experts, model %d, hidden %d, %d tokens x %d "
         "groups per device, capacity %d, %d logical CPU devices" % (
             args.layers, args.experts, args.model_dim, args.hidden,

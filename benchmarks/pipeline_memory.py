@@ -25,7 +25,11 @@ import tensorflow as tf  # noqa: E402
 import epl  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
-import stage_model  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402  (benchmarks/, next to this script)
+import stage_model  # noqa: E402
+
+SMOKE = ["--micro_batches", "2", "--layers", "1", "--width", "16",
+         "--micro_batch", "4"]
 
 SCHEDULES = ("PreferForward", "PreferBackward")
 MIB = 1024.0 * 1024.0
@@ -64,7 +68,7 @@ def main(argv=None):
   parser.add_argument("--width", type=int, default=512)
   parser.add_argument("--micro_batch", type=int, default=256,
                       help="examples per micro-batch")
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   counts = [int(m) for m in args.micro_batches.split(",")]
   tf.compat.v1.disable_eager_execution()
   activation = args.micro_batch * args.width * 4 / MIB

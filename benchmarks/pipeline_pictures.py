@@ -4,11 +4,13 @@ docs/pipeline.md: one traced training step of a 4-stage pipeline with 4
 micro-batches under each schedule, with epl.timeline's Gantt helper (needs
 matplotlib).
 
-    python benchmarks/pipeline_pictures.py
+    python benchmarks/pipeline_pictures.py [--out_dir docs] [--smoke]
 """
+import argparse
 import logging
 import os
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -17,7 +19,8 @@ import tensorflow as tf  # noqa: E402
 import epl  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
-import stage_model  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402  (benchmarks/, next to this script)
+import stage_model  # noqa: E402
 
 STAGES, MICRO_BATCHES, LAYERS, WIDTH, BATCH = 4, 4, 2, 512, 128
 PICTURES = {"PreferForward": ("pipeline_gpipe.png", "PreferForward (GPipe)"),
@@ -47,12 +50,17 @@ def trace(strategy):
     epl.shutdown()
 
 
-def main():
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out_dir", default=DOCS)
+  # The smoke size draws the same pictures into a temporary folder.
+  args = smoke.parse_args(parser, argv, ["--out_dir", os.path.join(
+      tempfile.gettempdir(), "epl_pipeline_pictures")])
   tf.compat.v1.disable_eager_execution()
-  os.makedirs(DOCS, exist_ok=True)
+  os.makedirs(args.out_dir, exist_ok=True)
   for strategy, (name, title) in PICTURES.items():
     path = trace(strategy).save_gantt(
-        os.path.join(DOCS, name), title="%s: %d stages, %d micro-batches, "
+        os.path.join(args.out_dir, name), title="%s: %d stages, %d micro-batches, "
         "one traced step" % (title, STAGES, MICRO_BATCHES))
     print("wrote", path)
   return 0

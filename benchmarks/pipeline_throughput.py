@@ -31,7 +31,11 @@ import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
 
-import stage_model  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402  (benchmarks/, next to this script)
+import stage_model  # noqa: E402
+
+SMOKE = ["--micro_batches", "2", "--layers", "1", "--width", "16",
+         "--micro_batch", "4", "--steps", "1", "--warmup", "1"]
 
 NUM_STAGES = 2
 
@@ -62,28 +66,26 @@ def _start(args, train_op, devices):
 def start_epl(args, num_micro_batch, devices, schedule="PreferBackward"):
   """(session, train op) of M micro-batches under EPL on `devices` devices
   (one stage per device; on one device, one stage of gradient
-  accumulation). The rewrite runs in the warm-up; EPL is shut down after
-  it, and the session keeps running the rewritten graph."""
+  accumulation). The rewrite runs in the warm-up; EPL stays on for the
+  timed steps, as in a user's script."""
   epl.init(epl.Config({"cluster.num_cpu_devices": devices,
                        "pipeline.num_micro_batch": num_micro_batch,
                        "pipeline.strategy": schedule}))
   logging.getLogger("epl").setLevel(logging.WARNING)
-  try:
-    with tf.Graph().as_default():
-      scope = stage_model.stage_scope
-      if devices == 1:
-        epl.set_default_strategy(epl.replicate(device_count=1))
-        scope = lambda _: stage_model.NoScope()  # noqa: E731
-      train_op = stage_model.build_train_op(
-          NUM_STAGES, args.layers, args.width, args.micro_batch, scope)
-      return _start(args, train_op, devices), train_op
-  finally:
-    epl.shutdown()
+  with tf.Graph().as_default():
+    scope = stage_model.stage_scope
+    if devices == 1:
+      epl.set_default_strategy(epl.replicate(device_count=1))
+      scope = lambda _: stage_model.NoScope()  # noqa: E731
+    train_op = stage_model.build_train_op(
+        NUM_STAGES, args.layers, args.width, args.micro_batch, scope)
+    return _start(args, train_op, devices), train_op
 
 
 def start_plain(args, num_micro_batch):
   """(session, train op) of plain TensorFlow on one batch of M x
-  micro-batch examples."""
+  micro-batch examples, built without EPL."""
+  epl.shutdown()
   with tf.Graph().as_default():
     train_op = stage_model.build_train_op(
         NUM_STAGES, args.layers, args.width,
@@ -143,7 +145,7 @@ def main(argv=None):
                       help="examples per micro-batch")
   parser.add_argument("--steps", type=int, default=15)
   parser.add_argument("--warmup", type=int, default=3)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.compat.v1.disable_eager_execution()
   p = NUM_STAGES
   print("Pipeline throughput: %d stages x %d dense layers of %d units, "
@@ -179,6 +181,7 @@ def main(argv=None):
         "%10.0f" % gpipe, "%10.2f" % (one_f_one_b / one),
         "%10.2f" % (gpipe / one), "%10.3f" % bubble, "%10.2f" % bound]),
           flush=True)
+  epl.shutdown()
   print("host parallelism after: %.2f of %d" % (host_parallelism(args), p))
   return 0
 

@@ -36,6 +36,9 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# get_memory_info("CPU:0") raises "Allocator stats not available" unless
+# the CPU allocator is the BFC one, chosen before TensorFlow starts.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 
@@ -44,6 +47,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from benchmarks import smoke  # noqa: E402
 from epl.analysis import memory_estimate  # noqa: E402
 from epl.config import key_info  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
@@ -77,6 +81,7 @@ SETTINGS = collections.OrderedDict([
                                {"gradient_checkpoint.type": "auto"})),
 ])
 MIB = 2.0 ** 20
+SMOKE = ["--settings", "data", "--warmup", "1"]
 
 
 def _allocator(field):
@@ -145,7 +150,7 @@ def main(argv=None):
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--dropout", type=int, default=1,
                       help="1: dropout on, as train.py runs by default")
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
   print("Estimated (epl.analysis.memory_estimate) vs measured (FULL_TRACE "
         "step stats: variables + step high-water mark) peak memory per "

@@ -2,50 +2,94 @@
 
 Builds features [batch, feature_dim] (synthetic, as if from a backbone)
 and a dense + softmax cross-entropy head of `num_classes`, trains it with
-Momentum on `devices` logical CPU devices, once with the head data
-parallel (`epl.replicate`) and once split (`epl.split`), side by side in
-one run, and prints for each:
+Momentum on `devices` logical CPU devices, side by side in one run:
 
-- per-device bytes of the head's weights and optimizer state (from the
-  variables placed on device 0; split must be exactly 1/N of DP up to the
-  padding of the last shard);
-- bytes each device sends into collectives per step (from the collective
-  ops of device 0 and their static shapes: all-reduce counts its input,
-  all-gather and all-to-all their input, i.e. the payload before the ring
-  algorithm's 2(n-1)/n factor);
-- median step time over `steps` steps after one warm-up step.
+  dp, local sums  the head data parallel (`epl.replicate`) with EPL's
+                  default on one host's CPUs: each gradient bucket summed
+                  on one device and read back by the others
+                  (communication.local_cpu_reduce)
+  dp, ring        the same with collective ring all-reduce
+                  (communication.local_cpu_reduce off), as across workers
+                  and on GPUs
+  split           the head split over the devices (`epl.split`): each
+                  holds 1/N of the classes and exchanges features, labels
+                  and per-row scalars
+
+For each it prints:
+
+- per-device bytes of the head's weights and optimizer state (variables
+  placed on device 0; split is 1/N of DP up to the last shard's padding);
+- bytes device 0 sends per step, static shapes: `collective` is the
+  payload of its collective ops (all-reduce, all-gather, all-to-all
+  inputs, before the ring algorithm's 2(n-1)/n factor), `edges` the
+  tensors it hands to ops on other devices (TensorFlow's send/recv, which
+  is how local sums move gradients);
+- median step time over `steps` steps after one warm-up step, run as a
+  user's script runs them (EPL initialised, its hooks on);
+- split against each DP row: state, bytes sent and step time as ratios,
+  and whether split wins (lower is better for all three).
 
     PYTHONPATH=. python benchmarks/split_head.py [--num_classes 100000]
 """
 import argparse
 import logging
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
-
-import timing  # noqa: E402  (benchmarks/, next to this script)
+from benchmarks import smoke  # noqa: E402
+from benchmarks import timing  # noqa: E402
+from benchmarks import verdict  # noqa: E402
+from epl.analysis import flops  # noqa: E402
+from epl.ir import graph_editor  # noqa: E402
+from epl.tools.timeline import device_key  # noqa: E402
 
 _COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2",
                 "CollectiveAllToAllV2")
+# Row -> (head strategy, EPL config keys).
+ROWS = (
+    ("dp, local sums", "replicate", {}),
+    ("dp, ring", "replicate", {"communication.local_cpu_reduce": False}),
+    ("split", "split", {}),
+)
+SMOKE = ["--num_classes", "1000", "--feature_dim", "32", "--batch", "4",
+         "--steps", "1"]
 
 
-def _bytes(tensor):
-  return tensor.shape.num_elements() * tensor.dtype.size
+def _sent_bytes(step_ops, device):
+  """(collective payload, edge bytes) that `device` sends in a step that
+  runs `step_ops`."""
+  collective = edges = 0
+  sent = set()
+  for op in step_ops:
+    if not op.device:
+      continue
+    here = device_key(op.device)
+    for tensor in op.inputs:
+      source = tensor.op
+      if (source.device and device_key(source.device) == device and
+          here != device and (tensor.name, here) not in sent):
+        sent.add((tensor.name, here))
+        edges += flops.tensor_bytes(tensor)
+    if here == device and op.type in _COLLECTIVES:
+      collective += flops.tensor_bytes(op.inputs[0])
+  return collective, edges
 
 
-def _variable_bytes(variable):
-  shape = [d.size for d in variable.get_attr("shape").dim]
-  return int(np.prod(shape)) * tf.as_dtype(variable.get_attr("dtype")).size
-
-
-def measure(mode, args):
-  epl.init(epl.Config({"cluster.num_cpu_devices": args.devices,
-                       "cluster.colocate_split_and_replicate": True}))
+def measure(strategy, keys, args):
+  """(state bytes, collective bytes, edge bytes, step seconds) of one
+  row."""
+  config = {"cluster.num_cpu_devices": args.devices,
+            "cluster.colocate_split_and_replicate": True}
+  config.update(keys)
+  epl.init(epl.Config(config))
   logging.getLogger("epl").setLevel(logging.WARNING)
   graph = tf.Graph()
   try:
@@ -56,7 +100,7 @@ def measure(mode, args):
       backbone = epl.replicate(args.devices, name="backbone")
       with backbone:
         hidden = tf.identity(features)
-      with epl.split(args.devices) if mode == "split" else backbone:
+      with epl.split(args.devices) if strategy == "split" else backbone:
         logits = tf.compat.v1.layers.dense(hidden, args.num_classes,
                                            name="head")
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels,
@@ -65,15 +109,16 @@ def measure(mode, args):
           loss)
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
-        step = timing.median_step_seconds(session, train_op, args.steps)
-      on_device_0 = [op for op in graph.get_operations()
-                     if op.device.endswith("CPU:0")]
-      state = sum(_variable_bytes(op) for op in on_device_0
-                  if op.type == "VarHandleOp" and op.name.startswith("head/"))
-      sent = sum(_bytes(op.inputs[0]) for op in on_device_0
-                 if op.type in _COLLECTIVES and
-                 op.inputs[0].shape.num_elements())
-    return state, sent, step
+        step = timing.median_step_seconds(session, [train_op, loss],
+                                          args.steps)
+      device_0 = device_key("/device:CPU:0")
+      state = sum(flops.variable_bytes(op) for op in graph.get_operations()
+                  if op.type == "VarHandleOp" and op.device and
+                  device_key(op.device) == device_0 and
+                  op.name.startswith("head/"))
+      collective, edges = _sent_bytes(
+          graph_editor.ancestors([train_op, loss.op]), device_0)
+    return state, collective, edges, step
   finally:
     epl.shutdown()
 
@@ -86,20 +131,35 @@ def main(argv=None):
                       help="per device")
   parser.add_argument("--devices", type=int, default=4)
   parser.add_argument("--steps", type=int, default=5)
-  args = parser.parse_args(argv)
+  args = smoke.parse_args(parser, argv, SMOKE)
+  tf.compat.v1.disable_eager_execution()
   print("head %d x %d, %d logical CPU devices, batch %d per device, "
-        "Momentum" % (args.feature_dim, args.num_classes, args.devices,
-                      args.batch))
-  results = {mode: measure(mode, args) for mode in ("dp", "split")}
-  print("%-6s %26s %26s %14s" % ("mode", "head weights+slots/device",
-                                 "collective bytes/step/dev", "step (s)"))
-  for mode, (state, sent, step) in results.items():
-    print("%-6s %26d %26d %14.3f" % (mode, state, sent, step))
-  dp, split = results["dp"], results["split"]
-  print("split / dp: state %.4f (1/N = %.4f), bytes sent %.4f, step time "
-        "%.3f" % (split[0] / dp[0], 1.0 / args.devices, split[1] / dp[1],
-                  split[2] / dp[2]))
+        "Momentum; %d CPU cores; TensorFlow %s; median of %d steps, EPL on "
+        "as in a user's script" % (
+            args.feature_dim, args.num_classes, args.devices, args.batch,
+            os.cpu_count(), tf.__version__, args.steps))
+  results = {name: measure(strategy, keys, args)
+             for name, strategy, keys in ROWS}
+  print("%-15s %15s %15s %15s %10s" % (
+      "run", "state/dev B", "collective B", "edges B", "step s"))
+  for name, (state, collective, edges, step) in results.items():
+    print("%-15s %15d %15d %15d %10.3f" % (name, state, collective, edges,
+                                           step))
+  split = results["split"]
+  print("split against each DP run (lower is better for all three; 1/N = "
+        "%.4f):" % (1.0 / args.devices))
+  print("%-15s %15s %15s %15s %10s" % ("split / ...", "state", "bytes sent",
+                                       "step time", "split"))
+  for name in ("dp, local sums", "dp, ring"):
+    dp = results[name]
+    step_ratio = verdict.ratio(split[3], dp[3])
+    print("%-15s %15.4f %15.4f %15.3f %10s" % (
+        name, verdict.ratio(split[0], dp[0]),
+        verdict.ratio(split[1] + split[2], dp[1] + dp[2]), step_ratio,
+        verdict.verdict(step_ratio, higher_is_better=False)
+        .replace("EPL", "split")), flush=True)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,0 +1,435 @@
+"""Runs every benchmark and writes docs/benchmarks.md: one command
+regenerates every figure the documentation shows.
+
+    python -m benchmarks.all                   # the documented sizes (hours)
+    python -m benchmarks.all --smoke           # every benchmark, seconds each
+    python -m benchmarks.all --only split_head,moe_throughput
+    make benchmarks                            # both TensorFlow versions
+
+Each benchmark of SECTIONS runs as `python benchmarks/<name>.py <args>`
+in a process of its own (with `--in_process`, all in this one, which
+tests/test_benchmarks.py uses: TensorFlow is imported once). Those marked
+`both_versions` run once per `--python` interpreter (the Makefile passes
+.venv's, TensorFlow 2.15, and .venv-latest's, 2.21), so that their figures
+stand side by side; the others run with the first. The page gets the
+date, the machine (cores, memory, GPUs, TensorFlow versions), each exact
+command with its output, and the text of SECTIONS around it: what is
+measured, what each ratio means and which way is better. A benchmark that
+fails is written as failed, with the end of its error output, and the
+command exits non-zero; one that needs Horovod where Horovod is not
+installed is written as skipped, saying why. On a GPU machine the
+benchmarks marked `uses_gpus` (data_parallel: examples/s and MFU) run on
+its GPUs; the others are written for logical CPU devices and run with the
+GPUs hidden.
+"""
+import argparse
+import collections
+import contextlib
+import datetime
+import importlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+for _path in (ROOT, BENCHMARKS):
+  if _path not in sys.path:
+    sys.path.insert(0, _path)
+
+from benchmarks import machine  # noqa: E402  pylint: disable=wrong-import-position
+
+Section = collections.namedtuple(
+    "Section", "name heading args marker text both_versions needs_horovod "
+    "uses_gpus smoke_args")
+
+
+def _section(name, heading, args, marker, text, both_versions=False,
+             needs_horovod=False, uses_gpus=False, smoke_args=("--smoke",)):
+  return Section(name, heading, args, marker, text, both_versions,
+                 needs_horovod, uses_gpus, list(smoke_args))
+
+
+# Every benchmark, in the order of the page. `args`: the documented size;
+# `smoke_args`: the smoke size; `marker`: a word of the table's header,
+# which a run must print.
+SECTIONS = (
+    _section(
+        "data_parallel", "Data parallelism and communication",
+        ["--steps", "10"], "examples/s", """
+The anchors of data parallelism, side by side: the same model, optimizer
+and global batch (32) as plain TensorFlow on one device,
+`tf.distribute.MirroredStrategy`, EPL data parallel with local sums (the
+default on one host's CPUs) and with the collective ring (what runs across
+workers), EPL over Horovod/Gloo, and Horovod alone over Gloo. Each row
+runs in its own process. **vs Mirrored** and **vs Horovod** are
+examples/s over the anchor's: **higher is better**, and the column beside
+says whether EPL wins, loses or is level (within 5%). MFU (model FLOPs per
+second over the devices' peak) needs a known peak: a GPU of
+`benchmarks/machine.py`'s table or `--peak_tflops`; on CPUs it is "-".
+On 2 cores the logical devices share the cores: the rows compare what
+each way of splitting the work costs, not a speed-up. On a GPU machine
+the rows use its GPUs (the Horovod rows stay on CPUs over Gloo).""",
+        both_versions=True, uses_gpus=True),
+    _section(
+        "allreduce", "All-reduce alone: fusion and communicators",
+        ["--config", "base", "--steps", "3"], "all-reduces", """
+The all-reduce of BERT-Base's gradients (110M floats per replica) alone on
+4 logical CPU devices, every configuration timed in turn in one session:
+collective ring all-reduce fused into buckets or one per gradient, 1 to 4
+communicators, and the local sums EPL uses on one host's CPUs. **vs fused
+5, 1 comm** is the reference's step time over the row's: **higher is
+better**."""),
+    _section(
+        "allreduce_overlap", "All-reduce overlapping backward",
+        ["--png", os.path.join("docs", "allreduce_overlap.png")], "overlap",
+        """
+One traced data-parallel step of tiny BERT (4 replicas, ring all-reduce,
+2 communicators): how much of the all-reduce time lies before backward
+ends (**higher is better**: communication hidden behind computation).
+
+![all-reduce overlapping backward](allreduce_overlap.png)"""),
+    _section(
+        "horovod_data_parallel", "Horovod", [], "vs Horovod", """
+EPL's Horovod backend (2 processes x 2 logical devices, and 4 x 1)
+against Horovod alone (plain TF + `hvd.DistributedOptimizer`, 4
+processes), all over Gloo on this machine. **vs Horovod** is examples/s
+over Horovod alone's: **higher is better**. Horovod 0.28.1 builds against
+TensorFlow 2.15 only.""", needs_horovod=True),
+    _section(
+        "split_head", "Split and MoE",
+        ["--feature_dim", "512", "--steps", "3"], "state/dev", """
+A 100k-class dense + softmax cross-entropy head on 4 logical CPU devices
+(features 512 wide here, to fit a shared machine's memory; the script's
+default is 2048): data parallel with local sums, data parallel with the
+ring, and split. The ratios are split's figure over DP's for state per
+device, bytes device 0 sends per step and step time: **lower is better**
+for all three (state: 1/N is the goal)."""),
+    _section(
+        "moe_throughput", "Mixture of experts", [], "tokens/s", """
+Two MoE layers of 8 experts on 4 logical CPU devices: experts split over
+the devices (all-to-all) against replicated (data parallel). **tokens/s
+split / replicated: higher is better**; expert bytes per device: lower is
+better (1/4 is the goal)."""),
+    _section(
+        "bert_throughput", "BERT", [], "examples/s", """
+Tiny BERT (4 layers) with one global batch per step, six ways on the same
+4 logical CPU devices, timed step by step in turn in one process: plain TF
+on one device, MirroredStrategy, EPL data parallel (local sums, and the
+ring), a 4-stage EPL pipeline and 2 stages x 2 replicas. **vs TF 1 dev**
+and **vs Mirrored** are examples/s over that run's: **higher is
+better**."""),
+    _section(
+        "bert_rewrite", "BERT rewrite time",
+        ["--config", "base", "--num_micro_batch", "4"], "seconds", """
+EPL's rewrite of BERT-Base's training graph for 8 replicas x 4
+micro-batches, against building the single-device graph: the rewrite
+time over the build time (**lower is better**) and the op count."""),
+    _section(
+        "pipeline_throughput", "Pipeline", ["--micro_batches", "1,2,4,8"],
+        "bubble", """
+A 2-stage pipeline of dense layers on 2 logical CPU devices, one thread
+each, against one device accumulating the same micro-batches: 1F1B/1dev
+and GPipe/1dev are the speed-ups (**higher is better**), next to the bound
+the pipeline bubble allows."""),
+    _section(
+        "pipeline_memory", "Pipeline memory", [], "GPipe/1F1B", """
+Peak activation memory per stage under GPipe and 1F1B for growing
+micro-batch counts: **GPipe/1F1B above 1** is what 1F1B saves."""),
+    _section(
+        "pipeline_pictures", "Pipeline pictures", [], "wrote", """
+Redraws docs/pipeline_gpipe.png and docs/pipeline_1f1b.png (one traced
+step of a 4-stage pipeline under each schedule)."""),
+    _section(
+        "memory_savers", "Memory savers", [], "peak x", """
+BERT data parallel on 4 logical CPU devices with each memory saver
+(recomputation, bfloat16 AMP, ZeRO, together) against none: **peak x,
+persist x: lower is better**; step x: lower is faster; loss x should stay
+1.000 (the savers do not change the arithmetic beyond bfloat16's
+rounding)."""),
+    _section(
+        "memory_savers_zero", "ZeRO, offload, grouped apply", [], "peak/dev",
+        """
+Tiny BERT, 4 data-parallel replicas: ZeRO, offload and grouped apply
+alone and together against none. Every **(x none)** ratio: **lower is
+better** (loss: 1.00 expected).""",
+        # Its smoke size trains every saver; one is enough for the check.
+        smoke_args=("--smoke", "--runs", "zero v1")),
+    _section(
+        "plan_estimate", "Estimated against measured memory", [], "est/meas",
+        """
+EPL's memory estimate (what `epl-plan` prints) against each device's
+measured peak of a traced step: **est/meas near 1 is better** (within
+25% is the target)."""),
+    _section(
+        "auto_parallel", "Auto parallel", [], "auto/hand", """
+BERT pipelines cut by hand and by auto parallel: **auto/hand is
+examples/s over the hand-annotated run's, higher is better**."""),
+    _section(
+        "startup", "Start-up time",
+        ["--runs", "tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:8x4,"
+         "tiny:8x4:grappler=off,large:8x4:build"], "to step 1", """
+Time from an empty graph to the end of the first training step, each row
+a fresh process: plain TF, MirroredStrategy with 8 replicas, EPL with 8
+replicas (and 8 x 4 micro-batches, also without grappler), and
+BERT-Large 8 x 4 built and rewritten only. **to step 1 ... x plain** and
+**x Mirrored: lower is better**.""", both_versions=True),
+    _section(
+        "copies_as_functions", "Copies as function calls", [], "first step",
+        """
+Plain TF, no EPL: tiny BERT's forward and backward built once as a
+`tf.function` and called once per copy, against a copy of every op (the
+design EPL did not take). Ratios of seconds and ops: **lower is
+better**."""),
+)
+
+ANCHORS = """
+| Anchor | Section | Ratio (which way is better) |
+|---|---|---|
+| plain single-device TF | [Data parallelism](#data-parallelism-and-communication), [BERT](#bert) | EPL examples/s over TF 1 device's (higher) |
+| `tf.distribute.MirroredStrategy` | [Data parallelism](#data-parallelism-and-communication), [BERT](#bert) | examples/s over Mirrored's (higher) |
+| Horovod over Gloo | [Data parallelism](#data-parallelism-and-communication), [Horovod](#horovod) | examples/s over Horovod alone's (higher) |
+| EPL data parallel | [Data parallelism](#data-parallelism-and-communication) | rows "EPL DP, local sums" and "EPL DP, ring" |
+| EPL pipeline | [BERT](#bert), [Pipeline](#pipeline) | examples/s over one device's (higher) |
+| EPL split head (100k classes) vs DP | [Split and MoE](#split-and-moe) | split over DP: state, bytes, step time (lower) |
+| MoE split vs replicated | [Mixture of experts](#mixture-of-experts) | tokens/s (higher), expert bytes (lower) |
+| each memory saver vs none | [Memory savers](#memory-savers), [ZeRO](#zero-offload-grouped-apply) | peak x none (lower) |
+| time to first step vs MirroredStrategy (8 replicas) and plain TF | [Start-up time](#start-up-time) | to step 1 x plain, x Mirrored (lower) |
+"""
+
+
+def _python_version(python):
+  """TensorFlow version `python` imports (a child process unless it is
+  this interpreter)."""
+  if python == sys.executable:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.__version__
+  found = subprocess.run(
+      [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+      capture_output=True, text=True, env=_child_env(), check=False)
+  if found.returncode:
+    raise SystemExit("%s cannot import TensorFlow:\n%s" % (
+        python, found.stderr[-2000:]))
+  return found.stdout.strip().splitlines()[-1]
+
+
+def _has_horovod(python, tf_version):
+  if python == sys.executable:
+    try:
+      import horovod.tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      return False
+    return True
+  found = subprocess.run(
+      [python, "-c", "import horovod.tensorflow"], capture_output=True,
+      env=_child_env(tf_version), check=False)
+  return found.returncode == 0
+
+
+def _child_env(tf_version=None, uses_gpus=True):
+  """The environment of a benchmark's process on TensorFlow `tf_version`:
+  benchmarks written for logical CPU devices (not `uses_gpus`) see no
+  GPU."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  if tf_version is not None:
+    major, minor = (int(x) for x in tf_version.split(".")[:2])
+    # From 2.16 tf.compat.v1.layers needs Keras 2 (tf-keras); on 2.15 the
+    # variable would make tf.keras look for tf-keras, which is not there.
+    if (major, minor) >= (2, 16):
+      env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+      env.pop("TF_USE_LEGACY_KERAS", None)
+  if not uses_gpus:
+    env["CUDA_VISIBLE_DEVICES"] = ""
+  return env
+
+
+def _command(section, smoke):
+  return ["benchmarks/%s.py" % section.name] + (
+      section.smoke_args if smoke else section.args)
+
+
+def _run_child(python, tf_version, section, smoke, timeout):
+  """(status, output) of one benchmark in a process of its own."""
+  done = subprocess.run([python] + _command(section, smoke), cwd=ROOT,
+                        env=_child_env(tf_version, section.uses_gpus),
+                        capture_output=True, text=True,
+                        timeout=timeout, check=False)
+  if done.returncode:
+    return "failed", done.stdout + "\n" + done.stderr[-4000:]
+  return "ok", done.stdout
+
+
+def _run_here(section, smoke):
+  """(status, output) of one benchmark's main() in this process, its
+  environment variables and EPL's state restored afterwards."""
+  saved = dict(os.environ)
+  output = io.StringIO()
+  status = "ok"
+  try:
+    module = importlib.import_module("benchmarks." + section.name)
+    with contextlib.redirect_stdout(output):
+      code = module.main(_command(section, smoke)[1:])
+    if code:
+      status = "failed"
+  except (Exception, SystemExit):  # pylint: disable=broad-except
+    status = "failed"
+    output.write("\n" + traceback.format_exc()[-4000:])
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+    import epl  # pylint: disable=import-outside-toplevel
+    epl.shutdown()
+  return status, output.getvalue()
+
+
+def _cpu_seconds():
+  """CPU time of this process and its finished children, all threads."""
+  return sum(r.ru_utime + r.ru_stime for r in (
+      resource.getrusage(resource.RUSAGE_SELF),
+      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def run_sections(sections, pythons, smoke, in_process, timeout):
+  """[{name, python, tf, status, seconds, cpu_seconds, command, output}]
+  of every section on its interpreters."""
+  versions = {python: _python_version(python) for python in pythons}
+  horovod = {python: _has_horovod(python, versions[python])
+             for python in pythons}
+  results = []
+  for section in sections:
+    for python in pythons if section.both_versions else pythons[:1]:
+      result = {"name": section.name, "python": python,
+                "tf": versions[python],
+                "command": "python " + " ".join(_command(section, smoke))}
+      start, cpu_start = time.perf_counter(), _cpu_seconds()
+      if section.needs_horovod and not horovod[python]:
+        result["status"], result["output"] = "skipped", (
+            "Horovod does not import with TensorFlow %s here (`make "
+            "horovod` builds it for TensorFlow 2.15; Horovod 0.28.1 does "
+            "not build against later versions)." % versions[python])
+      elif in_process:
+        result["status"], result["output"] = _run_here(section, smoke)
+      else:
+        result["status"], result["output"] = _run_child(
+            python, versions[python], section, smoke, timeout)
+      result["seconds"] = time.perf_counter() - start
+      result["cpu_seconds"] = _cpu_seconds() - cpu_start
+      print("%-22s TF %-8s %-7s %6.0f s, CPU %6.0f s" % (
+          section.name, result["tf"], result["status"], result["seconds"],
+          result["cpu_seconds"]), flush=True)
+      results.append(result)
+  return results
+
+
+def _machine_line(results):
+  versions = sorted({r["tf"] for r in results})
+  return machine.describe(" and ".join(versions))
+
+
+def page(sections, results, smoke, seconds, load):
+  """docs/benchmarks.md's text; `load`: the load averages (1 minute) at
+  the start and the end of the run."""
+  lines = ["# Benchmarks", ""]
+  if smoke:
+    lines += ["**SMOKE SIZE: these outputs come from `python -m "
+              "benchmarks.all --smoke`, every benchmark at its smallest "
+              "size (seconds); they show that each runs and what it "
+              "prints, and say nothing about speed or memory.**", ""]
+  lines += [
+      "Generated by `python -m benchmarks.all%s` (`make benchmarks` runs "
+      "it on both TensorFlow versions); do not edit by hand, run it again."
+      % (" --smoke" if smoke else ""), "",
+      "- date: %s" % datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+      "- machine: %s" % _machine_line(results),
+      "- whole run: %.0f minutes; load average %.1f at its start and %.1f "
+      "at its end on %d cores: above the core count, other jobs shared "
+      "the machine, and step times move between runs (by 10-50%% on 2 "
+      "shared cores): compare the rows of one table, which ran together, "
+      "more than tables." % (seconds / 60.0, load[0], load[1],
+                              os.cpu_count()),
+      "",
+      "Logical CPU devices (`cluster.num_cpu_devices`) are devices of one "
+      "process that share the machine's cores: on a CPU machine a ratio "
+      "compares two ways of splitting the same work, not a speed-up over "
+      "one device. Each table says which way its ratios are better; where "
+      "EPL loses against an anchor, its row says \"EPL loses\". The "
+      "original EPL's published GPU results (BERT-Large pipeline +57% "
+      "over Horovod data parallel at 64 GPUs; a 100k-class split head "
+      "14.8x faster than Horovod DP) need GPUs: the same command on a GPU "
+      "machine uses its GPUs and reports MFU.", "",
+      "## Anchors", "", ANCHORS.strip(), ""]
+  by_name = collections.defaultdict(list)
+  for result in results:
+    by_name[result["name"]].append(result)
+  for section in sections:
+    lines += ["## %s" % section.heading, "", section.text.strip(), ""]
+    for result in by_name[section.name]:
+      lines += ["`%s` (TensorFlow %s, %.0f s): %s" % (
+          result["command"], result["tf"], result["seconds"],
+          result["status"]), "", "```", result["output"].rstrip(), "```",
+                ""]
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--smoke", action="store_true",
+                      help="every benchmark at its --smoke size")
+  parser.add_argument("--only", default="",
+                      help="comma-separated benchmark names (default: all)")
+  parser.add_argument("--python", action="append", default=[],
+                      help="an interpreter to run the both-version "
+                      "benchmarks with (repeat; default: this one); the "
+                      "first runs the others")
+  parser.add_argument("--in_process", action="store_true",
+                      help="run every benchmark in this process (only this "
+                      "interpreter, on CPUs)")
+  parser.add_argument("--out", default=os.path.join(ROOT, "docs",
+                                                    "benchmarks.md"))
+  parser.add_argument("--json", default="",
+                      help="also write the results as JSON here")
+  parser.add_argument("--timeout", type=int, default=4 * 3600,
+                      help="seconds per benchmark")
+  args = parser.parse_args(argv)
+  pythons = args.python or [sys.executable]
+  if args.in_process:
+    if pythons != [sys.executable]:
+      raise SystemExit("--in_process runs this interpreter only; leave out "
+                       "--python")
+    # One TensorFlow for every benchmark: the logical CPU devices' one,
+    # with the allocator whose statistics plan_estimate reads (it sets
+    # this itself when it starts TensorFlow).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+  names = [n for n in args.only.split(",") if n]
+  unknown = set(names) - {s.name for s in SECTIONS}
+  if unknown:
+    raise SystemExit("--only: unknown benchmarks %s (known: %s)" % (
+        sorted(unknown), ", ".join(s.name for s in SECTIONS)))
+  sections = [s for s in SECTIONS if not names or s.name in names]
+  start, load = time.perf_counter(), [os.getloadavg()[0]]
+  results = run_sections(sections, pythons, args.smoke, args.in_process,
+                         args.timeout)
+  load.append(os.getloadavg()[0])
+  with open(args.out, "w") as out:
+    out.write(page(sections, results, args.smoke,
+                   time.perf_counter() - start, load))
+  if args.json:
+    with open(args.json, "w") as out:
+      json.dump(results, out, indent=1)
+  print("wrote %s" % args.out)
+  failed = [r["name"] for r in results if r["status"] == "failed"]
+  if failed:
+    print("failed: %s" % ", ".join(failed))
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,94 @@
+"""Every benchmark still runs: each at its `--smoke` size completes and
+prints its table with finite figures (the figures' values are not
+checked: no timed tests). One subprocess runs them all in turn
+(`python -m benchmarks.all --smoke --in_process`, TensorFlow imported
+once) and writes the page `make benchmarks` writes, which is checked
+too. A benchmark that needs Horovod skips where Horovod is not installed
+(TensorFlow past 2.15), saying why."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks import all as all_benchmarks  # noqa: E402  pylint: disable=wrong-import-position
+from benchmarks import machine  # noqa: E402  pylint: disable=wrong-import-position
+from benchmarks import verdict  # noqa: E402  pylint: disable=wrong-import-position
+
+_NOT_FINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf)(?![\w])", re.I)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  """(results by benchmark name, the page) of one smoke run of all."""
+  folder = tmp_path_factory.mktemp("benchmarks")
+  page, results = folder / "benchmarks.md", folder / "results.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.all", "--smoke", "--in_process",
+       "--out", str(page), "--json", str(results)],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT,
+                         TF_CPP_MIN_LOG_LEVEL="2"),
+      capture_output=True, text=True, timeout=1800, check=False)
+  assert results.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+  with open(results) as f:
+    by_name = {r["name"]: r for r in json.load(f)}
+  return by_name, page.read_text()
+
+
+@pytest.mark.parametrize("section", all_benchmarks.SECTIONS,
+                         ids=lambda s: s.name)
+def test_benchmark_runs_at_smoke_size(smoke, section):
+  result = smoke[0][section.name]
+  if result["status"] == "skipped":
+    pytest.skip(result["output"])
+  output = result["output"]
+  assert result["status"] == "ok", output[-4000:]
+  assert section.marker in output, (
+      "%s printed no table (no %r):\n%s" % (section.name, section.marker,
+                                            output[-3000:]))
+  table = output[output.index(section.marker):]
+  written = re.findall(r"^wrote (\S+)$", output, re.M)
+  if written:  # a benchmark that draws pictures: they are there
+    assert all(os.path.getsize(path) > 0 for path in written), written
+  else:
+    assert _NUMBER.search(table), table
+  assert not _NOT_FINITE.search(output), output[-3000:]
+
+
+def test_page_says_when_where_and_how(smoke):
+  page = smoke[1]
+  assert "SMOKE SIZE" in page
+  assert re.search(r"- date: \d{4}-\d\d-\d\d \d\d:\d\d", page)
+  assert re.search(r"- machine: \d+ CPU cores, [\d.]+ GiB memory, .*"
+                   r"TensorFlow \d+\.\d+", page)
+  for section in all_benchmarks.SECTIONS:
+    assert "## %s" % section.heading in page
+    assert "`python benchmarks/%s.py %s`" % (
+        section.name, " ".join(section.smoke_args)) in page
+
+
+def test_verdict_says_who_wins():
+  assert verdict.verdict(1.2) == "EPL wins"
+  assert verdict.verdict(0.8) == "EPL loses"
+  assert verdict.verdict(1.02) == "level"
+  assert verdict.verdict(0.8, higher_is_better=False) == "EPL wins"
+  assert verdict.verdict(float("nan")) == "-"
+  assert verdict.ratio(3.0, 0) != verdict.ratio(3.0, 0)  # nan, no error
+
+
+def test_mfu_uses_the_peak_of_the_gpu_or_the_flag():
+  assert machine.peak_flops("NVIDIA H100 80GB HBM3") == 494.7e12
+  assert machine.peak_flops("NVIDIA H100 PCIe") == 378.0e12
+  assert machine.peak_flops("NVIDIA A100-SXM4-40GB") == 156.0e12
+  assert machine.peak_flops("") is None
+  assert machine.peak_flops("", override_tflops=2.0) == 2e12
+  # 1e12 FLOPs per 0.5 s step on 2 devices of 1e12 FLOP/s: 100%.
+  assert machine.mfu(1e12, 0.5, 1e12, 2) == pytest.approx(1.0)
+  assert machine.mfu(1e12, 0.5, None, 2) is None
