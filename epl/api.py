@@ -9,6 +9,7 @@ from epl import hooks
 from epl.capture import graph_mode
 from epl.config import Config
 from epl.env import Env
+from epl.ir.graph_state import state_of
 from epl.plan import planner
 from epl.runtime import server
 from epl.strategies.strategy import Replicate
@@ -18,12 +19,18 @@ logger = logging.getLogger("epl")
 
 
 def set_default_strategy(strategy):
-  """Every op built outside a strategy scope belongs to `strategy`."""
+  """Every op built outside a strategy scope belongs to `strategy`.
+
+  EPL starts keeping the default graph's state here, as the original EPL
+  did, so that `epl.Graph.get()` taken right after this call is the view
+  that the model built next fills in.
+  """
   if strategy is not None and not isinstance(strategy, Replicate):
     raise ValueError(
         "epl.set_default_strategy expects epl.replicate(...), got %r; a "
         "split part is built inside `with epl.split(...):`." % (strategy,))
   Env.require().default_strategy = strategy
+  state_of(tf.compat.v1.get_default_graph(), create=True)
 
 
 def _configure_logging():

@@ -168,3 +168,15 @@ def test_graph_keys_and_collections_through_the_ir_module():
     view = epl.Graph.get(may_create=True)
     assert view.get_collection(GraphKeys.GLOBAL_MEAN_OBJECTS) == [loss]
     assert view.get_collection(GraphKeys.GLOBAL_SUM_OBJECTS) == []
+
+
+def test_graph_taken_right_after_set_default_strategy_fills_in():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  with tf.Graph().as_default():
+    epl.set_default_strategy(epl.replicate(1))
+    view = epl.Graph.get()
+    assert view is not None and view.num_stages == 0
+    x, y = training.input_batch(4)
+    tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    assert view is epl.Graph.get()
+    assert view.num_stages == 1 and view.taskgraphs[0].num_replicas == 2
