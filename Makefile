@@ -18,8 +18,8 @@ EXTRAS ?= cpu,test,plot
 # this tree if the package existed when it was installed.
 STAMP := $(VENV)/.epl-installed
 
-.PHONY: venv venv-latest horovod tools test test-latest demo quick-start \
-  clean distclean
+.PHONY: venv venv-latest horovod tools test test-latest test-tf1 demo \
+  quick-start clean distclean
 
 venv: $(STAMP)
 
@@ -61,6 +61,13 @@ tools:
 
 test: venv horovod tools
 	$(VENV_PY) -m pytest -q tests
+
+# The equivalence tests once more as ported TF1 scripts run them, under
+# `tf.compat.v1.disable_v2_behavior()` (reference variables, v1 control
+# flow): the subset TF1_BEHAVIOUR_TESTS of tests/conftest.py, about 4
+# minutes on 2 cores. EPL_TEST_TF1_BEHAVIOUR=1 runs any test file so.
+test-tf1: venv
+	EPL_TEST_TF1_BEHAVIOUR=1 $(VENV_PY) -m pytest -q -m tf1_behaviour tests
 
 # The newest TensorFlow EPL is tested on. Since TF 2.16 `tf.keras` is Keras 3
 # unless TF_USE_LEGACY_KERAS=1 makes it tf-keras (Keras 2), which

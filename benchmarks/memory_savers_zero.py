@@ -4,11 +4,12 @@ the same run without savers.
 
 Every run trains the example BERT (`examples/bert_large`, tiny by default,
 AdamW, dropout off, synthetic input, the same seed) with
-`--parallel data` on 4 logical CPU devices, the savers set through their
-EPL_* environment variables (the example reads its EPL config from them).
-The runs are built one after the other in this process; each trains
-`--steps` steps (the first is a warm-up, left out of the step time), then
-one traced step gives the peak memory per device.
+`--parallel data` on 4 logical CPU devices and `--num_micro_batch`
+micro-batches a step (2 by default: ZeRO v1 and v2 differ there), the
+savers set through their EPL_* environment variables (the example reads
+its EPL config from them). The runs are built one after the other in this
+process; each trains `--steps` steps (the first is a warm-up, left out of
+the step time), then one traced step gives the peak memory per device.
 
 Columns, each as an absolute figure and as a ratio to "none":
   peak/dev   the largest peak a replica device allocated during the traced
@@ -18,14 +19,24 @@ Columns, each as an absolute figure and as a ratio to "none":
              (weights + optimizer state, from the graph's placement)
   opt/dev    bytes of optimizer state (every variable that is not a weight
              or global_step: AdamW's m and v) on the most loaded device
+  w+g+o/dev  weights + gradients + optimizer state of the most loaded
+             replica device, as `epl.analysis.memory_estimate` counts them
+             from the rewritten graph (gradients: the set the update reads,
+             times 2 with micro-batches: the sum so far and the one added)
+  formula    the same by DeepSpeed's formulas for the run's ZeRO level
+             (`memory_estimate.zero_formula`; "none" and offload: off),
+             with gradients counted twice with micro-batches as above
   step ms    median step time
   loss       the loss (mean over replicas) after the last step
 
-Replica devices are /device:CPU:1..3 here, the devices off the host: on
-logical CPU devices the host CPU (where offload puts the state) is also
-replica 0's device, /device:CPU:0, whose figures are printed on their own.
+A last line gives the formula for zero v3 (partitioned weights), which is
+not built. Replica devices are /device:CPU:1..3 here, the devices off the
+host: on logical CPU devices the host CPU (where offload puts the state)
+is also replica 0's device, /device:CPU:0, whose figures are printed on
+their own.
 
     python benchmarks/memory_savers_zero.py [--config tiny] [--steps 8]
+    python benchmarks/memory_savers_zero.py --smoke   # seconds: 2 layers, 3 steps
 """
 import argparse
 import logging
@@ -43,6 +54,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
+from epl.analysis import memory_estimate  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.op_types import VARIABLE_TYPES  # noqa: E402
@@ -55,6 +67,7 @@ RUNS = (
     ("none", {}),
     ("zero v0", {"EPL_ZERO_LEVEL": "v0"}),
     ("zero v1", {"EPL_ZERO_LEVEL": "v1"}),
+    ("zero v2", {"EPL_ZERO_LEVEL": "v2"}),
     ("offload v0", {"EPL_OFFLOAD_LEVEL": "v0"}),
     ("grouped apply 4", {"EPL_OPTIMIZER_NUM_APPLY_GROUP": "4"}),
     ("zero v1+offload+group", {"EPL_ZERO_LEVEL": "v1",
@@ -92,6 +105,17 @@ def state_bytes(graph, weights):
   return persistent, optimizer
 
 
+def _formula(stages, level, micro_batches):
+  """Persistent bytes per device of the largest stage by
+  `memory_estimate.zero_formula`, gradients counted as the estimate counts
+  them (two sets with micro-batches)."""
+  largest = max(stages, key=lambda s: s.parameters)
+  sets = 2 if micro_batches > 1 else 1
+  return memory_estimate.zero_formula(
+      level, largest.parameters, DEVICES, largest.weight_bytes,
+      largest.gradient_bytes * sets, largest.optimizer_bytes, micro_batches)
+
+
 def measure(args, name, settings):
   """Trains one run; returns its figures."""
   os.environ.update(settings)
@@ -101,10 +125,15 @@ def measure(args, name, settings):
       handles = train.build_graph(train.make_flags(
           config=args.config, batch_size=args.batch_size,
           seq_length=args.seq_length, parallel="data",
+          num_micro_batch=args.num_micro_batch, num_layers=args.num_layers,
           num_cpu_devices=DEVICES, steps=100000, warmup_steps=10,
           learning_rate=1e-4, seed=1, dropout=False))
       logging.getLogger("epl").setLevel(logging.WARNING)
       result = engine.ensure_rewritten(graph)
+      estimates = {_short_device(e.device): e
+                   for e in memory_estimate.estimate(result)}
+      stages = memory_estimate.zero_parameters(result)
+      level = result.context.config.zero.level
       loss = result.substitutes.get(handles["loss"].name, handles["loss"])
       weights = {v.op.name for v in tf.trainable_variables()}
       init = tf.global_variables_initializer()
@@ -126,8 +155,14 @@ def measure(args, name, settings):
     for key in settings:
       del os.environ[key]
   replica_devices = ["/device:CPU:%d" % d for d in range(1, DEVICES)]
+  held = [estimates[d].parameters + estimates[d].optimizer_state +
+          estimates[d].gradients * estimates[d].gradient_sets
+          for d in replica_devices]
   return {
       "name": name,
+      "held": max(held),
+      "formula": _formula(stages, level, args.num_micro_batch),
+      "v3 formula": _formula(stages, "v3", args.num_micro_batch),
       "peak": max(peaks.get(d, 0) for d in replica_devices),
       "persist": max(persistent.get(d, 0) for d in replica_devices),
       "opt": max(optimizer.get(d, 0) for d in replica_devices),
@@ -141,7 +176,8 @@ def measure(args, name, settings):
 def report(results):
   base = results[0]
   columns = (("peak/dev MiB", "peak", MIB), ("persist MiB", "persist", MIB),
-             ("opt/dev MiB", "opt", MIB), ("step ms", "step", 1.0),
+             ("opt/dev MiB", "opt", MIB), ("w+g+o/dev MiB", "held", MIB),
+             ("formula MiB", "formula", MIB), ("step ms", "step", 1.0),
              ("loss", "loss", 1.0))
   header = ["run"] + ["%s (x none)" % title for title, _, _ in columns] + [
       "host peak/persist MiB"]
@@ -154,6 +190,8 @@ def report(results):
     cells.append("%21s" % ("%.1f / %.1f" % (row["host peak"] / MIB,
                                              row["host persist"] / MIB)))
     print(" | ".join(cells))
+  print("zero v3 (not built): formula %.3f MiB per device (%.2f x none)" % (
+      base["v3 formula"] / MIB, base["v3 formula"] / base["formula"]))
 
 
 def main(argv=None):
@@ -163,17 +201,27 @@ def main(argv=None):
                       help="examples per replica and step")
   parser.add_argument("--seq_length", type=int, default=64)
   parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--num_micro_batch", type=int, default=2)
+  parser.add_argument("--num_layers", type=int, default=0,
+                      help="encoder layers (0: the preset's)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="a seconds-long check that every run works: 2 "
+                      "layers, sequence 16, batch 2, 3 steps")
   parser.add_argument("--runs", default="",
                       help="comma-separated run names (default: all)")
   args = parser.parse_args(argv)
+  if args.smoke:
+    args.num_layers, args.seq_length, args.batch_size, args.steps = (
+        2, 16, 2, 3)
   tf.disable_eager_execution()
   wanted = set(args.runs.split(",")) if args.runs else None
   runs = [(n, s) for n, s in RUNS if wanted is None or n in wanted or
           n == "none"]
   print("BERT-%s, %d data-parallel replicas on %d logical CPU devices, "
-        "batch %d x seq %d per replica, %d steps; TensorFlow %s" % (
-            args.config, DEVICES, DEVICES, args.batch_size, args.seq_length,
-            args.steps, tf.__version__))
+        "%d micro-batch(es) of %d x seq %d per replica, %d steps; "
+        "TensorFlow %s" % (
+            args.config, DEVICES, DEVICES, args.num_micro_batch,
+            args.batch_size, args.seq_length, args.steps, tf.__version__))
   results = [measure(args, name, settings) for name, settings in runs]
   report(results)
   return 0

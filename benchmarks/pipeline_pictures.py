@@ -1,4 +1,5 @@
-"""Draws docs/pipeline_gpipe.png and docs/pipeline_1f1b.png for
+"""Draws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png and
+docs/pipeline_zb_h1.png for
 docs/pipeline.md: one traced training step of a 4-stage pipeline with 4
 micro-batches under each schedule, with epl.timeline's Gantt helper (needs
 matplotlib).
@@ -20,7 +21,8 @@ import stage_model  # noqa: E402  (benchmarks/, next to this script)
 
 STAGES, MICRO_BATCHES, LAYERS, WIDTH, BATCH = 4, 4, 2, 512, 128
 PICTURES = {"PreferForward": ("pipeline_gpipe.png", "PreferForward (GPipe)"),
-            "PreferBackward": ("pipeline_1f1b.png", "PreferBackward (1F1B)")}
+            "PreferBackward": ("pipeline_1f1b.png", "PreferBackward (1F1B)"),
+            "ZeroBubble": ("pipeline_zb_h1.png", "ZeroBubble (ZB-H1)")}
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), "docs")
 

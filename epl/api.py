@@ -12,7 +12,7 @@ from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.plan import planner
 from epl.runtime import server
-from epl.strategies.strategy import Replicate
+from epl.strategies.strategy import Replicate, require_devices
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
@@ -21,6 +21,10 @@ logger = logging.getLogger("epl")
 def set_default_strategy(strategy):
   """Every op built outside a strategy scope belongs to `strategy`.
 
+  Switching the default to another strategy starts a new TaskGraph (a
+  pipeline stage, the original's idiom): that switch must name its
+  strategies, so that calling `set_default_strategy(epl.replicate(1))`
+  twice by mistake raises rather than building a 2-stage pipeline.
   EPL starts keeping the default graph's state here, as the original EPL
   did, so that `epl.Graph.get()` taken right after this call is the view
   that the model built next fills in.
@@ -29,7 +33,18 @@ def set_default_strategy(strategy):
     raise ValueError(
         "epl.set_default_strategy expects epl.replicate(...), got %r; a "
         "split part is built inside `with epl.split(...):`." % (strategy,))
-  Env.require().default_strategy = strategy
+  env = Env.require()
+  previous = env.default_strategy
+  if (strategy is not None and previous is not None and
+      strategy is not previous and not (strategy.named and previous.named)):
+    raise ValueError(
+        "epl.set_default_strategy(%r) is called again (the default is "
+        "already %r): each new default strategy starts a new pipeline "
+        "stage. Call it once for data parallelism; to cut stages, name "
+        "each one (epl.replicate(1, name=\"stage_1\"))." % (strategy, previous))
+  if strategy is not None:
+    require_devices(strategy)
+  env.default_strategy = strategy
   state_of(tf.compat.v1.get_default_graph(), create=True)
 
 
@@ -42,6 +57,22 @@ def _configure_logging():
     logger.propagate = False
 
 
+def _refuse_built_model(graph):
+  """Raises when `graph`, the graph the model is about to be built in,
+  already holds variables: EPL captures a model while it is built, so a
+  model built before `epl.init` would not be parallelised."""
+  with graph.as_default():
+    built = tf.compat.v1.global_variables()
+  if built:
+    raise RuntimeError(
+        "epl.init() is called after the model was built: the default graph "
+        "already holds %d variable(s) (%s). EPL records the model while it "
+        "is built: call epl.init() before building it (a plain TensorFlow "
+        "model built first belongs inside `with tf.Graph().as_default():`)."
+        % (len(built), ", ".join(repr(v.op.name) for v in built[:3]) +
+           (", ..." if len(built) > 3 else "")))
+
+
 def init(config=None):
   """Initialises EPL; call once before building the model.
 
@@ -51,7 +82,9 @@ def init(config=None):
   Calling it again starts afresh with the new config, in the same
   `epl.Env.get()` object; as in the original EPL, it then also resets
   TensorFlow's default graph unless a `with graph.as_default():` block is
-  open, so that the model is built again from an empty graph.
+  open, so that the model is built again from an empty graph. A first call
+  whose default graph already holds variables raises: the model was built
+  before EPL could record it.
   """
   _configure_logging()
   if config is None:
@@ -69,6 +102,8 @@ def init(config=None):
   job = cluster.Cluster.from_environment(config)
   if Env.initialised() and not graph_edit.in_graph_context():
     tf.compat.v1.reset_default_graph()
+  else:
+    _refuse_built_model(tf.compat.v1.get_default_graph())
   env = Env.get()
   env.reset(config, job)
   cluster.set_layout_planner(planner.planned_virtual_devices)

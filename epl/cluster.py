@@ -215,6 +215,17 @@ class Cluster:
     """Returns `plan` when this cluster can run it, else raises."""
     return plan
 
+  def require_devices(self, count, what):
+    """Raises ValueError naming `what` when `count` devices are more than
+    this cluster has."""
+    if count > self.total_devices:
+      raise ValueError(
+          "%s needs %d device(s) but the cluster has only %d (%r). Use "
+          "fewer or smaller strategy scopes, or more devices (without GPUs: "
+          "the config key cluster.num_cpu_devices or "
+          "EPL_CLUSTER_NUM_CPU_DEVICES)." % (what, count, self.total_devices,
+                                             self))
+
   # The original EPL's names, read by its published scripts. They count
   # the devices EPL uses, GPUs or logical CPU devices.
 

@@ -146,12 +146,21 @@ class _PositiveFloat(_Kind):
 
 
 class _Choice(_Kind):
-  """One of a few strings, matched case-insensitively, stored canonically."""
+  """One of a few strings, matched case-insensitively, stored canonically.
 
-  def __init__(self, options):
+  `aliases` ({alias: option}) are other names accepted for an option and
+  stored as that option.
+  """
+
+  def __init__(self, options, aliases=None):
     self.options = tuple(options)
+    aliases = dict(aliases or {})
     self._by_lower = {o.lower(): o for o in self.options}
+    self._by_lower.update((a.lower(), o) for a, o in aliases.items())
     shown = ", ".join('"%s"' % o for o in self.options)
+    if aliases:
+      shown += " (aliases: %s)" % ", ".join(
+          '"%s" for "%s"' % item for item in aliases.items())
     self.type_text = "one of " + shown
     self.allowed = "one of " + shown + " (any case)"
 
@@ -276,10 +285,12 @@ _KEYS = (
        "Drop the files left over so every worker gets as many files.",
        built=True),
     # zero
-    _k("zero", "level", _Choice(["", "v0", "v1", "v2"]), "",
+    _k("zero", "level", _Choice(["", "v0", "v1", "v2", "v3"]), "",
        "ZeRO memory partitioning over data-parallel replicas; \"v0\" "
-       "optimizer states, \"v1\" also gradients; \"v2\" (weights) is not "
-       "built and raises; \"\" is off.", built=True),
+       "optimizer states, \"v1\" also gradients (reduced on their owner), "
+       "\"v2\" also the micro-batch sums of gradients (on their owner "
+       "only); \"v3\" (weights) is not built and raises; \"\" is off.",
+       built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",
        "Offload to host memory; \"v0\" puts variables, optimizer state and "
@@ -321,6 +332,12 @@ _KEYS = (
     _k("optimizer", "num_apply_group", _Int(minimum=1), 1,
        "Apply the gradients in this many groups, one after another, to "
        "lower peak memory.", built=True),
+    _k("optimizer", "grappler", _Choice(["default", "fast"]), "fast",
+       "Grappler (TensorFlow's graph optimiser) preset of every session: "
+       "\"fast\" runs fewer of its passes, which on EPL's large replicated "
+       "graphs cost most of the time to the first step and buy little "
+       "step time; \"default\" is TensorFlow's. Fields the user sets in "
+       "the session's RewriterConfig win.", built=True),
     # cluster
     _k("cluster", "device_place_prefer_intra_node", _Bool(), True,
        "Prefer placing one model replica within a single node.", built=True),
@@ -354,11 +371,15 @@ _KEYS = (
        "this many; with stage scopes written by hand, their count (-1: any).",
        built=True),
     _k("pipeline", "strategy",
-       _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer"]),
+       _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
+                "ZeroBubble"],
+               aliases={"1F1B": "PreferBackward", "GPipe": "PreferForward"}),
        "PreferBackward",
        "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
-       "(GPipe) or \"PreferBackwardOptimizer\" (1F1B with one more forward "
-       "in flight on every stage but the last).", built=True),
+       "(GPipe), \"PreferBackwardOptimizer\" (1F1B with one more forward "
+       "in flight on every stage but the last) or \"ZeroBubble\" (ZB-H1: "
+       "each backward split into input and weight gradients, the weight "
+       "gradients deferred into the bubble).", built=True),
     # log
     _k("log", "passes", _Bool(), False,
        "Log each rewrite pass at INFO: whether it ran, the ops it added and "

@@ -38,14 +38,16 @@ capture, planning, the rewrite, the runtime and the tools together.
   cut to this worker's share (`epl.capture.io_slicing`).
 - `DatasetV1._make_one_shot_iterator` / `_make_initializable_iterator`
   (behind `tf.compat.v1.data.make_*_iterator`): a dataset built eagerly
-  before `epl.init()` raises a clear error (`epl.capture.graph_mode`).
+  before `epl.init()` raises a clear error (`epl.capture.graph_mode`); in
+  a multi-worker job, one whose data is in memory and not sharded logs a
+  warning (`epl.capture.io_slicing.warn_unsharded_input`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
 - `EventFileWriter` as `FileWriter` makes it, and
   `training_util.write_graph`: in a multi-worker job only worker 0 writes
   event and graph files (`epl.runtime.summaries`).
 - `RunConfig.__init__`, `Estimator._call_model_fn`, `latest_checkpoint`
-  and `evaluate` (when tensorflow-estimator is installed): RunConfig
+  and `evaluate` (once the script imports tensorflow-estimator): RunConfig
   ignores TF_CONFIG and distribution arguments; evaluation and prediction
   graphs are not captured; in a multi-worker job the other workers
   evaluate worker 0's checkpoint once it is written
@@ -71,6 +73,7 @@ import threading
 
 import tensorflow as tf
 
+from epl import user_warnings
 from epl.capture import capture
 from epl.capture import graph_mode
 from epl.capture import io_slicing
@@ -200,7 +203,7 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   serving.maybe_serve(env, session.graph)
   if _rewrite(session.graph) is None and dry_run.enabled():
     dry_run.refuse_run()
-  fetches = epl_session.before_run(session.graph, fetches)
+  fetches = epl_session.before_run(session.graph, fetches, feed_dict)
   try:
     return original(session, fetches, feed_dict, options, run_metadata)
   except tf.errors.OpError as error:
@@ -225,6 +228,7 @@ def _dataset_init(original, dataset, *args, **kwargs):
 def _dataset_iterator(original, dataset, *args, **kwargs):
   if active() is not None:
     graph_mode.check_dataset_in_graph(dataset)
+    io_slicing.warn_unsharded_input(dataset)
   return original(dataset, *args, **kwargs)
 
 
@@ -281,13 +285,10 @@ def _evaluate(original, estimator_object, *args, **kwargs):
   return estimator.evaluate(original, estimator_object, *args, **kwargs)
 
 
-def _estimator_hooks():
-  if not tf_estimator.available():
-    return ()
-  return ((tf_estimator.RUN_CONFIG_INIT, _run_config_init),
-          (tf_estimator.CALL_MODEL_FN, _call_model_fn),
-          (tf_estimator.LATEST_CHECKPOINT, _latest_checkpoint),
-          (tf_estimator.EVALUATE, _evaluate))
+def _install_estimator_hooks():
+  """Wraps the Estimator's entry points, once the script imported it."""
+  _wrap(zip(tf_estimator.targets(), (_run_config_init, _call_model_fn,
+                                     _latest_checkpoint, _evaluate)))
 
 
 def _split_lowering(name, module=split_lowering):
@@ -297,6 +298,9 @@ def _split_lowering(name, module=split_lowering):
 
   @tf.autograph.experimental.do_not_convert
   def wrapper(original, *args, **kwargs):
+    # TensorFlow's own warnings (tf.layers.dense is deprecated) then name
+    # the user's line, not this wrapper's.
+    original = user_warnings.as_user(original)
     if active() is None:
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)
@@ -363,7 +367,7 @@ def _keras_hooks():
   (`epl.tf_compat.keras`)."""
   found = keras.targets()
   hooks = [(target, _split_lowering("add_weight", expert_lowering))
-           for target in found.add_weight]
+           for target in found.add_weight + found.frozen_add_weight]
   if found.v1_dense is not None:
     hooks.append((found.v1_dense, _split_lowering("dense")))
   if found.dense_call is not None:
@@ -373,8 +377,16 @@ def _keras_hooks():
 
 
 def install():
-  """Wraps the entry points above (once)."""
-  for key, wrapper in _HOOKS + _keras_hooks() + _estimator_hooks():
+  """Wraps the entry points above (once); the Estimator's once the script
+  imports it (`epl.tf_compat.estimator`: importing it eagerly would
+  print deprecation warnings of its own)."""
+  _wrap(_HOOKS + _keras_hooks())
+  tf_estimator.when_imported(_install_estimator_hooks)
+
+
+def _wrap(hooks):
+  """Replaces each (owner, attribute) of `hooks` by its wrapper (once)."""
+  for key, wrapper in hooks:
     owner, attribute = key
     if key in _originals:
       continue
@@ -401,6 +413,7 @@ def _as_method(original, wrapper):
 
 def uninstall():
   """Restores every wrapped entry point."""
+  tf_estimator.cancel()
   for (owner, attribute), original in list(_originals.items()):
     if original is _INHERITED:
       delattr(owner, attribute)

@@ -171,6 +171,36 @@ def test_dynamic_scale_grows_after_the_period(monkeypatch):
                                  history[-1]["dense/kernel"])
 
 
+def _deep_model(x, layers=4):
+  hidden = x
+  for index in range(layers):
+    last = index == layers - 1
+    hidden = tf.compat.v1.layers.dense(
+        hidden, 1 if last else 16, activation=None if last else tf.nn.tanh,
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(
+            seed=10 + index))
+  return hidden
+
+
+def test_dynamic_scale_with_adam_and_global_step(monkeypatch):
+  # Adam updates its beta powers after the variable updates, and
+  # minimize(global_step=...) increments after them: the finiteness
+  # decision reads only what comes before the updates (it waited for
+  # them, a cycle). Starting at 128, no step overflows: it trains as the
+  # fixed scale 128 does (Adam amplifies half-precision noise in gradients
+  # near zero past FP16_TOLERANCE of float32 training, so that is the
+  # reference).
+  monkeypatch.setattr(loss_scale, "INITIAL_SCALE", 128.0)
+  expected, _, _ = training.train(_deep_model, "adam", batch_size=8,
+                                  config=_amp(4))
+  epl.shutdown()
+  actual, _, _ = training.train(
+      _deep_model, "adam", batch_size=8,
+      config=_amp(4, **{"amp.loss_scale": "dynamic"}))
+  assert actual["global_step"] == 5
+  training.assert_close(actual, expected)
+
+
 def test_o1_pipeline_two_stages_two_replicas():
   model = training.staged_model((16, 1))
   expected, _, _ = training.train(model, batch_size=32, with_epl=False)

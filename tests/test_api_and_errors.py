@@ -33,6 +33,18 @@ def test_model_before_init_says_what_to_call():
     epl.set_default_strategy(epl.replicate(1))
 
 
+def test_init_after_the_model_was_built_names_the_late_init():
+  tf.compat.v1.get_variable("w", [3, 1])
+  with pytest.raises(RuntimeError, match="epl.init.* after the model was "
+                     "built.*1 variable.*'w'.*before building it"):
+    _init()
+  # A plain TensorFlow model kept in its own graph is fine.
+  tf.compat.v1.reset_default_graph()
+  with tf.Graph().as_default():
+    tf.compat.v1.get_variable("w", [3, 1])
+  _init()
+
+
 def test_init_accepts_a_dict_and_rejects_bad_keys():
   assert epl.init({"pipeline.num_micro_batch": 2}).config.pipeline \
       .num_micro_batch == 2
@@ -88,11 +100,9 @@ def test_ops_are_captured_per_taskgraph_and_phase():
 
 
 @pytest.mark.parametrize("strategy, error, message", [
-    (lambda: epl.replicate(device_count=8), ValueError,
-     "needs 8 device.*only 4"),
     (lambda: epl.split(device_count=2), ValueError,
      "colocate_split_and_replicate"),
-], ids=["more_devices_than_exist", "split_without_colocate"])
+], ids=["split_without_colocate"])
 def test_rewrite_errors_raise_at_first_run(strategy, error, message):
   _init(devices=4)
   with tf.Graph().as_default():
@@ -103,6 +113,50 @@ def test_rewrite_errors_raise_at_first_run(strategy, error, message):
     with tf.compat.v1.Session() as session:
       with pytest.raises(error, match=message):
         session.run(train_op)
+
+
+@pytest.mark.parametrize("enter", [
+    lambda: epl.replicate(device_count=8).__enter__(),
+    lambda: epl.split(device_count=8).__enter__(),
+    lambda: epl.set_default_strategy(epl.replicate(device_count=8)),
+], ids=["replicate", "split", "default"])
+def test_too_many_devices_raise_when_the_scope_is_entered(enter):
+  _init(devices=4)
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="needs 8 device.*only 4.*"
+                       "cluster.num_cpu_devices"):
+      enter()
+    assert not state_of(tf.compat.v1.get_default_graph())
+
+
+def test_a_pipeline_stage_beyond_the_devices_raises_at_its_scope():
+  # Before the graph of the later stages is built, not at the first run.
+  _init(devices=2)
+  with tf.Graph().as_default():
+    for index in range(2):
+      with epl.replicate(1, name="stage_%d" % index):
+        tf.ones([2])
+    with pytest.raises(ValueError, match=(
+        "stage_2.*stage_0:1 \\+ stage_1:1 \\+ stage_2:1.* needs 3 "
+        "device.*only 2")):
+      with epl.replicate(1, name="stage_2"):
+        pass
+    # Entering an existing stage again needs no new device.
+    with epl.replicate(1, name="stage_1"):
+      pass
+
+
+def test_repeated_unnamed_default_strategy_raises():
+  _init(devices=2)
+  first = epl.replicate(1)
+  epl.set_default_strategy(first)
+  epl.set_default_strategy(first)  # the same one again changes nothing
+  with pytest.raises(ValueError, match="called again.*name each one"):
+    epl.set_default_strategy(epl.replicate(1))
+  # Named defaults switch stages, the original's pipeline idiom.
+  epl.set_default_strategy(None)
+  epl.set_default_strategy(epl.replicate(1, name="stage_0"))
+  epl.set_default_strategy(epl.replicate(1, name="stage_1"))
 
 
 def test_set_default_strategy_rejects_non_strategies():

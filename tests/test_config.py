@@ -41,6 +41,7 @@ EXPECTED_DEFAULTS = {
     "communication.gradients_reduce_method": "mean",
     "communication.backend": "collective",
     "optimizer.num_apply_group": 1,
+    "optimizer.grappler": "fast",
     "cluster.device_place_prefer_intra_node": True,
     "cluster.run_visible_devices": "",
     "cluster.colocate_split_and_replicate": False,
@@ -257,7 +258,7 @@ def test_wrong_type(key, value, allowed):
     ("cluster.collective_timeout_seconds", -1, "number > 0"),
     ("cluster.collective_timeout_seconds", float("inf"), "finite"),
     ("cluster.run_visible_devices", "gpu0", "comma-separated"),
-    ("zero.level", "v3", "\"v0\""),
+    ("zero.level", "v4", "\"v0\""),
     ("amp.level", "O2", "\"O1\""),
     ("amp.loss_scale", -1, "dynamic"),
     ("amp.loss_scale", 0.5, "dynamic"),
@@ -328,6 +329,11 @@ def test_param_dict_must_be_a_mapping():
     ("PreferForward", "PreferForward"),
     ("preferForward", "PreferForward"),
     (" preferforward ", "PreferForward"),
+    # The schedules' common names, as the README and docs call them.
+    ("1F1B", "PreferBackward"),
+    ("1f1b", "PreferBackward"),
+    ("GPipe", "PreferForward"),
+    ("gpipe", "PreferForward"),
 ])
 def test_pipeline_strategy_is_case_insensitive(monkeypatch, given, stored):
   assert Config({"pipeline.strategy": given}).pipeline.strategy == stored

@@ -24,6 +24,40 @@ def test_mean_matches_single_device(model, optimizer):
   assert actual["global_step"] == 5
 
 
+def _reference_variable_training(batch_size, use_tf_gradients, config=None):
+  """ref_variable_model trained by Adam from tf.gradients (ungated) or
+  compute_gradients (GATE_OP); returns (weights, graph)."""
+  if config:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    loss = tf.reduce_mean(tf.square(training.ref_variable_model(x) - y))
+    optimizer = training.OPTIMIZERS["adam"]()
+    train_op = optimizer.apply_gradients(
+        training.gradient_pairs(optimizer, loss, use_tf_gradients))
+  return training.run_steps(graph, train_op, 5), graph
+
+
+def test_reference_variable_updates_wait_for_their_reads():
+  # A VariableV2 is read without a copy: the backward op that reads w2 (the
+  # gradient of the hidden layer) must run before w2's update, which
+  # tf.gradients + apply_gradients does not order (plain TF races; its
+  # GATE_OP compute_gradients is the reference).
+  expected, _ = _reference_variable_training(REPLICAS * MICRO, False)
+  actual, graph = _reference_variable_training(
+      MICRO // 2, True, {"cluster.num_cpu_devices": REPLICAS,
+                         "pipeline.num_micro_batch": 2})
+  training.assert_close(actual, expected)
+  for replica in ("", "EPL_REPLICA_1/"):
+    update = graph.get_operation_by_name(
+        replica + "Adam/update_ref/w2/ApplyAdam")
+    waits = {op.name for op in update.control_inputs}
+    for micro_batch in ("", "EPL_MICRO_BATCH_1/"):
+      assert replica + micro_batch + "gradients/ref/MatMul_1_grad/MatMul" in waits
+
+
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_sum_matches_single_device_with_summed_loss(optimizer):
   # Summing the replicas' mean-loss gradients equals the gradient of
@@ -45,7 +79,10 @@ def test_replicas_stay_identical_and_are_placed_on_their_devices():
   for replica in range(1, REPLICAS):
     clone = graph.get_operation_by_name("EPL_REPLICA_%d/dense/kernel" % replica)
     assert clone.device.endswith("CPU:%d" % replica)
-    assert clone.get_attr("shared_name") != kernel.get_attr("shared_name")
+    # Its own variable: a resource variable by its shared_name, a
+    # reference variable (shared_name empty) by its node name.
+    assert (clone.get_attr("shared_name") or clone.name.encode()) != (
+        kernel.get_attr("shared_name") or kernel.name.encode())
 
 
 def test_fused_buckets_and_fp16_communication():
@@ -153,3 +190,15 @@ def test_sparse_gradients_with_different_row_counts_per_replica():
         config={"cluster.num_cpu_devices": REPLICAS})
     training.assert_close(actual, expected)
     epl.shutdown()
+
+
+@pytest.mark.usefixtures("tf1_tensor_shapes")
+def test_sparse_gradients_with_different_row_counts_and_tf1_tensor_shapes():
+  # The unknown row count is Dimension(None): still gathered as ragged.
+  expected, _, _ = training.train(_ragged_embedding_model, "sgd",
+                                  batch_size=REPLICAS * MICRO,
+                                  with_epl=False)
+  actual, _, _ = training.train(
+      _ragged_embedding_model, "sgd", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)

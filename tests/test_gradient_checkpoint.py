@@ -8,6 +8,7 @@ import epl
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.passes import gradient_checkpoint
+from epl.passes import schedule
 from tests import training
 
 LAYERS = 4
@@ -116,6 +117,26 @@ def test_pipeline_two_stages_two_replicas(kind):
     # A recomputed op runs on its own stage's device, in backward.
     assert op.device == original.device
     assert state.taskgraph_of(op) is state.taskgraph_of(original)
+
+
+def test_pipeline_zero_bubble():
+  expected, _, _ = training.train(staged_checkpointed_model, "adam",
+                                  batch_size=64, with_epl=False)
+  actual, _, graph = training.train(
+      staged_checkpointed_model, "adam", batch_size=16,
+      default_strategy=False,
+      config=_gc("collection", 2, **{"pipeline.num_micro_batch": 4,
+                                     "pipeline.strategy": "ZeroBubble"}))
+  training.assert_close(actual, expected)
+  # Stage 0 recomputes dense1's output, which stage 1's kernel gradient
+  # (its W) reads: another stage's backward reads it, so it is stage 0's
+  # B, not W.
+  result = state_of(graph).rewrite_result
+  recomputed = gradient_checkpoint.RECOMPUTE_PREFIX + "dense1/Tanh"
+  [block] = [b for b, ops in schedule.blocks(
+      result.context, result.subgraph, result.copies).items()
+             if recomputed in [op.name for op in ops]]
+  assert (block.stage, block.kind, block.micro_batch) == (0, "backward", 0)
 
 
 def test_compute_gradients_and_tf_gradients():

@@ -1,5 +1,6 @@
 """IO slicing: each worker reads its share of the input files."""
 import json
+import logging
 import os
 
 import pytest
@@ -108,6 +109,37 @@ def test_datasets_from_file_lists_are_sliced(tmp_path, kind):
     epl.shutdown()
   assert [sorted({r.split("-")[0] for r in s}) for s in seen] == [
       ["file0", "file2"], ["file1", "file3"]]
+
+
+def _iterator_warnings(caplog, worker, workers, build):
+  """What making an iterator of `build()` logs on `worker` of `workers`."""
+  _fake_worker(worker, {}, workers=workers)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="epl"):
+    logger = logging.getLogger("epl")
+    logger.addHandler(caplog.handler)
+    try:
+      with tf.Graph().as_default():
+        tf.compat.v1.data.make_one_shot_iterator(build())
+    finally:
+      logger.removeHandler(caplog.handler)
+  epl.shutdown()
+  return caplog.text
+
+
+def test_workers_reading_identical_in_memory_batches_are_warned(caplog):
+  def in_memory():
+    return tf.data.Dataset.from_tensor_slices(
+        tf.range(16)).repeat().batch(4)
+  text = _iterator_warnings(caplog, 1, 2, in_memory)
+  assert "every one of the 2 workers reads the same batches" in text
+  assert "TensorSliceDataset (built at %s:" % __file__ in text
+  assert "dataset.shard(epl.Env.get().cluster.worker_num" in text
+  assert "io.slicing" in text
+  # Sharded, or one worker: nothing to say.
+  assert not _iterator_warnings(
+      caplog, 1, 2, lambda: in_memory().shard(2, 1))
+  assert not _iterator_warnings(caplog, 0, 1, in_memory)
 
 
 def test_slicing_off_or_one_worker_reads_everything(tmp_path):

@@ -16,7 +16,7 @@ PACKAGE = os.path.join(ROOT, "epl")
 # Lowest first. A module belongs to the first entry its name starts with.
 LAYERS = (
     ("epl.tf_compat",),
-    ("epl.config", "epl.collections"),
+    ("epl.config", "epl.collections", "epl.user_warnings"),
     ("epl.cluster", "epl.env"),
     ("epl.ir",),
     ("epl.strategies",),
@@ -38,7 +38,7 @@ PRIVATE_API = re.compile(
     r"tensorflow\.python|keras\.src|tf_keras\.src|tensorflow_estimator\.|"
     r"\._update_input\b|\._set_attr\b|\._add_control_input|"
     r"\._remove_all_control_inputs\b|\._set_device\b|_create_op_internal|"
-    r"_from_c_op|\._control_outputs\b|\._is_ref_dtype\b|"
+    r"_from_c_op|\._control_outputs\b|\._is_ref_dtype\b|\._input_types\b|"
     r"\._default_original_op\b|\._get_function\b|\._names_in_use\b|"
     r"\._c_graph\b|\._mutation_lock\b|\._gradient_function")
 

@@ -12,7 +12,7 @@ SCALE = {"cluster.num_cpu_devices": DEVICES,
          "pipeline.num_micro_batch": MICRO_BATCHES}
 
 
-@pytest.mark.parametrize("zero", ["v0", "v1"])
+@pytest.mark.parametrize("zero", ["v0", "v1", "v2"])
 @pytest.mark.parametrize("gc", ["collection", "auto"])
 def test_gc_zero_offload_grouped_apply_equal_single_device(gc, zero):
   expected, _, _ = training.train(
@@ -26,7 +26,7 @@ def test_gc_zero_offload_grouped_apply_equal_single_device(gc, zero):
   training.assert_close(actual, expected)
 
 
-@pytest.mark.parametrize("zero", ["v0", "v1"])
+@pytest.mark.parametrize("zero", ["v0", "v1", "v2"])
 def test_gc_zero_amp_equal_amp_alone(zero):
   # The combination the original EPL reported (GC + ZeRO + AMP): the other
   # savers change nothing in what mixed precision computes.

@@ -9,10 +9,15 @@ import tensorflow as tf
 
 import epl
 from epl.ir import graph_editor
+from epl.ir.op_types import (VARIABLE_ASSIGN_TYPES, VARIABLE_READ_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from tests import training
 
 MICRO = 8
+# Adam's update of a resource variable, and of a reference variable
+# (EPL_TEST_TF1_BEHAVIOUR=1).
+ADAM_UPDATE_TYPES = ("ResourceApplyAdam", "ApplyAdam")
 
 
 def _layouts():
@@ -54,7 +59,7 @@ def test_groups_run_one_after_another_and_finish_once():
       optimizer="adam", steps=1,
       config={"cluster.num_cpu_devices": 2, "optimizer.num_apply_group": 3})
   updates = [op for op in graph.get_operations()
-             if op.type == "ResourceApplyAdam" and
+             if op.type in ADAM_UPDATE_TYPES and
              not op.name.startswith("EPL_REPLICA")]
   order = ["Adam_group_0", "Adam_group_1", "Adam"]
   # 4 variables (kernel 8x16, bias 16, kernel 16x1, bias 1) in 3 groups.
@@ -64,7 +69,7 @@ def test_groups_run_one_after_another_and_finish_once():
     before = {a.name for a in graph_editor.ancestors([op])}
     assert [g in before for g in order[:-1]] == [i < index for i in range(2)]
   beta_updates = [op for op in graph.get_operations()
-                  if op.type == "AssignVariableOp" and
+                  if op.type in VARIABLE_ASSIGN_TYPES and
                   op.inputs[0].op.name == "beta1_power" and
                   op.name != "beta1_power/Assign"]  # not the initializer
   assert len(beta_updates) == 1
@@ -101,31 +106,49 @@ def test_zero_matches_single_device(layout, level):
   _check(layout, "adam", {"zero.level": level})
 
 
-def _four_equal_layers(x):
-  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
-  exactly one."""
-  hidden = x
-  for index in range(4):
-    weight = tf.compat.v1.get_variable(
-        "w%d" % index, [training.FEATURES, training.FEATURES],
-        initializer=tf.compat.v1.random_normal_initializer(
-            stddev=0.3, seed=20 + index))
-    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
-  return tf.reduce_mean(hidden, axis=1, keepdims=True)
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_zero_v2_matches_single_device(layout, optimizer):
+  _check(layout, optimizer, {"zero.level": "v2"})
+
+
+@pytest.mark.parametrize("level", ["v1", "v2"])
+def test_zero_v2_sums_micro_batches_on_the_owner_only(level):
+  """With 2 micro-batches v1 has every replica sum its micro-batches'
+  gradients (a full set per replica) before the owner reduces the sums; v2
+  sends each micro-batch's gradient to its owner, which alone sums them."""
+  graph = _check("dp4_micro2", "momentum", {"zero.level": level})
+  step = graph_editor.ancestors([graph.get_operation_by_name("Momentum")])
+  sums = [op for op in step
+          if op.name.split("/")[-1].startswith("add_") and
+          "EPL_MICRO_BATCH_ACCUMULATION" in op.name]
+  # 4 weights, each summed over 2 micro-batches by one add per replica.
+  assert len(sums) == (4 * 4 if level == "v1" else 0)
+  updates = [op for op in step if op.type == "ResourceApplyMomentum"]
+  assert len(updates) == 4
+  for update in updates:
+    gradient = update.inputs[3].op
+    reduced = graph_editor.ancestors([gradient])
+    # Each replica's gradient of each micro-batch reaches the owner's sum
+    # directly (v2), or through its replica's sum (v1).
+    parts = [op for op in reduced if op.device != update.device and
+             op.name.split("/")[-1] in ("MatMul_1", "Sum", "BiasAddGrad")]
+    assert len({op.device for op in parts}) == 3
+    assert gradient.device == update.device
 
 
 def _slots(graph):
   """{slot variable op: device} of Adam's slots, every replica."""
   return {op.name: op.device for op in graph.get_operations()
-          if op.type == "VarHandleOp" and op.name.split("/")[-1] in (
+          if op.type in VARIABLE_TYPES and op.name.split("/")[-1] in (
               "Adam", "Adam_1")}
 
 
 def _slot_elements_per_device(graph):
   per_device = {}
   for op in graph.get_operations():
-    if op.type == "VarHandleOp" and op.name.split("/")[-1] in ("Adam",
-                                                               "Adam_1"):
+    if op.type in VARIABLE_TYPES and op.name.split("/")[-1] in ("Adam",
+                                                                "Adam_1"):
       elements = tf.TensorShape(op.get_attr("shape")).num_elements()
       per_device[op.device] = per_device.get(op.device, 0) + elements
   return per_device
@@ -133,10 +156,10 @@ def _slot_elements_per_device(graph):
 
 @pytest.mark.parametrize("level", ["v0", "v1"])
 def test_zero_slots_exist_once_on_their_owner(level):
-  expected, _, plain = training.train(_four_equal_layers, "adam",
+  expected, _, plain = training.train(training.four_equal_layers, "adam",
                                       batch_size=4 * MICRO, with_epl=False)
   actual, _, graph = training.train(
-      _four_equal_layers, "adam", batch_size=MICRO,
+      training.four_equal_layers, "adam", batch_size=MICRO,
       # Collective all-reduce, as across workers, for the check below.
       config={"cluster.num_cpu_devices": 4, "zero.level": level,
               "communication.local_cpu_reduce": False})
@@ -151,8 +174,9 @@ def test_zero_slots_exist_once_on_their_owner(level):
   # Each slot sits with its owner's copy of the variable and its update.
   for name, device in slots.items():
     weight = name.split("/")[0]
-    update = graph.get_operation_by_name("Adam/update_%s/ResourceApplyAdam" %
-                                         weight)
+    [update] = [op for op in graph.get_operations()
+                if op.name.startswith("Adam/update_%s/" % weight) and
+                op.type in ADAM_UPDATE_TYPES]
     assert update.device == device
     owner = device[-1]
     assert update.inputs[0].op.name == (
@@ -200,7 +224,8 @@ def _checkpoint(path):
           for name in reader.get_variable_to_shape_map()}
 
 
-SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"offload.level": "v0"},
+SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"zero.level": "v2"},
+          {"offload.level": "v0"},
           {"zero.level": "v1", "offload.level": "v0",
            "optimizer.num_apply_group": 2}]
 
@@ -230,20 +255,21 @@ def test_offload_matches_single_device(layout):
   graph = _check(layout, "adam", {"offload.level": "v0"})
   host = "/device:CPU:0"
   variables = [op for op in graph.get_operations()
-               if op.type == "VarHandleOp" and op.name != "global_step"]
+               if op.type in VARIABLE_TYPES and op.name != "global_step"]
   replicas = 2 if layout == "pipe2x2" else 4
   # 4 weights with Adam's 2 slots each, and Adam's 2 powers, per replica.
   assert len(variables) == replicas * (4 * 3 + 2)
   assert {op.device for op in variables} == {host}
   updates = [op for op in graph.get_operations()
-             if op.type == "ResourceApplyAdam"]
+             if op.type in ADAM_UPDATE_TYPES]
   assert len(updates) == replicas * 4
   assert {op.device for op in updates} == {host}
   # The compute stays on the replicas' devices; each op there reads the
   # weights through a read of its own, made after its other inputs.
   checked = 0
   for op in graph.get_operations():
-    reads = [t.op for t in op.inputs if t.op.type == "ReadVariableOp"]
+    reads = [t.op for t in op.inputs if t.op.type in VARIABLE_READ_TYPES and
+             t.op.inputs and t.op.inputs[0].op.type in VARIABLE_TYPES]
     if op.device == host or not reads:
       continue
     checked += 1
@@ -260,11 +286,13 @@ def test_offload_matches_single_device(layout):
 # ----------------------------------------------------- together, and errors
 
 
-@pytest.mark.parametrize("level", ["v0", "v1"])
-def test_zero_with_sparse_gradients(level):
+@pytest.mark.parametrize("level, micro_batches", [
+    ("v0", 1), ("v1", 1), ("v2", 1), ("v1", 2), ("v2", 2)])
+def test_zero_with_sparse_gradients(level, micro_batches):
   from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
-  expected = _embedding_train(False, 4 * MICRO, "adam")
-  actual = _embedding_train(True, MICRO, "adam", {"zero.level": level})
+  expected = _embedding_train(False, 4 * micro_batches * MICRO, "adam")
+  actual = _embedding_train(True, MICRO, "adam", {
+      "zero.level": level, "pipeline.num_micro_batch": micro_batches})
   training.assert_close(actual, expected)
 
 
@@ -276,9 +304,12 @@ def test_zero_offload_and_grouped_apply_together(layout, level):
 
 
 @pytest.mark.parametrize("config, error, words", [
-    ({"zero.level": "v2"}, NotImplementedError, ["zero.level", "v2"]),
+    ({"zero.level": "v3"}, NotImplementedError,
+     ["zero.level", "v3", "not built", "v2"]),
     ({"zero.level": "v1", "communication.clip_after_allreduce": True},
      ValueError, ["zero.level", "communication.clip_after_allreduce"]),
+    ({"zero.level": "v2", "communication.clip_after_allreduce": True},
+     ValueError, ["zero.level", "'v2'", "communication.clip_after_allreduce"]),
 ])
 def test_zero_settings_that_cannot_work(config, error, words):
   with pytest.raises(error) as raised:
@@ -306,15 +337,18 @@ def test_reference_variables(savers):
   training.assert_close(actual, expected)
 
 
-@pytest.mark.parametrize("level", ["v0", "v1"])
-def test_zero_with_summed_gradients(level):
-  # Summing 4 replicas' mean-loss gradients equals the gradient of 4 x the
-  # global mean loss.
-  expected, _, _ = training.train(batch_size=4 * MICRO, loss_scale=4,
+@pytest.mark.parametrize("level, micro_batches", [
+    ("v0", 1), ("v1", 1), ("v2", 1), ("v2", 2)])
+def test_zero_with_summed_gradients(level, micro_batches):
+  # Summing 4 replicas' (and micro-batches') mean-loss gradients equals the
+  # gradient of 4 (8) x the global mean loss.
+  parts = 4 * micro_batches
+  expected, _, _ = training.train(batch_size=parts * MICRO, loss_scale=parts,
                                   with_epl=False)
   actual, _, _ = training.train(
       batch_size=MICRO, config={
           "cluster.num_cpu_devices": 4, "zero.level": level,
+          "pipeline.num_micro_batch": micro_batches,
           "communication.gradients_reduce_method": "sum"})
   training.assert_close(actual, expected)
 

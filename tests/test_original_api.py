@@ -12,8 +12,7 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.ir.phase import Phase
-from epl.passes import schedule
+from epl.plan import pipeline_order
 from epl.profiler import flops
 from epl.profiler import profiler
 from epl.tools import launcher
@@ -112,17 +111,15 @@ def test_nesting_errors_are_runtime_and_value_errors(error):
 
 
 def test_prefer_backward_optimizer_keeps_one_more_forward_in_flight():
-  order = schedule.stage_order("PreferBackwardOptimizer", 3, 1, 5)
-  assert order == [(Phase.FORWARD, 0), (Phase.FORWARD, 1), (Phase.FORWARD, 2),
-                   (Phase.BACKWARD, 0), (Phase.FORWARD, 3),
-                   (Phase.BACKWARD, 1), (Phase.FORWARD, 4),
-                   (Phase.BACKWARD, 2), (Phase.BACKWARD, 3),
-                   (Phase.BACKWARD, 4)]
+  order = pipeline_order.stage_order("PreferBackwardOptimizer", 3, 1, 5)
+  f, b = "forward", "backward"
+  assert order == [(f, 0), (f, 1), (f, 2), (b, 0), (f, 3), (b, 1), (f, 4),
+                   (b, 2), (b, 3), (b, 4)]
   # The last stage runs 1F1B; no stage holds more than all micro-batches.
-  assert schedule.warm_up("PreferBackwardOptimizer", 3, 2, 5) == 1
-  assert schedule.warm_up("PreferBackwardOptimizer", 3, 0, 3) == 3
-  assert [schedule.warm_up("PreferBackward", 3, s, 5) for s in range(3)] == [
-      3, 2, 1]
+  assert pipeline_order.warm_up("PreferBackwardOptimizer", 3, 2, 5) == 1
+  assert pipeline_order.warm_up("PreferBackwardOptimizer", 3, 0, 3) == 3
+  assert [pipeline_order.warm_up("PreferBackward", 3, s, 5)
+          for s in range(3)] == [3, 2, 1]
   assert epl.Config({"pipeline.strategy": "preferbackwardoptimizer"}) \
       .pipeline.strategy == "PreferBackwardOptimizer"
 

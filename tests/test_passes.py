@@ -24,7 +24,8 @@ TODAYS_ORDER = [
     "clone_micro_batches", "partition_updates", "clone_replicas",
     "vary_random_seeds", "place_updates", "offload_variables",
     "order_input_reads", "lower_split", "split_fed_batches", "join_replicas",
-    "order_shared_writes", "average_forward_state_updates",
+    "order_shared_writes",
+    "order_reference_updates", "average_forward_state_updates",
     "aggregate_gradients", "skip_nonfinite_updates", "schedule_pipeline",
     "merge_global_objects", "sync_variables"]
 
@@ -252,13 +253,16 @@ def test_the_plan_is_made_once_and_is_the_rewrites_from_then_on():
 
 
 def test_no_plan_before_the_rewrite_reports_it():
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  # Too few devices is caught at scope entry; a stage count that does not
+  # match the scopes is known only to the planner.
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
+                       "pipeline.num_stages": 3}))
   graph = tf.Graph()
   with graph.as_default():
-    with epl.replicate(device_count=4):
+    with epl.replicate(device_count=1):
       tf.constant(1.0)
     assert planner.plan_of(graph) is None
-    with pytest.raises(ValueError, match="only 2"):
+    with pytest.raises(ValueError, match="pipeline.num_stages is 3"):
       planner.plan_of(graph, for_rewrite=True)
 
 

@@ -9,8 +9,10 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.ir.phase import Phase
+from epl.ir.graph_state import state_of
 from epl.passes import schedule
+from epl.plan import pipeline_order
+from epl.tools import schedule_simulator
 from epl.tools import timeline
 from tests import tolerance
 from tests import training
@@ -51,7 +53,8 @@ def _check_pipeline(stages, micro_batches, replicas=1, optimizer="momentum",
 
 @pytest.mark.parametrize("strategy, optimizer", [
     ("PreferForward", "momentum"), ("PreferBackward", "momentum"),
-    ("PreferForward", "adam"), ("PreferBackward", "adam")])
+    ("PreferForward", "adam"), ("PreferBackward", "adam"),
+    ("ZeroBubble", "momentum"), ("ZeroBubble", "adam")])
 def test_two_stages_four_micro_batches(strategy, optimizer):
   graph = _check_pipeline(2, 4, optimizer=optimizer, strategy=strategy)
   for m in range(1, 4):
@@ -60,15 +63,17 @@ def test_two_stages_four_micro_batches(strategy, optimizer):
     assert clone.device.endswith("CPU:1")
 
 
-def test_four_stages_on_four_devices():
-  graph = _check_pipeline(4, 4, optimizer="adam")
+@pytest.mark.parametrize("strategy", ["PreferBackward", "ZeroBubble"])
+def test_four_stages_on_four_devices(strategy):
+  graph = _check_pipeline(4, 4, optimizer="adam", strategy=strategy)
   for stage in range(4):
     kernel = graph.get_operation_by_name("layer_%d/kernel" % stage)
     assert kernel.device.endswith("CPU:%d" % stage)
 
 
 @pytest.mark.parametrize("strategy, optimizer, intra_node", [
-    ("PreferBackward", "momentum", True), ("PreferForward", "adam", False)])
+    ("PreferBackward", "momentum", True), ("PreferForward", "adam", False),
+    ("ZeroBubble", "momentum", False)])
 def test_two_stages_two_replicas_on_four_devices(strategy, optimizer,
                                                  intra_node):
   graph = _check_pipeline(
@@ -114,18 +119,19 @@ def test_summed_gradients_over_micro_batches_and_replicas():
 
 
 def _train_two_stages(first, second, make_train_op, batch_size,
-                      config=None):
+                      config=None, static_batch=False):
   """Trains 5 steps of `second(first(x), y) -> loss` in a
   MonitoredTrainingSession; with `config`, under EPL with the two functions
   in stages "stage_0" and "stage_1" and `make_train_op(loss)` built outside
-  every scope with no default strategy (as the BERT example does). Returns
+  every scope with no default strategy (as the BERT example does). With
+  `static_batch`, the batch size is in the input's static shape. Returns
   the trained variables by name."""
   if config is not None:
     epl.init(epl.Config(config))
   scope = (lambda i: epl.replicate(1, name="stage_%d" % i)) if config \
       else (lambda i: _Nothing())
   with tf.Graph().as_default():
-    x, y = training.input_batch(batch_size)
+    x, y = training.input_batch(batch_size, static_batch=static_batch)
     with scope(0):
       hidden = first(x)
     with scope(1):
@@ -201,6 +207,37 @@ def test_embedding_gradients_over_micro_batches_and_replicas(extra):
   training.assert_close(actual, expected)
 
 
+def _embedding_and_dense_first(x):
+  return _dense_first(_embedding_first(x))
+
+
+@pytest.fixture(name="variables", params=["resource", "reference"])
+def _variables(request):
+  """Runs the test with resource variables, then with TF1 reference
+  variables (VariableV2), as after tf.compat.v1.disable_resource_variables
+  (which TF1 scripts get from disable_v2_behavior)."""
+  if request.param == "reference":
+    tf.compat.v1.disable_resource_variables()
+  yield request.param
+  tf.compat.v1.enable_resource_variables()
+
+
+def test_embedding_and_dense_stage_with_a_static_batch(variables):
+  # A stage mixing an embedding lookup (an IndexedSlices gradient) with a
+  # dense layer, on a batch whose size is static: the embedding's gradient
+  # concatenated over 3 micro-batches has 3 times the rows of one.
+  expected = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                               _adam_on_global_step, 3 * MICRO,
+                               static_batch=True)
+  actual = _train_two_stages(_embedding_and_dense_first, _dense_loss,
+                             _adam_on_global_step, MICRO, _config(2, 3),
+                             static_batch=True)
+  assert sorted(actual) == [
+      "dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel",
+      "table"], variables
+  training.assert_close(actual, expected)
+
+
 # ---------------------------------------------------- placement and outputs
 
 
@@ -227,21 +264,27 @@ def test_variables_slots_and_adam_powers_follow_their_stage():
   def device(name):
     return graph.get_operation_by_name(name).device
 
+  def update(variable):
+    """Adam's update of `variable` (ResourceApplyAdam, or ApplyAdam of a
+    reference variable)."""
+    [op] = [op for op in graph.get_operations()
+            if op.name.startswith("Adam/update_%s/" % variable) and
+            op.type.endswith("ApplyAdam")]
+    return op.name
+
   for name in ("z_first/kernel", "z_first/kernel/Adam", "z_first/bias/Adam_1",
-               "Adam/update_z_first/kernel/ResourceApplyAdam"):
+               update("z_first/kernel")):
     assert device(name).endswith("CPU:0"), name
   for name in ("a_second/kernel", "a_second/kernel/Adam", "beta1_power",
-               "beta2_power", "Adam/update_a_second/bias/ResourceApplyAdam"):
+               "beta2_power", update("a_second/bias")):
     assert device(name).endswith("CPU:1"), name
   for name in ("IteratorGetNext", "EPL_MICRO_BATCH_1/IteratorGetNext"):
     assert device(name).endswith("CPU:0"), name  # the host
   ran_on = {node.node_name: stats.device
             for stats in run_metadata.step_stats.dev_stats
             for node in stats.node_stats}
-  assert ran_on["Adam/update_z_first/kernel/ResourceApplyAdam"].endswith(
-      "CPU:0")
-  assert ran_on["Adam/update_a_second/kernel/ResourceApplyAdam"].endswith(
-      "CPU:1")
+  assert ran_on[update("z_first/kernel")].endswith("CPU:0")
+  assert ran_on[update("a_second/kernel")].endswith("CPU:1")
 
 
 def _loss_on_rows(rows):
@@ -302,14 +345,12 @@ def test_outputs_merge_over_micro_batches_and_replicas():
 
 
 def test_stage_order():
-  assert schedule.stage_order("PreferForward", 2, 0, 3) == [
-      (Phase.FORWARD, 0), (Phase.FORWARD, 1), (Phase.FORWARD, 2),
-      (Phase.BACKWARD, 0), (Phase.BACKWARD, 1), (Phase.BACKWARD, 2)]
-  short = schedule.stage_order("PreferBackward", 4, 0, 2)
-  assert short == [(Phase.FORWARD, 0), (Phase.FORWARD, 1),
-                   (Phase.BACKWARD, 0), (Phase.BACKWARD, 1)]
+  assert pipeline_order.stage_order("PreferForward", 2, 0, 3) == [
+      (F, 0), (F, 1), (F, 2), (B, 0), (B, 1), (B, 2)]
+  short = pipeline_order.stage_order("PreferBackward", 4, 0, 2)
+  assert short == [(F, 0), (F, 1), (B, 0), (B, 1)]
   with pytest.raises(ValueError, match="pipeline.strategy"):
-    schedule.stage_order("Interleaved", 2, 0, 2)
+    pipeline_order.stage_order("Interleaved", 2, 0, 2)
 
 
 ONE_F_ONE_B = {  # 3 stages, 4 micro-batches
@@ -339,8 +380,60 @@ def _traced_step(config, stages, tmp_path=None):
                          ids=["GPipe", "1F1B"])
 def test_traced_step_follows_the_schedule(strategy, expected):
   trace = _traced_step(_config(3, 4, strategy=strategy), 3)
+  simulated = schedule_simulator.simulate(
+      epl.Config({"pipeline.strategy": strategy}).pipeline.strategy, 3, 4)
   for stage in range(3):
     assert trace.order(stage) == expected[stage], stage
+    assert trace.order(stage) == simulated.order(stage), stage
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(3, 4), (4, 6)])
+def test_zero_bubble_traced_order_is_the_simulators(stages, micro_batches):
+  trace = _traced_step(_config(stages, micro_batches,
+                               strategy="ZeroBubble"), stages)
+  simulated = schedule_simulator.simulate("ZeroBubble", stages,
+                                          micro_batches)
+  for stage in range(stages):
+    expected = simulated.order(stage)
+    if stage == 0:
+      # The first stage sends no gradient: its whole backward is W.
+      expected = [(kind, m) for kind, m in expected if kind != B]
+    assert trace.order(stage) == expected, stage
+  costs = schedule_simulator.costs_from_trace(trace)
+  assert costs.backward[0] == 0
+  assert all(cost > 0 for cost in costs.forward + costs.weight +
+             costs.backward[1:])
+  assert schedule_simulator.simulate("ZeroBubble", stages, micro_batches,
+                                     costs=costs).makespan > 0
+
+
+def test_zero_bubble_splits_each_backward_into_input_and_weight_gradients():
+  graph = _check_pipeline(2, 2, strategy="ZeroBubble")
+  result = state_of(graph).rewrite_result
+  by_block = schedule.blocks(result.context, result.subgraph, result.copies)
+  names = {(b.stage, b.kind, b.micro_batch): {op.name for op in ops}
+           for b, ops in by_block.items()}
+  prefix = "EPL_MICRO_BATCH_1/gradients/layer_%d/"
+  # Stage 1: B is the gradient with respect to its input (sent to stage
+  # 0) and what it needs, the loss's gradient down to the MatMul's input
+  # gradient; W the kernel and bias gradients and their accumulation.
+  stage_1_b, stage_1_w = names[(1, B, 1)], names[(1, "weight", 1)]
+  assert prefix % 1 + "MatMul_grad/MatMul" in stage_1_b
+  assert prefix % 1 + "MatMul_grad/MatMul_1" in stage_1_w
+  assert prefix % 1 + "BiasAdd_grad/BiasAddGrad" in stage_1_w
+  assert any(n.startswith("EPL_MICRO_BATCH_ACCUMULATION/") for n in stage_1_w)
+  assert not any("MatMul_grad/MatMul_1" in n or "BiasAddGrad" in n
+                 for n in stage_1_b)
+  # tf.gradients' gate (a NoOp waiting for both MatMuls) no longer holds
+  # the input gradient back until the kernel gradient is done; it waits
+  # for the input-gradient MatMul only.
+  sent = graph.get_operation_by_name(
+      prefix % 1 + "MatMul_grad/tuple/control_dependency")
+  assert [c.name for c in sent.control_inputs] == [
+      prefix % 1 + "MatMul_grad/MatMul"]
+  # Stage 0 sends no gradient: no B block, everything is W.
+  assert (0, B, 1) not in names
+  assert prefix % 0 + "Tanh_grad/TanhGrad" in names[(0, "weight", 1)]
 
 
 def test_every_replica_follows_the_schedule():

@@ -109,6 +109,9 @@ def _assert_plan_without_step(result):
   assert "pipeline bubble: (p-1)/(m+p-1) = 1/3 = 33.3%" in out
   assert "0 'stage_0'" in out and "1 'stage_1'" in out
   assert "estimated memory per device at the step's peak (KiB" in out
+  assert "ZeRO: weights + gradients + optimizer state per device" in out
+  assert re.search(r"stage\s+parameters\s+W\s+G\s+K\s+off\s+v0\s+v1\s+"
+                   r"v2\s+v3", out)
   assert re.search(r"/device:CPU:0\s+0\s", out)
   assert re.search(r"/device:CPU:1\s+1\s", out)
 
@@ -213,9 +216,52 @@ def test_estimate_of_small_mlp_matches_hand_count(static_batch):
                            stage_0.working)
 
 
+def test_data_parallel_plan_agrees_across_replicas_and_has_no_pipeline():
+  # A batch dimension that is not static (no drop_remainder), as in the
+  # quick start: every replica's copy of the input gets the batch size.
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.dataset_arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+    x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+  result = state_of(graph).rewrite_result
+  estimates = memory_estimate.estimate(result)
+  assert len(estimates) == 4
+  assert estimates[0].activations_per_micro_batch > 0
+  assert len({e.activations_per_micro_batch for e in estimates}) == 1
+  assert not any(e.unknown_tensors for e in estimates)
+  text = dry_run.describe(result, estimates)
+  assert "  pipeline:" not in text and "bubble" not in text
+  assert "model replicas (data parallel): 4" in text
+
+
+@pytest.mark.usefixtures("tf1_tensor_shapes")
+@pytest.mark.parametrize("static_batch", [True, False])
+def test_plan_text_with_tf1_tensor_shapes(static_batch):
+  # The input's batch size is a Dimension (unknown: Dimension(None)); the
+  # plan gives the micro-batch's size either way.
+  text = dry_run.describe(_pipeline_rewrite(static_batch=static_batch))
+  assert "batch: 16 examples per micro-batch, 32 per step" in text
+
+
 def test_gpipe_keeps_every_micro_batch():
   estimates = memory_estimate.estimate(_pipeline_rewrite("PreferForward"))
   assert [e.in_flight for e in estimates] == [2, 2]
+
+
+def test_zero_bubble_plan_keeps_1f1b_peak_and_simulates_its_bubble():
+  result = _pipeline_rewrite("ZeroBubble")
+  assert [e.in_flight for e in memory_estimate.estimate(result)] == [2, 2]
+  text = dry_run.describe(result)
+  assert "schedule ZeroBubble (ZB-H1)" in text
+  # 2 stages, 2 micro-batches, F = B = W: (p-1) / (3m + p - 1) = 1/7.
+  assert "pipeline bubble: 14.3% of a step (simulated with F = B = W)" in text
 
 
 @pytest.mark.parametrize("stages, micro_batches, expected", [
@@ -226,7 +272,8 @@ def test_bubble_fraction(stages, micro_batches, expected):
 
 
 @pytest.mark.parametrize("schedule, expected", [
-    ("PreferBackward", [4, 3, 2, 1]), ("PreferForward", [8, 8, 8, 8])])
+    ("PreferBackward", [4, 3, 2, 1]), ("PreferForward", [8, 8, 8, 8]),
+    ("ZeroBubble", [4, 4, 4, 4])])
 def test_in_flight_micro_batches(schedule, expected):
   assert [memory_estimate.in_flight_micro_batches(schedule, 4, s, 8)
           for s in range(4)] == expected
@@ -234,14 +281,17 @@ def test_in_flight_micro_batches(schedule, expected):
       "PreferBackward", 4, 0, 2) == 2
 
 
-@pytest.mark.parametrize("zero_level", ["", "v0"])
-def test_estimate_counts_zero_slots_on_their_owner(zero_level):
+@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_estimate_counts_zero_slots_on_their_owner(zero_level, micro_batches):
   """Data parallel over 2 devices: each replica has its own Adam slots;
-  with ZeRO v0 w1's slots live on replica 0's device, b1's and w2's on
-  replica 1's (the partition EPL logs)."""
+  with ZeRO w1's slots live on replica 0's device, b1's and w2's on
+  replica 1's (the partition EPL logs). v1 and v2 reduce each gradient on
+  its owner; with micro-batches v1's replicas sum theirs in full first."""
   _, _, graph = training.train(
       model=training.get_variable_model, optimizer="adam", steps=1,
-      config={"cluster.num_cpu_devices": 2, "zero.level": zero_level})
+      config={"cluster.num_cpu_devices": 2, "zero.level": zero_level,
+              "pipeline.num_micro_batch": micro_batches})
   estimates = memory_estimate.estimate(state_of(graph).rewrite_result)
   w1, b1, w2 = 8 * 16 * 4, 16 * 4, 16 * 1 * 4
   assert [e.parameters for e in estimates] == [w1 + b1 + w2] * 2
@@ -251,6 +301,52 @@ def test_estimate_counts_zero_slots_on_their_owner(zero_level):
   else:
     expected = [2 * (w1 + b1 + w2) + beta_powers] * 2
   assert [e.optimizer_state for e in estimates] == expected
+  full, shares = w1 + b1 + w2, [w1, b1 + w2]
+  gradients = {"": [full] * 2, "v0": [full] * 2, "v1": shares, "v2": shares}
+  if zero_level == "v1" and micro_batches > 1:
+    gradients["v1"] = [full + share for share in shares]
+  assert [e.gradients for e in estimates] == gradients[zero_level]
+  assert [e.gradient_sets for e in estimates] == [micro_batches] * 2
+
+
+@pytest.mark.parametrize("bytes_per_parameter, expected", [
+    # DeepSpeed's mixed-precision Adam.
+    ((2, 2, 12), {"": 16.0, "v0": 4 + 12 / 8.0, "v1": 2 + 14 / 8.0,
+                  "v2": 2 + 14 / 8.0, "v3": 16 / 8.0}),
+    # EPL's float32 Adam.
+    ((4, 4, 8), {"": 16.0, "v0": 8 + 8 / 8.0, "v1": 4 + 12 / 8.0,
+                 "v2": 4 + 12 / 8.0, "v3": 16 / 8.0}),
+])
+def test_zero_formula_is_deepspeeds(bytes_per_parameter, expected):
+  for level, per_parameter in expected.items():
+    assert memory_estimate.zero_formula(
+        level, 1000, 8, *bytes_per_parameter) == pytest.approx(
+            1000 * per_parameter)
+  # v1 sums every micro-batch in full on each replica first.
+  assert memory_estimate.zero_formula(
+      "v1", 1000, 8, 4, 4, 8, num_micro_batch=2) == pytest.approx(
+          1000 * (8 + 12 / 8.0))
+
+
+@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2"])
+def test_estimate_matches_the_zero_formula(zero_level):
+  """Four equal weights on 4 replicas, Adam: each device's weights,
+  gradients and optimizer state are what the formula says (up to each
+  replica's own beta powers, 8 bytes)."""
+  _, _, graph = training.train(
+      model=training.four_equal_layers, optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 4, "zero.level": zero_level,
+              "pipeline.num_micro_batch": 2})
+  result = state_of(graph).rewrite_result
+  (stage,) = memory_estimate.zero_parameters(result)
+  assert stage.parameters == 4 * 8 * 8
+  assert (stage.weight_bytes, stage.gradient_bytes) == (4, 4)
+  assert stage.optimizer_bytes == pytest.approx(8 + 8.0 / stage.parameters)
+  expected = memory_estimate.zero_formula(
+      zero_level, stage.parameters, 4, 4, 4, 8, num_micro_batch=2)
+  for e in memory_estimate.estimate(result):
+    persistent = e.parameters + e.gradients + e.optimizer_state
+    assert persistent - 8 == expected, e.device
 
 
 def test_recomputed_segment_counts_on_every_stage_it_spans(monkeypatch):

@@ -123,6 +123,14 @@ def _train_batch_norm(config, micro_batch, fetch_update_ops):
   return values, replica, copies
 
 
+def _assign_sub(variable, value):
+  """variable -= value, for a variable op of either kind."""
+  if variable.type == "VarHandleOp":
+    return tf.raw_ops.AssignSubVariableOp(resource=variable.outputs[0],
+                                          value=value)
+  return tf.raw_ops.AssignSub(ref=variable.outputs[0], value=value).op
+
+
 def _towers_with_mean_update(towers, micro_batch):
   """Plain TF: `towers` towers on consecutive chunks of the global batch,
   sharing variables; the moving statistics move by the mean of the
@@ -140,8 +148,7 @@ def _towers_with_mean_update(towers, micro_batch):
         if op not in before:
           op = op if isinstance(op, tf.Operation) else op.op
           deltas.setdefault(op.inputs[0].op, []).append(op.inputs[1])
-    updates = [tf.raw_ops.AssignSubVariableOp(
-        resource=variable.outputs[0], value=tf.add_n(values) / len(values))
+    updates = [_assign_sub(variable, tf.add_n(values) / len(values))
                for variable, values in deltas.items()]
     with tf.control_dependencies(updates):
       train_op = training.OPTIMIZERS["momentum"]().minimize(

@@ -40,10 +40,12 @@ DENSE_KINDS = {
 }
 
 
-def _head(hidden, labels, classes, loss_kind, dense_kind="function"):
+def _head(hidden, labels, classes, loss_kind, dense_kind="function",
+          kernel_initializer=None):
   logits = DENSE_KINDS[dense_kind](
       hidden, classes, name="head",
-      kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2),
+      kernel_initializer=(kernel_initializer or
+                          tf.compat.v1.glorot_uniform_initializer(seed=2)),
       bias_initializer=tf.compat.v1.random_normal_initializer(seed=3))
   if loss_kind == "losses":
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -57,7 +59,8 @@ def _head(hidden, labels, classes, loss_kind, dense_kind="function"):
 
 
 def run(classes=10, split_count=None, optimizer="momentum", config=None,
-        loss_kind="losses", steps=STEPS, dense_kind="function"):
+        loss_kind="losses", steps=STEPS, dense_kind="function",
+        kernel_initializer=None):
   """Trains the model; returns (variables by name, losses, accuracies).
 
   With `split_count`, under EPL on DEVICES devices: the backbone is data
@@ -84,14 +87,15 @@ def run(classes=10, split_count=None, optimizer="momentum", config=None,
                 seed=1))
       with epl.split(split_count):
         loss, accuracy = _head(hidden, labels, classes, loss_kind,
-                               dense_kind)
+                               dense_kind, kernel_initializer)
       epl.add_to_collection(accuracy, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
       epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
     else:
       hidden = tf.compat.v1.layers.dense(
           x, 16, activation=tf.nn.tanh, name="backbone",
           kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-      loss, accuracy = _head(hidden, labels, classes, loss_kind, dense_kind)
+      loss, accuracy = _head(hidden, labels, classes, loss_kind, dense_kind,
+                             kernel_initializer)
     train_op = training.OPTIMIZERS[optimizer]().minimize(loss)
     init = tf.compat.v1.global_variables_initializer()
     names = [v.op.name for v in tf.compat.v1.trainable_variables()]
@@ -131,6 +135,22 @@ def test_split_head_matches_single_device(optimizer, classes):
   training.assert_close(_trim(actual, classes), expected)
   tolerance.assert_equivalent(losses, expected_losses)
   np.testing.assert_allclose(accuracy, expected_accuracy)
+
+
+def test_shards_of_padding_only_with_a_constant_initializer():
+  # 5 classes over 4 shards of 2 columns: the last shard holds padding
+  # only; the constant initial value is sliced from the padded full one.
+  # (Distinct values: equal columns would give the backbone a zero
+  # gradient, whose rounding noise Adam would amplify.)
+  kernel = np.linspace(-0.5, 0.5, 16 * 5).reshape(16, 5)
+
+  def run_constant(split_count):
+    return run(5, split_count, optimizer="adam",
+               kernel_initializer=tf.compat.v1.constant_initializer(kernel))
+  expected, expected_losses, _ = run_constant(None)
+  actual, losses, _ = run_constant(DEVICES)
+  training.assert_close(_trim(actual, 5), expected)
+  tolerance.assert_equivalent(losses, expected_losses)
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])

@@ -7,12 +7,15 @@ TensorFlow upgrade that renames or changes one fails here first; the fix
 goes into epl.tf_compat and epl.tf_compat.VERSIONS.
 """
 import functools
+import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.layers import base as tf1_layers_base
 
 import epl
 from epl import tf_compat
@@ -25,6 +28,8 @@ from epl.tf_compat import ops
 from epl.tf_compat import stats
 from epl.tf_compat import targets
 from epl.tf_compat import training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(fetches, graph):
@@ -118,6 +123,27 @@ def test_is_ref_dtype_tells_tf1_variables():
   assert not graph_edit.is_ref_dtype(tf.float32)
 
 
+def test_declared_input_types_tell_a_reference_taken_from_a_value_read():
+  graph = tf.Graph()
+  with graph.as_default():
+    ref = tf.compat.v1.Variable([1.0], use_resource=False, name="ref")
+    assign = tf.compat.v1.assign(ref, [2.0])
+    tf.compat.v1.train.Saver([ref])
+  save = graph.get_operation_by_name("save/SaveV2")
+  reference = ref.op.outputs[0].dtype  # float32_ref
+  assert graph_edit.is_ref_dtype(reference)
+  # Assign takes the variable by reference (it changes it) ...
+  assert assign.op.inputs[0].dtype == reference
+  assert graph_edit.declared_input_types(assign.op) == [reference,
+                                                        tf.float32]
+  # ... SaveV2 reads the same reference tensor as a value.
+  [variable_input] = [t for t in save.inputs if t.op.name == "ref"]
+  assert variable_input.dtype == reference
+  declared = graph_edit.declared_input_types(save)
+  assert len(declared) == len(save.inputs)
+  assert declared[list(save.inputs).index(variable_input)] == tf.float32
+
+
 def test_create_op_takes_attrs_as_given(calls):
   created = calls(targets.CREATE_OP)
   graph = tf.Graph()
@@ -168,6 +194,79 @@ def test_in_graph_context_tells_a_nested_default_graph():
     with pytest.raises(AssertionError):
       tf.compat.v1.reset_default_graph()
   assert not graph_edit.in_graph_context()
+
+
+@pytest.fixture(name="control_flow_v1")
+def _control_flow_v1():
+  tf.compat.v1.disable_control_flow_v2()
+  yield
+  tf.compat.v1.enable_control_flow_v2()
+
+
+def _v1_loop_and_cond(graph):
+  """A v1 while-loop with a cond in its body, in `graph`."""
+  with graph.as_default():
+    def body(i, x):
+      return i + 1, tf.cond(x > 0.0, lambda: x * 0.5, lambda: x + 1.0)
+    return tf.while_loop(lambda i, _: i < 3, body,
+                         [tf.constant(0), tf.constant(-2.0)])
+
+
+def test_control_flow_contexts_of_ops(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  merge = graph.get_operation_by_name("while/Merge_1")
+  loop = graph_edit.control_flow_context(merge)
+  assert loop.name == "while/while_context"
+  in_cond = graph.get_operation_by_name("while/cond/mul")
+  assert graph_edit.control_flow_context(in_cond).IsCondContext()
+  assert graph_edit.containing_while_context(in_cond) is loop
+  assert graph_edit.containing_while_context_of(None) is None
+  assert graph_edit.control_flow_context(
+      graph.get_operation_by_name("Const")) is None
+  # The cond's two branches, in the order built.
+  assert graph_edit.control_flow_context(in_cond) in (
+      graph_edit.nested_contexts(loop))
+  assert all(c.IsCondContext() for c in graph_edit.nested_contexts(loop))
+
+
+def test_control_flow_contexts_copied_under_a_scope(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  loop = graph_edit.control_flow_context(
+      graph.get_operation_by_name("while/Merge_1"))
+  context_def = graph_edit.control_flow_context_def(loop)
+  kind, proto = graph_edit.context_def_kind(context_def)
+  assert kind == "while" and proto.context_name == "while/while_context"
+  with graph.as_default():
+    tf.graph_util.import_graph_def(graph.as_graph_def(), name="copy")
+  copy = graph_edit.context_from_def(graph, context_def, "copy")
+  assert copy.name == "copy/while/while_context"
+  copied_merge = graph.get_operation_by_name("copy/while/Merge_1")
+  assert graph_edit.control_flow_context(copied_merge) is copy
+  assert graph_edit.nested_contexts(copy)[0].IsCondContext()
+  trigger = graph.get_operation_by_name("copy/while/Merge")
+  graph_edit.set_control_flow_context(trigger, copy)
+  assert graph_edit.control_flow_context(trigger) is copy
+
+
+def test_building_in_context_enters_a_loop(control_flow_v1):
+  del control_flow_v1
+  graph = tf.Graph()
+  _v1_loop_and_cond(graph)
+  in_loop = graph.get_operation_by_name("while/Identity_1")
+  outside = graph.get_operation_by_name("Const_1").outputs[0]
+  with graph.as_default(), graph_edit.building_in_context(
+      graph, graph_edit.control_flow_context(in_loop)):
+    added = tf.add(in_loop.outputs[0], outside)
+  assert graph_edit.control_flow_context(added.op) is (
+      graph_edit.control_flow_context(in_loop))
+  # The outside value enters the loop through a new Enter op.
+  assert added.op.inputs[1].op.type == "Enter"
+  assert graph_edit.control_flow_context(
+      graph.get_operation_by_name("Const_1")) is None
 
 
 # --------------------------------------------------------------- importer
@@ -494,6 +593,29 @@ def test_keras_targets_are_what_v1_layers_use(calls):
   assert len(added) == 4 and len(dense) == 1
 
 
+def test_frozen_keras_targets_are_what_tf1_layer_subclasses_use(calls):
+  # tensorflow.python.layers.base.Layer (TF's frozen Keras 2) adds its
+  # weights through the frozen v1 base layer in TF1 graph mode: its class
+  # hierarchy is switched to v1 when a layer is made.
+  found = keras.targets()
+  assert len(found.frozen_add_weight) == 2
+  added = calls(found.frozen_add_weight[1])
+
+  class Scale(tf1_layers_base.Layer):
+    def build(self, input_shape):
+      self.scale = self.add_weight("scale", [3], initializer="ones")
+      super().build(input_shape)
+
+    def call(self, inputs):
+      return inputs * self.scale
+
+  with tf.Graph().as_default():
+    layer = Scale()
+    layer(tf.ones([2, 3]))
+  assert found.frozen_add_weight[1][0] in type(layer).__mro__
+  assert len(added) == 1 and added[0][1] == "scale"
+
+
 def test_keras_3_installs_no_layer_hooks(monkeypatch):
   # Under Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS) the v1 layers'
   # package reports a 3.x version: nothing is hooked, and the error says
@@ -504,6 +626,7 @@ def test_keras_3_installs_no_layer_hooks(monkeypatch):
   try:
     found = keras.targets()
     assert not found.add_weight and found.dense_call is None
+    assert not found.frozen_add_weight
     assert "Keras 3" in found.problem and "TF_USE_LEGACY_KERAS=1" in (
         found.problem)
     with pytest.raises(RuntimeError, match="tf-keras"):
@@ -547,14 +670,36 @@ def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
 @pytest.mark.skipif(not tf_estimator.available(),
                     reason="tensorflow-estimator is not installed")
 def test_estimator_targets():
-  for owner, attribute in (tf_estimator.RUN_CONFIG_INIT,
-                           tf_estimator.CALL_MODEL_FN,
-                           tf_estimator.LATEST_CHECKPOINT,
-                           tf_estimator.EVALUATE):
+  assert tf.estimator.Estimator and tf_estimator.imported()
+  targets = tf_estimator.targets()
+  for owner, attribute in targets:
     assert callable(getattr(owner, attribute))
-  assert tf_estimator.RUN_CONFIG_INIT[0] is tf.estimator.RunConfig
-  assert issubclass(tf.estimator.Estimator, tf_estimator.CALL_MODEL_FN[0])
-  assert tf_estimator.TRAIN == tf.estimator.ModeKeys.TRAIN
+  assert targets[0][0] is tf.estimator.RunConfig
+  assert issubclass(tf.estimator.Estimator, targets[1][0])
+  assert tf_estimator.train_mode() == tf.estimator.ModeKeys.TRAIN
+
+
+@pytest.mark.skipif(not tf_estimator.available(),
+                    reason="tensorflow-estimator is not installed")
+def test_estimator_import_is_watched_not_made():
+  # In a fresh process: epl.init does not import the Estimator (importing
+  # it marks TF's session hooks deprecated), and EPL's hooks are on the
+  # Estimator as soon as the script imports it.
+  script = (
+      "import sys, tensorflow as tf, epl\n"
+      "epl.init()\n"
+      "assert 'tensorflow_estimator' not in sys.modules\n"
+      "from epl.tf_compat import estimator\n"
+      "run_config_init = tf.estimator.RunConfig.__init__\n"
+      "assert estimator.imported()\n"
+      "hooked = lambda f: f.__code__.co_filename.endswith('hooks.py')\n"
+      "assert hooked(run_config_init)\n"
+      "epl.shutdown()\n"
+      "assert not hooked(tf.estimator.RunConfig.__init__)\n"
+      "print('ok')\n")
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
 def test_horovod_missing_says_how_to_install(monkeypatch):

@@ -23,10 +23,13 @@ def dataset_arrays(rows=256, seed=0):
   return x, y
 
 
-def input_batch(batch_size, initializable=False):
+def input_batch(batch_size, initializable=False, static_batch=False):
+  """The next batch of `dataset_arrays`; with `static_batch`, its batch
+  size is part of its static shape, as a script with a fixed batch size
+  (drop_remainder) has it."""
   x, y = dataset_arrays()
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-      batch_size)
+      batch_size, drop_remainder=static_batch)
   if initializable:
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS,
@@ -54,6 +57,19 @@ def get_variable_model(x):
       "w2", [16, 1],
       initializer=tf.compat.v1.random_normal_initializer(stddev=0.3, seed=4))
   return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2)
+
+
+def four_equal_layers(x):
+  """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
+  exactly one."""
+  hidden = x
+  for index in range(4):
+    weight = tf.compat.v1.get_variable(
+        "w%d" % index, [FEATURES, FEATURES],
+        initializer=tf.compat.v1.random_normal_initializer(
+            stddev=0.3, seed=20 + index))
+    hidden = tf.nn.tanh(tf.matmul(hidden, weight))
+  return tf.reduce_mean(hidden, axis=1, keepdims=True)
 
 
 def ref_variable_model(x):

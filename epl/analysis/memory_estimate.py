@@ -20,7 +20,11 @@ Per device:
 - other state: every other variable (global step, loss scale, ...);
 - gradients: the gradient tensors the update reads (accumulated over
   micro-batches), one set; two sets live when there are several
-  micro-batches (the sum so far and the micro-batch's being added);
+  micro-batches (the sum so far and the micro-batch's being added). With
+  ZeRO v1 and v2 the update reads the gradient reduced on its owner, so a
+  device counts the gradients of its own share; with v1 and several
+  micro-batches every replica also sums its micro-batches in full first,
+  which counts too;
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), times
   the micro-batches in flight on that stage: all M for GPipe
@@ -29,6 +33,10 @@ Per device:
   split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
+
+`zero_formula` gives the persistent bytes per device (weights, gradients,
+optimizer state) that each ZeRO level would leave, from DeepSpeed's
+formulas, and `zero_parameters` what they need from a rewritten graph.
 
 When the input's batch dimension is not static (a batch without
 `drop_remainder=True`), shapes are inferred again, by TensorFlow's shape
@@ -46,8 +54,8 @@ import tensorflow as tf
 
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
-from epl.passes import schedule
 from epl.passes.training_subgraph import tensors_of
+from epl.plan import pipeline_order
 
 logger = logging.getLogger("epl")
 
@@ -85,7 +93,8 @@ def variable_bytes(op):
 def in_flight_micro_batches(schedule_name, num_stages, stage,
                             num_micro_batch):
   """Micro-batches whose activations stage `stage` holds at once."""
-  return schedule.warm_up(schedule_name, num_stages, stage, num_micro_batch)
+  return pipeline_order.in_flight(schedule_name, num_stages, stage,
+                                 num_micro_batch)
 
 
 def bubble_fraction(num_stages, num_micro_batch):
@@ -203,7 +212,12 @@ class _TensorSizes:
   def __init__(self, result):
     self.batch_size = None
     self._inferred = None
-    reads = result.step.input_reads
+    # Every replica's and micro-batch's copy of each read: the copies of
+    # identical replicas get the same shapes.
+    copies = result.copies
+    reads = [copies.op(local, op) for read in result.step.input_reads
+             for op in copies.micro_batch_ops(read)
+             for local in range(len(result.context.replicas))]
     if all(t.shape.is_fully_defined() for op in reads for t in op.outputs):
       return
     batch_size = dataset_batch_size(result.context.graph)
@@ -222,12 +236,21 @@ class _TensorSizes:
     return tensor_bytes(tensor)
 
 
+def trained_points(result):
+  """The (gradient, variable) pair of every trained variable: those the
+  replicas all-reduce and those ZeRO reduces on their owner."""
+  points = [p for points in result.gradient_points for p in points]
+  partition = result.zero_partition
+  if partition is not None and partition.reduces_to_owners:
+    points.extend(partition.points)
+  return points
+
+
 def _count_variables(result, devices):
   trained = set()
-  for points in result.gradient_points:
-    for _, variable in points:
-      for local in range(len(result.context.replicas)):
-        trained.add(result.copies.op(local, variable).name)
+  for _, variable in trained_points(result):
+    for local in range(len(result.context.replicas)):
+      trained.add(result.copies.op(local, variable).name)
   for op in result.context.graph.get_operations():
     if op.type not in VARIABLE_TYPES:
       continue
@@ -242,19 +265,37 @@ def _count_variables(result, devices):
 
 
 def _count_gradients(result, devices, sizes):
+  """Every replica's copy of each all-reduced gradient; with ZeRO v1 and
+  v2, each reduced gradient on its owner, and (v1, several micro-batches)
+  every replica's sum of its micro-batches."""
+  several = result.plan.num_micro_batch > 1
+
+  def count(tensor):
+    size = sizes(tensor)
+    estimate = devices[tensor.op.device]
+    if size is None:
+      estimate.unknown_tensors += 1
+      return
+    estimate.gradients += size
+    if several:
+      estimate.gradient_sets = 2
+
+  replicas = range(len(result.context.replicas))
   for points in result.gradient_points:
     for grad, _ in points:
-      for local in range(len(result.context.replicas)):
+      for local in replicas:
         for tensor in tensors_of(grad):
-          tensor = result.copies.tensor(local, tensor)
-          size = sizes(tensor)
-          estimate = devices[tensor.op.device]
-          if size is None:
-            estimate.unknown_tensors += 1
-            continue
-          estimate.gradients += size
-          if result.plan.num_micro_batch > 1:
-            estimate.gradient_sets = 2
+          count(result.copies.tensor(local, tensor))
+  partition = result.zero_partition
+  if partition is None or not partition.reduces_to_owners:
+    return
+  for grad, variable in partition.points:
+    for tensor in partition.reduced[variable.name]:
+      count(tensor)
+    if several and variable.name not in partition.accumulations:
+      for local in replicas:
+        for tensor in tensors_of(grad):
+          count(result.copies.tensor(local, tensor))
 
 
 def _kept_activations(result, devices, sizes):
@@ -318,6 +359,89 @@ def _count_working(result, devices, sizes):
     size = sum(sizes(t) or 0 for t in op.outputs)
     estimate = devices[op.device]
     estimate.working = max(estimate.working, size)
+
+
+ZERO_LEVELS = ("", "v0", "v1", "v2", "v3")
+
+
+def zero_formula(level, parameters, replicas, weight_bytes, gradient_bytes,
+                 optimizer_bytes, num_micro_batch=1):
+  """Persistent bytes per device (weights + gradients + optimizer state)
+  of `parameters` (Ψ) trained parameters under ZeRO `level` ("" is off)
+  over `replicas` (N) data-parallel replicas, from DeepSpeed's formulas
+  (Rajbhandari et al. 2019) with W, G, K the bytes per parameter of
+  weights, gradients and optimizer state:
+
+  - off: (W + G + K)Ψ
+  - v0 (optimizer state partitioned, DeepSpeed's ZeRO-1): (W + G)Ψ + KΨ/N
+  - v1 (gradients reduced on their owner): WΨ + (G + K)Ψ/N, plus GΨ with
+    several micro-batches (each replica sums its micro-batches in full)
+  - v2 (DeepSpeed's ZeRO-2, micro-batches summed on the owner too):
+    WΨ + (G + K)Ψ/N
+  - v3 (weights partitioned, ZeRO-3): (W + G + K)Ψ/N
+
+  Mixed-precision Adam (W = 2, G = 2, K = 12: float32 master weights, m
+  and v) gives DeepSpeed's 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N and 16Ψ/N.
+  EPL keeps float32 variables, also under AMP, so float32 Adam is W = 4,
+  G = 4, K = 8: 16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N (momentum: K = 4).
+  """
+  if level not in ZERO_LEVELS:
+    raise ValueError("zero level %r: expected one of %s." % (
+        level, ", ".join(repr(l) for l in ZERO_LEVELS)))
+  weights = weight_bytes * parameters
+  gradients = gradient_bytes * parameters
+  optimizer = optimizer_bytes * parameters
+  if level == "":
+    return weights + gradients + optimizer
+  if level == "v0":
+    return weights + gradients + optimizer / replicas
+  if level == "v3":
+    return (weights + gradients + optimizer) / replicas
+  summed_in_full = gradients if level == "v1" and num_micro_batch > 1 else 0
+  return weights + summed_in_full + (gradients + optimizer) / replicas
+
+
+@dataclasses.dataclass
+class StageParameters:
+  """What `zero_formula` needs for one stage (TaskGraph): its trained
+  parameters, and their bytes per parameter of weights, gradients and
+  optimizer state (the slots `apply_gradients` made for them)."""
+  stage: int
+  parameters: int = 0
+  weight_bytes: float = 0.0
+  gradient_bytes: float = 0.0
+  optimizer_bytes: float = 0.0
+
+
+def zero_parameters(result):
+  """[StageParameters] of the rewritten step of RewriteResult `result`, by
+  stage: counted from the user's own variables (one replica's weights; the
+  optimizer's slots, which ZeRO places on their owners under their own
+  names) and the dtypes of their gradients."""
+  ctx = result.context
+  by_stage = collections.OrderedDict()
+  totals = collections.defaultdict(lambda: [0, 0, 0, 0])
+  trained = set()
+  for grad, variable in trained_points(result):
+    trained.add(variable.name)
+    stage = ctx.taskgraph_index(variable)
+    elements = variable_elements(variable)
+    totals[stage][0] += elements
+    totals[stage][1] += variable_bytes(variable)
+    totals[stage][2] += tensors_of(grad)[0].dtype.base_dtype.size * elements
+  for op in ctx.graph.get_operations():
+    if (op.type in VARIABLE_TYPES and op.name not in trained and
+        ctx.state.phase_of(op) is Phase.APPLY and
+        not ctx.state.provenance.built_by_rewrite(op) and
+        ctx.taskgraph_index(op) in totals):
+      totals[ctx.taskgraph_index(op)][3] += variable_bytes(op)
+  for stage in sorted(totals):
+    parameters, weights, gradients, optimizer = totals[stage]
+    by_stage[stage] = StageParameters(
+        stage, parameters, weights / float(parameters or 1),
+        gradients / float(parameters or 1),
+        optimizer / float(parameters or 1))
+  return list(by_stage.values())
 
 
 def estimate(result):

@@ -17,6 +17,12 @@ neither, or with fewer files than parts, slicing is an error that says so.
 A file list only known when the graph runs (a tensor computed from other
 ops) is not sliced; EPL logs that it was left alone.
 
+An input that reads data the script holds in memory
+(`Dataset.from_tensor_slices`, `from_tensors`) and is not sharded gives
+every worker the same batches: when the job has several workers, making
+an iterator of one logs a warning that names the dataset and the fix
+(`warn_unsharded_input`).
+
 `epl.hooks` routes the dataset constructors here, with the planner
 (`epl.plan.planner.make_plan`, a layer above capture) that tells the
 replicas of each worker; this module holds the logic.
@@ -29,11 +35,20 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from epl import user_warnings
 from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.ir.taskgraph import TaskGraph
 
 logger = logging.getLogger("epl")
+
+# Dataset ops whose elements are data the script holds in memory: the same
+# on every worker unless the script made them differ.
+_IN_MEMORY_SOURCES = frozenset(["TensorSliceDataset", "TensorDataset",
+                                "SparseTensorSliceDataset"])
+# Dataset ops that read files (each worker may read its own files).
+_FILE_READERS = ("TFRecordDataset", "TextLineDataset",
+                 "FixedLengthRecordDataset")
 
 # graph -> the reader shares slicing assumed, checked against the plan.
 _assumed = weakref.WeakKeyDictionary()
@@ -193,3 +208,50 @@ def check_rewritten(graph):
         "Build the input pipeline after the strategy scopes (or call "
         "epl.set_default_strategy first) so that slicing knows the plan." %
         (wrong[0], actual))
+
+
+def _dataset_ops(dataset):
+  """The dataset ops `dataset` is built of, from the graph's side (the
+  datasets inside functions such as `interleave`'s are not seen)."""
+  seen, pending = {}, [tf.data.experimental.to_variant(dataset).op]
+  while pending:
+    op = pending.pop()
+    if op.name in seen:
+      continue
+    seen[op.name] = op
+    pending.extend(t.op for t in op.inputs if t.dtype == tf.variant)
+  return list(seen.values())
+
+
+def _where_built(op):
+  """`file:line` of the user's code that built `op`, or its name."""
+  for frame in reversed(op.traceback):
+    if user_warnings.is_user_file(frame.filename):
+      return "%s:%d" % (frame.filename, frame.lineno)
+  return op.name
+
+
+def warn_unsharded_input(dataset):
+  """Warns, in a job of several workers, when `dataset` (an iterator is
+  being made of it) reads data held in memory and nothing shards it: every
+  worker would then train on the same batches."""
+  if not Env.initialised() or Env.get().cluster.worker_num == 1:
+    return
+  ops = _dataset_ops(dataset)
+  if any(op.type == "ShardDataset" or op.type.startswith(_FILE_READERS)
+         for op in ops):
+    return
+  sources = [op for op in ops if op.type in _IN_MEMORY_SOURCES]
+  if not sources:
+    return
+  cluster = Env.get().cluster
+  logger.warning(
+      "EPL: every one of the %d workers reads the same batches: the input "
+      "dataset %s (built at %s) holds data in memory and is not sharded, so "
+      "the workers train on identical batches. Shard it before batching: "
+      "dataset.shard(epl.Env.get().cluster.worker_num, "
+      "epl.Env.get().cluster.worker_index) (this is worker %d), or read "
+      "the data from files with the config key io.slicing on. If each "
+      "worker made different data, ignore this.",
+      cluster.worker_num, sources[0].type, _where_built(sources[0]),
+      cluster.worker_index)

@@ -9,12 +9,9 @@ import collections
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from epl.ir import control_flow
 from epl.tf_compat import graph_edit
 from epl.tf_compat import importer
-
-_V1_CONTROL_FLOW = frozenset(
-    ["Enter", "Exit", "Switch", "Merge", "NextIteration", "RefEnter",
-     "RefExit", "RefSwitch", "RefMerge", "RefNextIteration", "LoopCond"])
 
 
 def input_ops(op):
@@ -55,12 +52,14 @@ def descendants(roots):
 
 
 def topological_order(ops):
-  """`ops` ordered so that every op comes after its inputs among `ops`."""
+  """`ops` ordered so that every op comes after its inputs among `ops`
+  (a v1 while-loop's back edge excepted)."""
   by_name = {op.name: op for op in ops}
   pending = {}
   consumers = collections.defaultdict(list)
   for op in ops:
-    deps = {i.name for i in input_ops(op) if i.name in by_name}
+    deps = {i.name for i in control_flow.forward_input_ops(op)
+            if i.name in by_name}
     pending[op.name] = len(deps)
     for dep in deps:
       consumers[dep].append(op.name)
@@ -77,22 +76,10 @@ def topological_order(ops):
         queue.append(by_name[name])
   if len(result) != len(ops):
     cyclic = sorted(n for n, c in pending.items() if c)[:5]
-    raise ValueError("The graph to clone has a cycle through %s; TF1 "
-                     "while-loops (control flow v1) cannot be replicated." %
-                     cyclic)
+    raise ValueError("The ops to copy have a cycle through %s (other than "
+                     "a while-loop's NextIteration -> Merge back edge); "
+                     "EPL can only copy an acyclic graph." % cyclic)
   return result
-
-
-def check_cloneable(ops):
-  """Raises for ops EPL cannot clone (TF1 control flow)."""
-  bad = [op.name for op in ops if op.type in _V1_CONTROL_FLOW]
-  if bad:
-    raise ValueError(
-        "EPL cannot replicate TF1 control-flow ops (%s ...). Build the model "
-        "with control flow v2: call tf.compat.v1.enable_control_flow_v2() "
-        "before building it (it is the default unless "
-        "tf.compat.v1.disable_v2_behavior() was called)." %
-        ", ".join(bad[:3]))
 
 
 def _import(graph, graph_def, prefix, input_map):
@@ -126,6 +113,10 @@ class Cloner:
   an op without outputs) are added to each copy afterwards. A copy then
   costs one import (TensorFlow's C API builds every node in one call) plus
   setting each node's device in the template.
+
+  Each copy of a v1 while-loop runs in its own frame: its Enter ops name
+  `<prefix><frame>`; the copies get copies of their originals' v1
+  control-flow contexts.
   """
 
   def __init__(self, graph, ops):
@@ -138,6 +129,7 @@ class Cloner:
     self._outside_inputs = {}  # 'name:index' -> tensor outside the set
     self._outside_controls = {}  # op name -> control inputs outside the set
     self._shared_names = []  # nodes that name a resource (variables)
+    self._enters = []  # (Enter op name, its frame) of v1 while-loops
     for op in self._ops:
       node = self._template.node.add()
       node.CopyFrom(op.node_def)
@@ -160,6 +152,9 @@ class Cloner:
           del node.attr["_class"]
       if "shared_name" in node.attr and node.attr["shared_name"].s:
         self._shared_names.append(node)
+      if op.type in control_flow.ENTER_TYPES:
+        self._enters.append((op.name, op.get_attr("frame_name").decode()))
+    self._contexts = control_flow.ContextCopier(self._ops)
 
   def clone(self, prefix, device_fn, tensor_map=None, provenance=None,
             replica=None, micro_batch=None):
@@ -200,6 +195,13 @@ class Cloner:
                        (len(clones), prefix, len(self._ops)))
     for name, controls in self._outside_controls.items():
       graph_edit.add_control_inputs(clones[name], controls)
+    self._contexts.copy(self._graph, prefix, clones)
+    for name, frame in self._enters:
+      # The name of the copy of the loop's context. Set after the contexts
+      # are copied: importing a context under a scope renames the frame of
+      # every Enter its values name, also of another loop's Enter that a
+      # gradient loop reads.
+      control_flow.set_frame(clones[name], prefix + frame)
     if provenance is not None:
       provenance.record_copies(clones, prefix, replica, micro_batch)
     return clones
@@ -222,6 +224,23 @@ def replace_input_in(consumers, old, new):
     for index, tensor in enumerate(op.inputs):
       if tensor is old or tensor.name == old.name:
         graph_edit.update_input(op, index, new)
+
+
+def with_unknown_sizes(tensor):
+  """`tensor` (its value, through a PlaceholderWithDefault) with a static
+  shape of its rank and unknown sizes.
+
+  TensorFlow refuses to rewire an edge to a tensor whose static shape
+  differs from the one it replaces ("Cannot update edge, incompatible
+  shapes"), although the consumer's kernel takes any size: a rewrite that
+  hands a consumer another size (the rows of every micro-batch, a full
+  tensor where one shard flowed) rewires it to this tensor instead. Keeps
+  a tensor of unknown rank as it is.
+  """
+  if tensor.shape.rank is None:
+    return tensor
+  return tf.compat.v1.placeholder_with_default(
+      tensor, [None] * tensor.shape.rank)
 
 
 def consumers_of(tensor, among):

@@ -86,6 +86,9 @@ class GraphState:
     self.version_without_step = None
     # Fetch sets (op names) found to train nothing EPL did not rewrite.
     self.checked_fetches = set()
+    # Placeholder tensor name -> (parts, local replicas, micro-batches) of
+    # each fed batch the rewrite splits (epl.passes.fed_batches).
+    self.fed_batch_parts = {}
 
   def taskgraph_for(self, strategy):
     """The TaskGraph of `strategy` in this graph, created on first use."""

@@ -10,11 +10,23 @@ VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 # Plain reads of a variable's value: a resource read, or the Identity that
 # reads a reference variable.
 VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
-# Consumers of a variable that do not change it.
-VARIABLE_READERS = frozenset([
+# Ops that take a resource variable's handle without changing it. (A
+# reference variable's readers are told by their definition: see
+# epl.passes.training_subgraph.written_variables.)
+RESOURCE_VARIABLE_READERS = frozenset([
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
-    "VarIsInitializedOp", "IsVariableInitialized", "Identity",
-    "_ReadVariablesOp"])
+    "VarIsInitializedOp", "_ReadVariablesOp"])
+# Ops that write a whole new value into a variable (initialisers, restores).
+VARIABLE_ASSIGN_TYPES = frozenset(["AssignVariableOp", "Assign"])
+# Ops that take a reference variable by reference without changing it:
+# a check, and the v1 control-flow ops that pass the reference on.
+REFERENCE_KEEPING_TYPES = frozenset([
+    "IsVariableInitialized", "RefIdentity", "RefSwitch", "RefEnter",
+    "RefExit", "RefMerge", "RefNextIteration", "RefSelect"])
+# Ops whose outputs are their input's buffer, not a copy: a reference
+# variable read through them is read when their consumers run.
+BUFFER_FORWARDING_TYPES = frozenset([
+    "Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter"])
 # Ops that read the next element of the input pipeline: each replica (and
 # micro-batch) runs its own, on the shared iterator.
 INPUT_READ_TYPES = frozenset([

@@ -13,9 +13,17 @@ expert axis, tokens exchanged by all-to-all.
   * expert, `EGCH,EHM->EGCM`: an expert-sharded weight meets local expert
     activations (the same size E / k): computed as is.
   * combine, `GSEC,EGCM->GSM`: no sharded weight; local expert outputs
-    `[E / k, G, k * C, M]` meet a tensor with E experts and capacity C:
-    the outputs go back by the inverse exchange first.
+    `[E / k, G, k * C, M]` meet a tensor with E experts and capacity C,
+    and the experts axis is summed over: the outputs go back by the
+    inverse exchange first.
   Any other einsum inside split is an error naming it.
+
+The experts axis of the tokens (dispatch) or of the tensor met at combine
+may be unknown when the graph is built (a batch dimension used as the
+experts axis): it is then taken as E, and a run-time check fails, naming
+the einsum and the sizes, when it is not. The dispatch einsum's result
+has the static size E / k of the weight it met, so the expert einsum
+after it is recognised as such.
 """
 import dataclasses
 import re
@@ -48,7 +56,12 @@ def add_weight(original, layer, name=None, shape=None, dtype=None,
   if strategy is None or not shape:
     return original(layer, name, shape, dtype, initializer, *args, **kwargs)
   group_size = split_lowering.group_size_of(strategy)
-  full_shape = [int(d) for d in shape]
+  full_shape = [tf.compat.dimension_value(d) for d in shape]
+  if None in full_shape:
+    raise ValueError(
+        "%s.add_weight(%r, shape=%s) inside %r: a sharded weight needs a "
+        "fully known shape. Give every dimension a size." % (
+            type(layer).__name__, name, full_shape, strategy))
   if full_shape[0] % group_size:
     raise ValueError(
         "%s.add_weight(%r, shape=%s) inside %r: dimension 0 (%d experts) "
@@ -62,7 +75,7 @@ def add_weight(original, layer, name=None, shape=None, dtype=None,
   def shard_initializer(shape, dtype=dtype, **_):
     start = split_lowering.shard_index() * columns
     return split_lowering.sharded_initial_value(
-        full_initializer, full_shape, 0, columns, start, dtype)
+        full_initializer, full_shape, 0, columns, start, dtype, group_size)
 
   variable = original(layer, name, [columns] + full_shape[1:], dtype,
                       shard_initializer, *args, **kwargs)
@@ -98,16 +111,35 @@ def _operands(equation, inputs, graph):
 
 
 def _size(operand, letter):
-  return operand.tensor.shape[operand.letters.index(letter)]
+  """The static size of `letter`'s axis of `operand`; None if unknown."""
+  return tf.compat.dimension_value(
+      operand.tensor.shape[operand.letters.index(letter)])
 
 
 def _dim(tensor, axis):
-  static = tensor.shape[axis]
-  return int(static) if static is not None else tf.shape(tensor)[axis]
+  static = tf.compat.dimension_value(tensor.shape[axis])
+  return static if static is not None else tf.shape(tensor)[axis]
+
+
+def _with_experts(tensor, axis, experts, equation, strategy, group_size):
+  """`tensor`, checked at run time to have `experts` entries on `axis`
+  (its experts axis, unknown when the graph was built)."""
+  check = tf.debugging.assert_equal(
+      tf.shape(tensor)[axis], experts, message=(
+          "tf.einsum(%r) inside %r: the experts axis (dimension %d) of %s, "
+          "unknown when the graph was built, must hold all %d experts (%d "
+          "shards of %d, from the sharded weights' shape) at run time" % (
+              equation, strategy, axis, tensor.name, experts, group_size,
+              experts // group_size)))
+  with tf.control_dependencies([check]):
+    return tf.identity(tensor)
 
 
 def _to_local_experts(tokens, group_size):
   """[E, G, C, M] -> all-to-all -> [E / k, G, k * C, M] (source-major)."""
+  # E from the tokens, even where the weight gives E / k statically: a
+  # reshape to a static E / k would let grappler infer an unknown E and
+  # fold the run-time check of `_with_experts` away.
   experts, groups, capacity = [_dim(tokens, i) for i in range(3)]
   rest = tokens.shape[3:].as_list()
   received = split_lowering.all_to_all(tokens, group_size)
@@ -146,7 +178,8 @@ def einsum(original, equation, *inputs, **kwargs):
     return original(equation, *inputs, **kwargs)
   group_size = split_lowering.group_size_of(strategy)
   inputs = [tf.convert_to_tensor(t) for t in inputs]
-  operands, _ = _operands(equation, inputs, tf.compat.v1.get_default_graph())
+  operands, output_letters = _operands(equation, inputs,
+                                       tf.compat.v1.get_default_graph())
   if operands is None or len(operands) != 2:
     raise _unknown(equation, strategy, "two operands expected")
   weights = [o for o in operands if o.sharded_weight]
@@ -160,10 +193,14 @@ def einsum(original, equation, *inputs, **kwargs):
     local, full = _size(weight, expert), _size(other, expert)
     if full == local:
       return original(equation, *inputs, **kwargs)
-    if full != local * group_size:
+    tokens = other.tensor
+    if full is None:
+      tokens = _with_experts(tokens, 0, local * group_size, equation,
+                             strategy, group_size)
+    elif full != local * group_size:
       raise _unknown(equation, strategy, "%d experts against %d shards of "
                      "%d" % (full, group_size, local))
-    exchanged = _to_local_experts(other.tensor, group_size)
+    exchanged = _to_local_experts(tokens, group_size)
     args = [exchanged if o is other else o.tensor for o in operands]
     return original(equation, *args, **kwargs)
   if weights:
@@ -171,11 +208,18 @@ def einsum(original, equation, *inputs, **kwargs):
   for local_operand in operands:
     other = operands[1 - operands.index(local_operand)]
     expert = local_operand.letters[0]
-    if expert not in other.letters:
+    if expert not in other.letters or expert in output_letters:
       continue
     local, full = _size(local_operand, expert), _size(other, expert)
-    if local is not None and full == local * group_size:
-      owners = _to_owners(local_operand.tensor, group_size)
-      args = [owners if o is local_operand else o.tensor for o in operands]
-      return original(equation, *args, **kwargs)
+    if local is None or full not in (None, local * group_size):
+      continue
+    args = [o.tensor for o in operands]
+    if full is None:
+      axis = other.letters.index(expert)
+      args[operands.index(other)] = _with_experts(
+          other.tensor, axis, local * group_size, equation, strategy,
+          group_size)
+    args[operands.index(local_operand)] = _to_owners(local_operand.tensor,
+                                                     group_size)
+    return original(equation, *args, **kwargs)
   raise _unknown(equation, strategy, "no expert-sharded operand")

@@ -156,7 +156,7 @@ def all_gather(tensor, group_size):
         collective_gradients.next_instance_key(), **_settings()))(tensor)
   if not tensor.shape.rank:
     return gathered
-  rows = tensor.shape[0]
+  rows = tf.compat.dimension_value(tensor.shape[0])
   gathered.set_shape([rows * group_size if rows is not None else None] +
                      tensor.shape[1:].as_list())
   return gathered
@@ -213,9 +213,11 @@ def _variance_scaling_shard(initializer, full_shape, shard_shape, dtype):
 
 
 def sharded_initial_value(initializer, full_shape, axis, columns, start,
-                          dtype):
+                          dtype, group_size):
   """The shard `[start, start + columns)` along `axis` of the initial value
-  of a variable of `full_shape`, zero past its end.
+  of a variable of `full_shape` cut into `group_size` shards of `columns`,
+  zero past its end (the last shards may hold padding only: 5 classes
+  over 4 shards of 2).
 
   Unseeded variance-scaling initializers (Glorot, He, ...) draw the shard
   alone, with the fans of the full shape; any other initializer builds the
@@ -229,8 +231,7 @@ def sharded_initial_value(initializer, full_shape, axis, columns, start,
                                    dtype)
   full = initializer(full_shape, dtype=dtype)
   padding = [[0, 0] for _ in full_shape]
-  padding[axis][1] = columns * (-(-full_shape[axis] // columns)) - (
-      full_shape[axis])
+  padding[axis][1] = columns * group_size - full_shape[axis]
   padded = tf.pad(full, padding)
   begin = [0] * len(full_shape)
   begin[axis] = start
@@ -271,7 +272,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
                                                          strategy))
   group_size = group_size_of(strategy)
   inputs = tf.convert_to_tensor(inputs)
-  in_dim = inputs.shape[-1]
+  in_dim = tf.compat.dimension_value(inputs.shape[-1])
   if inputs.shape.rank != 2 or in_dim is None:
     raise ValueError(
         "tf.compat.v1.layers.dense(name=%r) inside %r needs inputs of shape "
@@ -289,10 +290,11 @@ def dense(original, inputs, units, activation=None, use_bias=True,
       kernel = tf.compat.v1.get_variable(
           "kernel", initializer=sharded_initial_value(
               kernel_initializer, [int(in_dim), units], 1, columns, start,
-              dtype), trainable=trainable)
+              dtype, group_size), trainable=trainable)
       bias = tf.compat.v1.get_variable(
           "bias", initializer=sharded_initial_value(
-              bias_initializer, [units], 0, columns, start, dtype),
+              bias_initializer, [units], 0, columns, start, dtype,
+              group_size),
           trainable=trainable) if use_bias else None
       record_variable(kernel, 1, units, columns, group_size)
       if bias is not None:

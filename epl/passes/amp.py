@@ -17,6 +17,7 @@ import logging
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.phase import Phase
@@ -145,7 +146,7 @@ class _Converter:
     """A weight's cast for `consumer` alone, made just before it runs (it
     waits for `others`, the consumer's other inputs), so no half copy of
     the weight lives between uses."""
-    with tf.device(consumer.device):
+    with tf.device(consumer.device), control_flow.building_next_to(consumer):
       cast = tf.cast(tensor, self.dtype, name=names.half_precision(
           consumer.name, "cast_%d" % index))
     graph_editor.add_control_inputs(cast.op, others)
@@ -161,9 +162,11 @@ class _Converter:
       return self.half[tensor.name]
     if tensor.dtype == self.dtype:
       return tensor
-    key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer))
+    key = (tensor.name, consumer.device, self.ctx.taskgraph_index(consumer),
+           id(control_flow.context_of(consumer)))
     if key not in self.casts:
-      with tf.device(consumer.device):
+      with tf.device(consumer.device), control_flow.building_next_to(
+          consumer):
         cast = tf.cast(tensor, self.dtype, name=names.half_precision(
             tensor.op.name, "cast_" + self.dtype.name))
       self.casts[key] = self._keep(cast.op, consumer).outputs[0]
@@ -182,12 +185,13 @@ class _Converter:
     outputs = set(_arg_positions(op, op.op_def.output_arg))
     attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
     attrs["T"] = attr_value_pb2.AttrValue(type=self.dtype.as_datatype_enum)
-    copy = graph_edit.create_op(
-        self.ctx.graph, op.type, inputs,
-        dtypes=[self.dtype if i in outputs else t.dtype
-                for i, t in enumerate(op.outputs)],
-        name=names.half_precision(op.name, self.dtype.name), attrs=attrs,
-        op_def=op.op_def)
+    with control_flow.building_next_to(op):
+      copy = graph_edit.create_op(
+          self.ctx.graph, op.type, inputs,
+          dtypes=[self.dtype if i in outputs else t.dtype
+                  for i, t in enumerate(op.outputs)],
+          name=names.half_precision(op.name, self.dtype.name), attrs=attrs,
+          op_def=op.op_def)
     graph_edit.set_device(copy, op.device)
     self.ctx.state.provenance.record_copy(copy, op,
                                           replica=self.ctx.replicas[0])
@@ -209,7 +213,7 @@ class _Converter:
       if not readers:
         continue
       if new.dtype != tensor.dtype:
-        with tf.device(op.device):
+        with tf.device(op.device), control_flow.building_next_to(op):
           new = tf.cast(new, tensor.dtype, name=names.half_precision(
               op.name, "float32"))
         self._keep(new.op, op)
@@ -234,6 +238,8 @@ def convert_to_half(ctx, subgraph, gradients, gradient_points, copies,
   the "checkpoints" collection follow. The replaced ops leave the cloned
   subgraph (nothing reads them); each copy's provenance names the op it
   replaces. Variables, the optimizer and unpainted ops keep their dtype.
+  The copies and casts of ops in a TF1 cond or while-loop are built in its
+  control-flow context, where they run.
   """
   dtype = half_type(ctx.config)
   state = ctx.state

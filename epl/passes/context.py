@@ -102,11 +102,14 @@ class Copies:
   passes built in replica 0). `micro_batches[m]` maps an op name of one
   micro-batch's forward and backward pass to that op in micro-batch `m` of
   replica 0 (the constants every micro-batch shares map to themselves).
+  `accumulations` maps the name of the first tensor of each gradient
+  summed over micro-batches (replica 0's) to its `Accumulation`.
   """
 
   def __init__(self, clones, micro_batches=None):
     self.clones = clones
     self.micro_batches = micro_batches or []
+    self.accumulations = {}
     # replica_op_names cache: local -> (size of clones[local], names).
     self._op_names = {}
 
@@ -143,6 +146,15 @@ class Copies:
       cached = (len(clones), frozenset(op.name for op in clones.values()))
       self._op_names[local] = cached
     return cached[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulation:
+  """A gradient summed over the micro-batches of a step: `parts`, the
+  gradient of each micro-batch (replica 0's; a tensor or IndexedSlices),
+  and `ops`, the ops that sum them (and divide by their count)."""
+  parts: list
+  ops: list
 
 
 @dataclasses.dataclass(frozen=True)

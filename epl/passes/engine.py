@@ -36,7 +36,8 @@ from epl.passes.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.passes.random_seeds import vary_random_seeds
 from epl.passes.schedule import schedule_pipeline
-from epl.passes.shared_writes import order_shared_writes
+from epl.passes.shared_writes import (order_reference_updates,
+                                      order_shared_writes)
 from epl.passes.split import lower_split, update_checkpoints
 from epl.passes.stage_checks import check_stages
 from epl.passes.training_subgraph import select_training_subgraph
@@ -172,7 +173,8 @@ PASSES = (
          writes=("subgraph", "tags", "provenance", "gradient_points",
                  "copies", "user_devices")),
     Pass("partition_updates", zero.partition_updates,
-         reads=("subgraph", "tags", "plan", "gradients", "gradient_points"),
+         reads=("subgraph", "tags", "plan", "gradients", "gradient_points",
+                "copies"),
          writes=("subgraph", "zero_partition"), enabled=_zero),
     Pass("clone_replicas", clone_replicas,
          reads=("subgraph", "tags", "plan", "copies", "user_devices"),
@@ -196,6 +198,8 @@ PASSES = (
     Pass("join_replicas", join_replicas,
          reads=("captured_step", "subgraph", "plan", "copies")),
     Pass("order_shared_writes", order_shared_writes,
+         reads=("captured_step", "subgraph", "plan", "copies")),
+    Pass("order_reference_updates", order_reference_updates,
          reads=("captured_step", "subgraph", "plan", "copies")),
     Pass("average_forward_state_updates", average_forward_state_updates,
          reads=("captured_step", "subgraph", "tags", "plan", "copies"),
@@ -237,6 +241,7 @@ class RewriteResult:
     self.copies = artifacts["copies"]
     self.gradient_points = artifacts["gradient_points"]
     self.recomputed_segments = artifacts.get("recomputed_segments", [])
+    self.zero_partition = artifacts.get("zero_partition")
     self.substitutes = artifacts["substitutes"]
     self.variable_sync = artifacts["variable_sync"]
     self.graph_version = ctx.graph.version

@@ -6,6 +6,7 @@ each replica and micro-batch its part, as a `tf.data` input does.
 """
 import logging
 
+import numpy as np
 import tensorflow as tf
 
 from epl.capture import capture
@@ -19,7 +20,8 @@ FED_BATCH_SCOPE = "EPL_FED_BATCH"
 def _is_batch(placeholder):
   """A placeholder with an unknown first dimension: a fed batch."""
   shape = placeholder.outputs[0].shape
-  return shape.rank is not None and shape.rank >= 1 and shape[0] is None
+  return shape.rank is not None and shape.rank >= 1 and (
+      tf.compat.dimension_value(shape[0]) is None)
 
 
 def split_fed_batches(ctx, captured_step, subgraph, copies):
@@ -29,8 +31,9 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
   the step's forward pass reads is cut along dimension 0 into local
   replicas x micro-batches equal parts; micro-batch m of local replica r
   reads part m * replicas + r (the order `tf.data` batches are read in).
-  A fed batch that does not divide is an error at run time naming the
-  placeholder. Placeholders of fixed shape (a learning rate, a keep
+  A fed batch that does not divide is an error naming the placeholder:
+  `check_fed_rows` raises it before the step runs (the graph checks it
+  too, for runs that bypass `Session.run`). Placeholders of fixed shape (a learning rate, a keep
   probability) are read whole by every copy, as before. Only the inputs of
   the step's forward ops change; the placeholder and everything else that
   reads it stay as they are.
@@ -72,5 +75,34 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
                 graph_edit.update_input(copy, position, piece)
+      ctx.state.fed_batch_parts[fed.name] = (parts, replicas,
+                                             len(micro_batches))
       logger.info("EPL: the batch fed to placeholder %r is split into %d "
                   "parts", placeholder.name, parts)
+
+
+def _fed_name(key):
+  if isinstance(key, str):
+    return key if ":" in key else key + ":0"
+  return getattr(key, "name", None)
+
+
+def check_fed_rows(state, feed_dict):
+  """Raises a one-line ValueError, before the step runs, when a batch fed
+  through `feed_dict` to a placeholder that `split_fed_batches` cut does
+  not divide into its parts."""
+  if not feed_dict or not state.fed_batch_parts:
+    return
+  for key, value in feed_dict.items():
+    found = state.fed_batch_parts.get(_fed_name(key))
+    shape = np.shape(value)
+    if found is None or not shape:
+      continue
+    parts, replicas, micro_batches = found
+    if shape[0] % parts:
+      raise ValueError(
+          "The batch fed to placeholder %r has %d rows: EPL splits it into "
+          "%d equal parts (%d local replica(s) x %d micro-batch(es)); feed "
+          "a number of rows that is a multiple of %d." % (
+              _fed_name(key).split(":")[0], shape[0], parts, replicas,
+              micro_batches, parts))

@@ -5,6 +5,7 @@ import logging
 import tensorflow as tf
 
 from epl.capture import capture
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.passes import gradient_buckets
@@ -49,6 +50,21 @@ def _applied_gradients(state, step):
           if len(applied) == 1}
 
 
+def _check_outside_loops(grad, variable):
+  """Raises for a gradient computed inside a TF1 while-loop's body: it
+  exists once per iteration, and an all-reduce outside the loop cannot
+  read it."""
+  for tensor in tensors_of(grad):
+    if control_flow.value_in_loop(tensor):
+      raise ValueError(
+          "The gradient of %r is computed inside the TF1 while-loop %r (op "
+          "%r): EPL all-reduces gradients outside loops. Call tf.gradients "
+          "(or compute_gradients) outside the loop body, or build the loop "
+          "with control flow v2 (tf.compat.v1.enable_control_flow_v2())." %
+          (variable.name, control_flow.loop_name(tensor.op),
+           tensor.op.name))
+
+
 def select_gradient_points(ctx, captured_step):
   """Chooses the gradients the replicas reduce: the gradient points.
 
@@ -61,7 +77,8 @@ def select_gradient_points(ctx, captured_step):
   `apply_gradients` of the base class applied it (an optimizer that
   overrides it, hand-written updates), the gradient `tf.gradients` made,
   so that everything after it sees the reduced gradient. Each gradient is
-  reduced once. Changes nothing in the graph.
+  reduced once. Changes nothing in the graph. Raises for a gradient
+  computed inside a TF1 while-loop.
   """
   applied = ({} if ctx.config.communication.clip_after_allreduce else
              _applied_gradients(ctx.state, captured_step))
@@ -69,6 +86,7 @@ def select_gradient_points(ctx, captured_step):
   for record in captured_step.gradient_records:
     pairs = []
     for grad, variable in record.pairs:
+      _check_outside_loops(grad, variable)
       point = applied.get(tensors_of(grad)[0].name, grad)
       key = tensors_of(point)[0].name
       if key not in seen:
@@ -182,7 +200,7 @@ def _reduce_sparse(ctx, copies, communicator, grad, reduce_op, local_devices):
   values = [copies.tensor(l, grad.values) for l in range(len(local_devices))]
   indices = [copies.tensor(l, grad.indices)
              for l in range(len(local_devices))]
-  if grad.values.shape.rank is not None and grad.values.shape[0] is not None:
+  if tf.compat.dimension_value(grad.values.shape[0]) is not None:
     # A static row count: the same in every replica and step.
     gathered_values = communicator.all_gather(values)
     gathered_indices = communicator.all_gather(indices)

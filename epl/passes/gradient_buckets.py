@@ -12,11 +12,9 @@ import collections
 
 import tensorflow as tf
 
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.passes.training_subgraph import tensors_of
-
-# A v1 while-loop's back edge: the loop's only cycle.
-_BACK_EDGES = frozenset(["NextIteration", "RefNextIteration"])
 
 
 def chain_lengths(ops):
@@ -30,7 +28,8 @@ def chain_lengths(ops):
       op, inputs_done = stack.pop()
       if op.name in length:
         continue
-      inputs = [] if op.type in _BACK_EDGES else graph_editor.input_ops(op)
+      inputs = ([] if op.type in control_flow.NEXT_ITERATION_TYPES else
+                graph_editor.input_ops(op))
       if inputs_done:
         length[op.name] = 1 + max((length.get(i.name, 0) for i in inputs),
                                   default=0)

@@ -21,6 +21,7 @@ import logging
 import tensorflow as tf
 
 from epl.analysis import checkpoint_search
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
@@ -39,8 +40,13 @@ def never_recomputed(op):
   """Ops whose forward value is always kept: ops without inputs
   (constants, variables), stateful ops (random ops, so a recomputed
   dropout reuses the forward mask; variable reads; input reads;
-  collectives) and ops that read a variable by reference."""
+  collectives), ops that read a variable by reference, and TF1 control
+  flow (a v1 while-loop or cond and the ops in it: the gradient loop
+  reads the forward loop's values from stacks the forward loop fills)."""
   if not op.inputs or op.op_def.is_stateful or "Collective" in op.type:
+    return True
+  if (op.type in control_flow.V1_CONTROL_FLOW_TYPES or
+      control_flow.context_of(op) is not None):
     return True
   return any(t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
              for t in op.inputs)
@@ -127,10 +133,12 @@ def _order_just_in_time(ctx, segment, readers):
   its backward `readers` receive from downstream, so that the segment is
   recomputed when backward reaches it, not at the start of the step."""
   downstream = _descendants(segment)
-  triggers = {op.name: op for reader in readers
-              for op in graph_editor.input_ops(reader)
+  inputs = [op for reader in readers for op in graph_editor.input_ops(reader)]
+  # A gradient in a loop or a cond branch cannot gate an op outside it.
+  conditional = control_flow.conditional_op_names(inputs)
+  triggers = {op.name: op for op in inputs
               if ctx.state.phase_of(op) is Phase.BACKWARD and
-              op.name not in downstream}
+              op.name not in downstream and op.name not in conditional}
   if not triggers:
     return
   names = {op.name for op in segment}
@@ -155,7 +163,9 @@ def _dense(grad):
 
 def _add_gradient_checks(step, gradients, plain_copies):
   """Asserts, each step, that every recomputed gradient equals the plain
-  one; raises at rewrite time when shapes differ."""
+  one; raises at rewrite time when shapes differ. The step's updates wait
+  for the checks: a reference variable's read is no snapshot, so a plain
+  gradient computed after an update would read the new weights."""
   def plain(tensor):
     copy = plain_copies.get(tensor.op.name)
     return tensor if copy is None else copy.outputs[tensor.value_index]
@@ -182,8 +192,8 @@ def _add_gradient_checks(step, gradients, plain_copies):
                 "gradient of %s differs from the plain gradient; max "
                 "difference:" % var.name,
                 tf.reduce_max(tf.abs(actual - expected))]))
-    for join in step.joins:
-      graph_editor.add_control_inputs(join, checks)
+    for update in step.updates:
+      graph_editor.add_control_inputs(update, checks)
 
 
 def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
@@ -245,6 +255,17 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
     return result
   plain_copies = None
   if ctx.config.gradient_checkpoint.check_gradients:
+    looped = [op.name for op in backward if control_flow.in_loop(op)]
+    if looped:
+      raise ValueError(
+          "gradient_checkpoint.check_gradients cannot check a backward pass "
+          "with a TF1 while-loop (op %r, in %r): its plain copy would pop "
+          "the forward loop's values a second time. Set "
+          "gradient_checkpoint.check_gradients to False (recomputation "
+          "itself works), or build the loop with control flow v2 "
+          "(tf.compat.v1.enable_control_flow_v2())." % (
+              looped[0], control_flow.loop_name(
+                  ctx.graph.get_operation_by_name(looped[0]))))
     plain_copies = _copy_plain_gradients(ctx, backward)
   recomputed = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
                                       lambda op: op.device,

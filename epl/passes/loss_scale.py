@@ -146,15 +146,11 @@ def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
 def _writers(ctx, step, subgraph):
   """The ops of the step that change state: variable updates, slot
   updates, Adam's beta powers, the global_step increment."""
-  def writes(op):
-    return is_variable_writer(op) and any(
-        t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
-        for t in op.inputs)
   state = ctx.state
   cloned = [op for op in subgraph.cloned
-            if state.phase_of(op) is Phase.APPLY and writes(op)]
+            if state.phase_of(op) is Phase.APPLY and is_variable_writer(op)]
   shared = [op for op in step.shared
-            if state.phase_of(op) is Phase.APPLY and writes(op)]
+            if state.phase_of(op) is Phase.APPLY and is_variable_writer(op)]
   return cloned, shared
 
 
@@ -181,7 +177,8 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
 
   Every replica's state-changing ops of the update (and the shared
   global_step increment) get a Switch on one value input, driven by
-  "every float input of replica 0's updates is finite"; the train ops
+  "every float input of replica 0's updates is finite" (the inputs
+  computed before any update: gradients, learning rates); the train ops
   also run the scale's update. Nothing else changes.
   """
   scale, good_steps = loss_scale_state
@@ -189,8 +186,13 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
   with ctx.graph.as_default(), ctx.graph.name_scope(SCOPE + "/"), \
       ctx.graph.control_dependencies(None):
     with tf.device(ctx.host_device(0)):
+      # Values computed after an update (Adam's beta powers wait for the
+      # updates) would make the gates wait for themselves: a cycle.
+      after_updates = {op.name for op in graph_editor.descendants(cloned)}
       applied = [t for op in cloned for t in op.inputs
-                 if t.dtype.is_floating]
+                 if t.dtype.is_floating and
+                 not graph_edit.is_ref_dtype(t.dtype) and
+                 t.op.name not in after_updates]
       finite = tf.reduce_all(tf.stack(
           [tf.reduce_all(tf.math.is_finite(t)) for t in applied]),
                              name="all_finite")

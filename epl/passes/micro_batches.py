@@ -9,6 +9,7 @@ from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
+from epl.passes.context import Accumulation
 from epl.passes.training_subgraph import tensors_of
 
 ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
@@ -88,12 +89,16 @@ def _accumulate(ctx, grad, copies, built):
   with tf.device(source.device), tf.name_scope(source.name):
     if isinstance(grad, tf.IndexedSlices):
       axis = keep(tf.constant(0, name="axis"))
-      values = keep(tf.raw_ops.ConcatV2(
-          values=[grad.values] + [c.values for c in copies], axis=axis,
-          name="values"))
-      indices = keep(tf.raw_ops.ConcatV2(
-          values=[grad.indices] + [c.indices for c in copies], axis=axis,
-          name="indices"))
+
+      def concatenated(parts, name):
+        # The rows of every micro-batch go where one micro-batch's flowed:
+        # a static row count would no longer match.
+        whole = keep(tf.raw_ops.ConcatV2(values=parts, axis=axis, name=name))
+        return keep(graph_editor.with_unknown_sizes(whole))
+      values = concatenated([grad.values] + [c.values for c in copies],
+                            "values")
+      indices = concatenated([grad.indices] + [c.indices for c in copies],
+                             "indices")
       return tf.IndexedSlices(scaled(values), indices, grad.dense_shape)
     total = grad
     for micro_batch, copy in enumerate(copies, 1):
@@ -125,7 +130,8 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   summed over the micro-batches on its stage's device (divided by M when
   communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
-  instead; the gradient points handed on follow. The new ops join the
+  instead; the gradient points handed on follow, and `copies.accumulations`
+  records each sum's parts and ops. The new ops join the
   cloned subgraph, so that every replica gets them; the copies are
   recorded in the provenance.
 
@@ -179,7 +185,10 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
                            c.name not in selected_names])
                  for tensor in tensors_of(grad)]
       grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
+      first_built = len(built)
       total = _accumulate(ctx, grad, grads, built)
+      copies.accumulations[tensors_of(total)[0].name] = Accumulation(
+          [grad] + grads, built[first_built:])
       for (old, consumers), new in zip(readers, tensors_of(total)):
         graph_editor.replace_input_in(consumers, old, new)
       accumulated[name] = total

@@ -1,4 +1,5 @@
 """Data-parallel replicas of the training subgraph."""
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
@@ -121,15 +122,30 @@ def join_replicas(ctx, captured_step, subgraph, copies):
   then runs the update of every replica. A cloned op that ends the step
   (no op of the step reads it, such as the variable increment a Keras
   optimizer returns as its train op) gets control edges from its own
-  copies. Data edges are kept.
+  copies. Data edges are kept. Ops in a TF1 while-loop neither get nor
+  give such edges (frames), nor do ops in a cond branch give them to ops
+  outside it (control_flow.conditional_op_names): their loop or cond runs
+  with the ops around it.
   """
   cloned = subgraph.cloned_names
+  conditional = control_flow.conditional_op_names(
+      list(captured_step.joins + captured_step.shared) + subgraph.cloned)
   for op in captured_step.joins + captured_step.shared:
-    inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
+    if control_flow.in_loop(op):
+      continue
+    # A shared op in a cond branch (the global_step increment of TF's
+    # loss-scale optimizer) waits for the copies of its inputs in the same
+    # branch of every replica: the replicas decide alike, on all-reduced
+    # gradients.
+    inputs = [i for i in graph_editor.input_ops(op)
+              if i.name in cloned and not control_flow.in_loop(i) and
+              (i.name not in conditional or op.name in conditional)]
     for local in range(1, len(ctx.replicas)):
       graph_editor.add_control_inputs(op,
                                       [copies.op(local, i) for i in inputs])
   for op in subgraph.cloned:
+    if op.name in conditional:
+      continue
     if not any(c.name in cloned for c in graph_editor.output_ops(op)):
       graph_editor.add_control_inputs(
           op, [copies.op(local, op) for local in range(1, len(ctx.replicas))])

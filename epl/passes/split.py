@@ -18,8 +18,8 @@ from epl.ir import provenance
 from epl.ir.phase import Phase
 from epl.ops import split_lowering
 from epl.passes.split_checkpoint import full_tensor_checkpoints
+from epl.passes.variable_sync import assign_value, read_value
 from epl.tf_compat import graph_edit
-from epl.tf_compat.ops import gen_resource_variable_ops
 from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
@@ -164,10 +164,8 @@ def _initialize_shards(ctx, copies, variables, sharded):
         source, source_write = first_write[shard]
         with tf.device(replica_variable.device), tf.control_dependencies(
             [source_write]):
-          write = gen_resource_variable_ops.assign_variable_op(
-              replica_variable.outputs[0],
-              gen_resource_variable_ops.read_variable_op(
-                  source.outputs[0], source.get_attr("dtype")))
+          write = assign_value(replica_variable, read_value(source),
+                               name=None)
       else:
         clones = graph_editor.clone_ops(
             ctx.graph, value_ops + [assign],

@@ -10,8 +10,10 @@ Either direction works between a split run and plain TF.
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir.op_types import VARIABLE_ASSIGN_TYPES
+from epl.passes.variable_sync import (assign_value, read_value,
+                                      variable_read_by)
 from epl.tf_compat import graph_edit
-from epl.tf_compat.ops import gen_resource_variable_ops
 
 
 def _restored_value(assign):
@@ -20,22 +22,6 @@ def _restored_value(assign):
   while tensor.op.type == "Identity":
     tensor = tensor.op.inputs[0]
   return tensor if tensor.op.type == "RestoreV2" else None
-
-
-def _without_static_shape(tensor):
-  """`tensor` with a static shape of unknown sizes: the Saver's tensors
-  carry the shard's shape where the full tensor flows, and TF checks it
-  when an edge is rewired."""
-  if tensor.shape.rank is None:
-    return tensor
-  return tf.compat.v1.placeholder_with_default(
-      tensor, [None] * tensor.shape.rank)
-
-
-def _read(variable):
-  with tf.device(variable.device):
-    return gen_resource_variable_ops.read_variable_op(
-        variable.outputs[0], variable.get_attr("dtype"))
 
 
 def _shard_slice(full, info, shard, rank):
@@ -51,8 +37,7 @@ def _shard_slice(full, info, shard, rank):
 
 def _save_full_tensor(ctx, copies, save, sharded):
   for index, tensor in enumerate(save.inputs):
-    variable = tensor.op.inputs[0].op if tensor.op.type == (
-        "ReadVariableOp") else None
+    variable = variable_read_by(tensor)
     info = sharded.get(variable.name) if variable is not None else None
     if info is None:
       continue
@@ -65,21 +50,24 @@ def _save_full_tensor(ctx, copies, save, sharded):
           "Checkpoints of split variable %r need every shard of shard group "
           "0 (replicas %s) on worker 0, which writes them; this worker has "
           "replicas %s." % (variable.name, group_zero, ctx.replicas))
-    shards = [_read(copies.op(ctx.replicas.index(r), variable))
+    shards = [read_value(copies.op(ctx.replicas.index(r), variable))
               for r in group_zero]
     with tf.device(save.device):
       full = tf.concat(shards, info.axis)
       size = [-1] * full.shape.rank
       size[info.axis] = info.full_size
       full = tf.slice(full, [0] * full.shape.rank, size)
-    graph_edit.update_input(save, index, _without_static_shape(full))
+    # The Saver's tensors carry the shard's shape where the full tensor
+    # now flows.
+    graph_edit.update_input(save, index,
+                            graph_editor.with_unknown_sizes(full))
 
 
 def _restore_shards(ctx, copies, assign, info, shard_of):
   variable = assign.inputs[0].op
   rank = len(variable.get_attr("shape").dim)
   with tf.device(assign.device):
-    full = _without_static_shape(assign.inputs[1])
+    full = graph_editor.with_unknown_sizes(assign.inputs[1])
   groups = [op for op in ctx.graph.get_operations()
             if assign in op.control_inputs]
   with tf.device(assign.device):
@@ -88,10 +76,9 @@ def _restore_shards(ctx, copies, assign, info, shard_of):
   for local in range(1, len(ctx.replicas)):
     copy = copies.op(local, variable)
     with tf.device(copy.device):
-      write = gen_resource_variable_ops.assign_variable_op(
-          copy.outputs[0],
-          _shard_slice(full, info, shard_of(local, info.group_size),
-                       rank))
+      write = assign_value(
+          copy, _shard_slice(full, info, shard_of(local, info.group_size),
+                             rank), name=None)
     for group in groups:
       graph_editor.add_control_inputs(group, [write])
 
@@ -112,7 +99,7 @@ def full_tensor_checkpoints(ctx, copies, sharded, shard_of):
   for op in ctx.graph.get_operations():
     if op.type == "SaveV2":
       _save_full_tensor(ctx, copies, op, sharded)
-    elif op.type == "AssignVariableOp" and (
+    elif op.type in VARIABLE_ASSIGN_TYPES and (
         op.inputs[0].op.name in sharded) and _restored_value(op) is not None:
       _restore_shards(ctx, copies, op, sharded[op.inputs[0].op.name],
                       shard_of)

@@ -8,8 +8,11 @@ and both are reported here, naming the ops, before any graph is changed:
   default strategy is set (it would run once, on no stage, for replica 0's
   first micro-batch only);
 - a stage that consumes a tensor computed by a later stage (the pipeline
-  would have to run backwards).
+  would have to run backwards);
+- a TF1 while-loop whose body spans two stages (a loop runs as one frame,
+  so it cannot hand its iterations from one stage to the next).
 """
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
@@ -72,15 +75,38 @@ def _stage_order(state, subgraph):
              producer_stage.index, op.name))
 
 
+def _loops_in_one_stage(state, subgraph):
+  """Raises for a TF1 while-loop whose forward ops are in two stages."""
+  stage_of_loop = {}
+  for op in subgraph.cloned:
+    if (state.phase_of(op) is not Phase.FORWARD or
+        not control_flow.in_loop(op)):
+      continue
+    loop = control_flow.loop_name(op)
+    stage = state.taskgraph_of(op)
+    first_op, first_stage = stage_of_loop.setdefault(loop, (op, stage))
+    if stage.index != first_stage.index:
+      raise ValueError(
+          "The TF1 while-loop %r spans two pipeline stages: its op %r is in "
+          "stage %r (TaskGraph %d) and %r in stage %r (TaskGraph %d). A "
+          "loop runs as one frame on one stage: build the whole "
+          "tf.while_loop (or dynamic_rnn) inside one stage scope." %
+          (loop, first_op.name, first_stage.name, first_stage.index,
+           op.name, stage.name, stage.index))
+
+
 def check_stages(ctx, captured_step, subgraph):
   """Checks that the stages make a pipeline; changes nothing.
 
   Raises ValueError for an op of the training step built outside every
   stage scope with no default strategy (the input pipeline excepted), for
-  a trained variable created there, and for a stage that reads a tensor of
-  a later stage (variables excepted: any stage may read any variable).
+  a trained variable created there, for a stage that reads a tensor of
+  a later stage (variables excepted: any stage may read any variable),
+  and for a TF1 while-loop built across two stages.
   """
   state = ctx.state
   _outside_every_stage(state, captured_step, subgraph)
   if len(state.taskgraphs) > 1:
+    # First: a loop across stages also reads a later stage (its back edge).
+    _loops_in_one_stage(state, subgraph)
     _stage_order(state, subgraph)

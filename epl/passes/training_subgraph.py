@@ -24,9 +24,13 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES, TABLE_TYPES,
-                             VARIABLE_READERS, VARIABLE_TYPES)
+from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
+                             PLACEHOLDER_TYPES,
+                             REFERENCE_KEEPING_TYPES,
+                             RESOURCE_VARIABLE_READERS, TABLE_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.resolve import mark_gradient_processing
 from epl.tf_compat import graph_edit
@@ -92,19 +96,64 @@ class TrainingSubgraph:
         self, variables=[v for v in self.variables if v.name not in names])
 
 
-def written_variables(op):
-  """The variable ops that `op` writes (none for a reader)."""
-  if op.type in VARIABLE_READERS:
+def variable_behind(tensor):
+  """The variable op whose handle or reference `tensor` is, also through
+  the ops that pass it on unchanged (the Enter and Switch that bring it
+  into a TF1 while-loop or cond branch, an Identity); None for any other
+  tensor."""
+  while (tensor.op.type in BUFFER_FORWARDING_TYPES and
+         (tensor.dtype == tf.resource or
+          graph_edit.is_ref_dtype(tensor.dtype))):
+    tensor = tensor.op.inputs[0]
+  return tensor.op if tensor.op.type in VARIABLE_TYPES else None
+
+
+def _written_inputs(op):
+  """The indices of the inputs through which `op` may change state: a
+  resource handle it does not only read, or a reference its definition
+  takes as a reference (ScatterUpdate, Assign, ApplyAdam; not SaveV2 or
+  Identity, which take a reference variable's value) to change it. An op
+  that passes a variable on (Switch, Enter, Identity) changes nothing."""
+  if (op.type in RESOURCE_VARIABLE_READERS or
+      op.type in BUFFER_FORWARDING_TYPES):
     return []
-  return [t.op for t in op.inputs if t.op.type in VARIABLE_TYPES]
+  declared = graph_edit.declared_input_types(op)
+  return [index for index, dtype in enumerate(declared)
+          if dtype == tf.resource or (
+              graph_edit.is_ref_dtype(dtype) and
+              op.type not in REFERENCE_KEEPING_TYPES)]
+
+
+def written_variables(op):
+  """The variable ops that `op` writes (none for a reader), also through
+  a TF1 cond's Switch or a loop's Enter."""
+  return [v for v in (variable_behind(op.inputs[index])
+                      for index in _written_inputs(op)) if v is not None]
 
 
 def is_variable_writer(op):
-  return op.type not in VARIABLE_READERS
+  """Whether `op` changes state through one of its inputs (a variable,
+  possibly reached through a handle another op passes on)."""
+  return bool(_written_inputs(op))
 
 
-def variable_consumers(variable_op):
-  return [c for c in variable_op.outputs[0].consumers()]
+def value_readers(variable_op):
+  """The ops that read the value of `variable_op` (its writers excepted):
+  a resource variable's reads, each a snapshot; for a reference variable,
+  the ops that read its buffer, reached through the ops that pass the
+  buffer on without a copy (its `read` Identity, Switch, Enter), which
+  see whatever the variable holds when they run."""
+  readers, seen = [], set()
+  stack = list(variable_op.outputs[0].consumers())
+  while stack:
+    op = stack.pop()
+    if op.name in seen or is_variable_writer(op):
+      continue
+    seen.add(op.name)
+    readers.append(op)
+    if op.type in BUFFER_FORWARDING_TYPES:
+      stack.extend(c for t in op.outputs for c in t.consumers())
+  return readers
 
 
 def tensors_of(grad):
@@ -160,8 +209,11 @@ def select_training_subgraph(graph, state):
       for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
   forward_updates = [op for op in forward_updates
                      if state.phase_of(op) is Phase.FORWARD]
-  training_ops = graph_editor.ancestors(after_updates + merged +
-                                        forward_updates)
+  roots = after_updates + merged + forward_updates
+  training_ops = graph_editor.ancestors(roots)
+  # The pivots of TF1 conds and loops, which a copy of them needs.
+  training_ops = graph_editor.ancestors(
+      roots + control_flow.structure_ops(training_ops))
   join_names = {op.name for op in joins}
   # Gradient clipping built outside every scope works per replica.
   mark_gradient_processing(state, training_ops)
@@ -188,7 +240,6 @@ def select_training_subgraph(graph, state):
 
   cloned = [op for op in training_ops
             if op.name not in shared and op.name not in join_names]
-  graph_editor.check_cloneable(cloned)
   cloned = graph_editor.topological_order(cloned)
   step = CapturedStep(
       gradient_records=tuple(state.gradient_records),

@@ -14,9 +14,10 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.passes import across_workers
-from epl.passes.training_subgraph import is_variable_writer
+from epl.passes.training_subgraph import written_variables
 from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import gen_resource_variable_ops
 from epl.tf_compat.ops import gen_state_ops
@@ -29,6 +30,18 @@ def read_value(variable):
       return gen_resource_variable_ops.read_variable_op(
           variable.outputs[0], variable.get_attr("dtype"))
     return tf.identity(variable.outputs[0])
+
+
+def variable_read_by(tensor):
+  """The variable op whose value `tensor` is: a resource variable's
+  ReadVariableOp, a reference variable's own output or its Identity read;
+  None for any other tensor."""
+  op = tensor.op
+  if op.type == "ReadVariableOp" or (
+      op.type == "Identity" and op.inputs and
+      graph_edit.is_ref_dtype(op.inputs[0].dtype)):
+    op = op.inputs[0].op
+  return op if op.type in VARIABLE_TYPES else None
 
 
 def assign_value(target, value, name):
@@ -120,11 +133,10 @@ class VariableSync:
     and EPL's writes (copies, ZeRO's broadcasts) are not such writes."""
     if (op.name in self._subgraph.cloned_names or
         op.name in self._step_updates or
-        self._provenance.built_by_rewrite(op) or
-        not is_variable_writer(op)):
+        self._provenance.built_by_rewrite(op)):
       return None
-    for tensor in op.inputs:
-      variable = self._variables.get(tensor.op.name)
+    for written in written_variables(op):
+      variable = self._variables.get(written.name)
       if variable is not None:
         return variable
     return None

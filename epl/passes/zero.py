@@ -23,12 +23,20 @@ checkpoints hold each slot once under its own name, and restore both ways.
   replica's gradient (TensorFlow sends them to it); no replica holds the
   reduced gradient of a variable it does not own. (No reduce-scatter kernel
   exists on CPU; within a worker this per-owner reduce is what it would do.)
+  With several micro-batches each replica first sums its own micro-batches
+  (a full set of gradients per replica), then sends the sum.
+- v2: as v1, and with several micro-batches each micro-batch's gradient
+  goes to its owner as soon as backward makes it: the owner alone sums
+  them, so a replica holds the running sum of its own share only. The
+  per-replica sums `clone_micro_batches` built for those gradients are
+  taken out of the cloned part (and out of the pipeline schedule).
+- v3 (partitioned weights) is not built and raises.
 
 Replicas partitioned are those of one worker: a multi-worker job keeps a
-full set of slots on every worker, and with v1 the owners of the same share
-on each worker (the k-th replica of each) all-reduce their local sums.
-Optimizer values shared by every variable (Adam's beta powers, scalars)
-stay one per replica.
+full set of slots on every worker, and with v1 and v2 the owners of the
+same share on each worker (the k-th replica of each) all-reduce their local
+sums. Optimizer values shared by every variable (Adam's beta powers,
+scalars) stay one per replica.
 """
 import collections
 import dataclasses
@@ -44,6 +52,7 @@ from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES
 from epl.ir.phase import Phase
 from epl.passes import across_workers
+from epl.passes.context import Accumulation
 from epl.passes.variable_sync import assign_value, read_value
 from epl.plan.balance import balanced_partition, variable_size
 from epl.tf_compat import graph_edit
@@ -59,13 +68,24 @@ class Partition:
 
   `owner[v]` is the local replica index owning variable op `v`;
   `updates[v]` the ops of its update (topologically ordered); `points`
-  the (gradient, variable) pairs of the partitioned variables.
+  the (gradient, variable) pairs of the partitioned variables;
+  `accumulations[v]` (v2) the micro-batch sum of v's gradient that its
+  owner builds instead of every replica; `reduced[v]` the tensors of v's
+  gradient reduced on its owner (v1 and v2; filled by `place_updates`).
   """
   level: str
   owner: Dict[str, int]
   updates: Dict[str, List[tf.Operation]]
   variables: Dict[str, tf.Operation]
   points: list
+  accumulations: Dict[str, Accumulation] = dataclasses.field(
+      default_factory=dict)
+  reduced: Dict[str, list] = dataclasses.field(default_factory=dict)
+
+  @property
+  def reduces_to_owners(self):
+    """Whether gradients are reduced on their owner only (v1, v2)."""
+    return self.level in ("v1", "v2")
 
 
 def _tensors(grad):
@@ -79,22 +99,25 @@ def _check_level(ctx):
   level = ctx.config.zero.level
   if not level:
     return None
-  if level == "v2":
+  if level == "v3":
     raise NotImplementedError(
-        "zero.level 'v2' (partitioned weights) is not built; use 'v0' "
-        "(optimizer states) or 'v1' (optimizer states and gradients).")
-  if level == "v1" and ctx.config.communication.clip_after_allreduce:
+        "zero.level 'v3' (partitioned weights, gathered before use) is not "
+        "built yet; use 'v2' (optimizer states and gradients partitioned, "
+        "micro-batch sums on their owner only), 'v1' or 'v0'.")
+  reduces = level in ("v1", "v2")
+  if reduces and ctx.config.communication.clip_after_allreduce:
     raise ValueError(
-        "zero.level 'v1' keeps each reduced gradient on its owner only, so "
+        "zero.level %r keeps each reduced gradient on its owner only, so "
         "communication.clip_after_allreduce (clipping that sees every reduced "
-        "gradient) cannot run. Use zero.level 'v0', or clip per replica.")
+        "gradient) cannot run. Use zero.level 'v0', or clip per replica."
+        % level)
   per_worker = collections.Counter(
       workers[0] for workers in ctx.plan.device_workers)
-  if level == "v1" and len(set(per_worker.values())) > 1:
+  if reduces and len(set(per_worker.values())) > 1:
     raise NotImplementedError(
-        "zero.level 'v1' across workers needs as many replicas on every "
+        "zero.level %r across workers needs as many replicas on every "
         "worker (the owners of a share reduce together); replicas per worker "
-        "are %s. Use zero.level 'v0'." % dict(per_worker))
+        "are %s. Use zero.level 'v0'." % (level, dict(per_worker)))
   if len(ctx.replicas) < 2:
     logger.warning("zero.level %r has no effect: this worker holds one "
                    "model replica, nothing to partition over.", level)
@@ -140,13 +163,49 @@ def _labels(apply_ops, gradient_owner, trained):
           for op in apply_ops}
 
 
-def partition_updates(ctx, subgraph, gradients, gradient_points):
+def _owner_accumulations(ctx, subgraph, copies, points, updates):
+  """v2: {variable name: Accumulation} of the partitioned gradients summed
+  over micro-batches that only their update reads, so that their owner
+  can sum the micro-batches instead of every replica.
+
+  Warns for a gradient whose micro-batches cannot be summed on its owner:
+  one post-processed per replica after the sum (clipping), or a sum
+  something besides the update reads; those are summed by every replica
+  and then reduced, as v1 does.
+  """
+  if ctx.plan.num_micro_batch == 1:
+    return {}
+  taken, kept = {}, []
+  for grad, var in points:
+    accumulation = copies.accumulations.get(_tensors(grad)[0].name)
+    update_names = {op.name for op in updates[var.name]}
+    if accumulation is not None:
+      built = {op.name for op in accumulation.ops}
+      readers = {c.name for t in _tensors(grad) for c in t.consumers()}
+      inner = {c.name for op in accumulation.ops for t in op.outputs
+               for c in t.consumers()}
+      if not (readers - update_names) and not (inner - built -
+                                                update_names):
+        taken[var.name] = accumulation
+        continue
+    kept.append(var.name)
+  if kept:
+    logger.warning(
+        "zero.level v2: the micro-batch sum of the gradient of %s is read "
+        "by more than its update (post-processing per replica, such as "
+        "clipping); every replica sums those micro-batches in full before "
+        "reducing to the owner, as v1 does.", ", ".join(sorted(kept)))
+  return taken
+
+
+def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   """Decides the owner of every trained variable; takes the updates out of
   the cloned part (before the replicas are cloned).
 
   Hands on the Partition (`zero_partition`, None when this worker holds
-  one replica) and the subgraph without each update's ops and slots;
-  changes nothing in the graph.
+  one replica) and the subgraph without each update's ops and slots (v2:
+  nor the micro-batch sums that the owners build instead); changes nothing
+  in the graph.
   """
   level = _check_level(ctx)
   if level is None:
@@ -190,13 +249,19 @@ def partition_updates(ctx, subgraph, gradients, gradient_points):
         "elements per replica %s", level, taskgraph, len(names),
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
+  owned_points = [(g, v) for g, v in points if v.name in owner]
+  accumulations = (_owner_accumulations(ctx, subgraph, copies, owned_points,
+                                        updates)
+                   if level == "v2" else {})
   removed = {op.name for name in owned for op in updates[name]}
+  removed.update(op.name for accumulation in accumulations.values()
+                 for op in accumulation.ops)
   return {"subgraph": subgraph.without(removed),
           "zero_partition": Partition(
               level=level, owner=owner,
               updates={n: updates[n] for n in owned},
-              variables=variables,
-              points=[(g, v) for g, v in points if v.name in owner])}
+              variables=variables, points=owned_points,
+              accumulations=accumulations)}
 
 
 def _remap_colocation(op, local, subgraph, copies):
@@ -268,39 +333,45 @@ def _keep_all_reduces(ctx, step, copies, partition):
 
 
 def _reduce_to_owners(ctx, copies, gradient_points, partition):
-  """v1: each gradient summed (or averaged) on its owner's device from every
-  replica's; the owner's update reads that. Across workers, the owners of
-  one share (the k-th replica of each worker) then all-reduce their local
-  sums (IndexedSlices: all-gather). Returns the gradient points without
-  those gradients, so they are not all-reduced."""
+  """v1 and v2: each gradient summed (or averaged) on its owner's device
+  from every replica's; the owner's update reads that. v2: from every
+  replica's gradient of each micro-batch, in micro-batch order (the owner
+  adds each as it arrives), where `partition.accumulations` has its sum.
+  Across workers, the owners of one share (the k-th replica of each worker)
+  then all-reduce their local sums (IndexedSlices: all-gather). Records the
+  reduced tensors in `partition.reduced`; returns the gradient points
+  without those gradients, so they are not all-reduced."""
   mean = ctx.config.communication.gradients_reduce_method == "mean"
   across = across_workers.spans_workers(ctx)
   for grad, var in partition.points:
     owner = partition.owner[var.name]
     taskgraph = ctx.taskgraph_index(var)
     update_names = {op.name for op in partition.updates[var.name]}
-    replica_grads = [[copies.tensor(l, t) for t in _tensors(grad)]
-                     for l in range(len(ctx.replicas))]
+    accumulation = partition.accumulations.get(var.name)
+    parts = accumulation.parts if accumulation else [grad]
+    replicas = [owner] + [l for l in range(len(ctx.replicas)) if l != owner]
+    pieces = [[copies.tensor(l, t) for t in _tensors(part)]
+              for part in parts for l in replicas]
     peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
         if across else None
     with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
         "%s/reduce/%s" % (ZERO_SCOPE, var.name)):
       if isinstance(grad, tf.IndexedSlices):
-        reduced = [tf.concat([c[i] for c in replica_grads], 0)
-                   for i in (0, 1)]
+        reduced = [tf.concat([p[i] for p in pieces], 0) for i in (0, 1)]
         if across:
           reduced = [peers.all_gather([t])[0] for t in reduced]
       else:
-        total = replica_grads[owner][0]
-        for local, copy in enumerate(replica_grads):
-          if local != owner:
-            total = total + copy[0]
+        total = pieces[0][0]
+        for piece in pieces[1:]:
+          total = total + piece[0]
         reduced = [peers.all_reduce([total], "sum")[0] if across else total]
       if mean:
-        reduced[0] = reduced[0] / ctx.plan.num_replicas
-    for old, new in zip(replica_grads[owner], reduced):
+        reduced[0] = reduced[0] / (ctx.plan.num_replicas * len(parts))
+    for old, new in zip([copies.tensor(owner, t) for t in _tensors(grad)],
+                        reduced):
       graph_editor.replace_input_in(
           graph_editor.consumers_of(old, update_names), old, new)
+    partition.reduced[var.name] = reduced
   taken = {id(grad) for grad, _ in partition.points}
   return [[(g, v) for g, v in points if id(g) not in taken]
           for points in gradient_points]
@@ -332,11 +403,11 @@ def place_updates(ctx, zero_partition, captured_step, subgraph,
 
   Moves the user's update ops to their owner replica (device, inputs,
   colocation), wires the gradients to the owners (v0: every replica's
-  all-reduce kept in the step; v1: reduced on the owner instead of
-  all-reduced) and adds the copies of the new values into the other
+  all-reduce kept in the step; v1 and v2: reduced on the owner instead of
+  all-reduced, v2 micro-batch by micro-batch) and adds the copies of the new values into the other
   replicas, which the joins after each update wait for. Hands on the copy
-  map (updates moved to their owners) and the gradient points (v1: without
-  the gradients reduced to their owners). Without a partition, does
+  map (updates moved to their owners) and the gradient points (v1, v2:
+  without the gradients reduced to their owners). Without a partition, does
   nothing.
   """
   partition = zero_partition
@@ -349,7 +420,7 @@ def place_updates(ctx, zero_partition, captured_step, subgraph,
     for name, ops in partition.updates.items():
       if partition.owner[name]:
         _move_to_owner(ctx, subgraph, copies, ops, partition.owner[name])
-    if partition.level == "v1":
+    if partition.reduces_to_owners:
       result["gradient_points"] = _reduce_to_owners(ctx, copies,
                                                     gradient_points, partition)
     else:

@@ -149,13 +149,8 @@ def make_plan(cluster, taskgraphs, config):
   total = cluster.total_devices
   counts = [t.device_count for t in taskgraphs]
   per_replica = sum(counts)
-  if per_replica > total:
-    raise ValueError(
-        "The model needs %d device(s) per replica (%s) but the cluster has "
-        "only %d (%r). Use fewer or smaller strategy scopes, or more "
-        "devices (cluster.num_cpu_devices on CPU)." % (
-            per_replica, " + ".join("%s:%d" % (t.name, t.device_count)
-                                    for t in taskgraphs), total, cluster))
+  cluster.require_devices(per_replica, "The model (per replica: %s)" % (
+      " + ".join("%s:%d" % (t.name, t.device_count) for t in taskgraphs)))
   if total % per_replica:
     raise ValueError(
         "The cluster's %d devices do not divide into model replicas of %d "

@@ -75,6 +75,19 @@ def _trains(op, written, trainable, covered):
       a.name not in targets) for a in _uncovered_ancestors(roots, covered))
 
 
+# Variable names an error lists before it says how many more there are.
+_LISTED_NAMES = 5
+
+
+def _listed(names):
+  """`names`, quoted, the first few only."""
+  names = list(names)
+  listed = ", ".join(repr(name) for name in names[:_LISTED_NAMES])
+  if len(names) > _LISTED_NAMES:
+    listed += " and %d more variables" % (len(names) - _LISTED_NAMES)
+  return listed
+
+
 def check_run(graph, fetches):
   """Raises if running `fetches` trains variables EPL did not parallelise.
 
@@ -116,5 +129,5 @@ def check_run(graph, fetches):
           "seen; neither is a train op built after the first Session.run. "
           "Build the whole training step (tf.compat.v1.train or "
           "tf.keras.optimizers.legacy optimizers) before the first run." %
-          (", ".join(repr(v.name) for v in written), op.name, op.type))
+          (_listed(v.name for v in written), op.name, op.type))
   state.checked_fetches.add(key)

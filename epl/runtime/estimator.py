@@ -69,7 +69,7 @@ def call_model_fn(original, estimator, features, labels, mode, config):
   loss and optimizer) holds for that model only: the Estimator builds its
   next graph's input pipeline under the default set outside model_fn.
   """
-  if mode == tf_estimator.TRAIN:
+  if mode == tf_estimator.train_mode():
     env = Env.get()
     default_strategy = env.default_strategy
     try:

@@ -2,8 +2,10 @@
 
 Users keep their own `tf.compat.v1.Session` / `MonitoredTrainingSession`
 code. EPL adds the devices (logical CPU devices on machines without GPUs),
-soft placement, and, before each run, the rewrite and the swap of fetched
-tensors for their values merged over replicas.
+soft placement, the Grappler preset of `optimizer.grappler` (where the
+user's own session config leaves Grappler's settings alone), and, before
+each run, the rewrite, a check that fed batches divide over the replicas,
+and the swap of fetched tensors for their values merged over replicas.
 
 In a multi-worker job the session also gets this worker's server as its
 target, the collective group leader, and device filters that keep it to the
@@ -14,8 +16,11 @@ and a dead peer outside them cannot stall the session's creation.
 import tensorflow as tf
 
 from epl.capture import io_slicing
+from epl.ir.graph_state import state_of
 from epl.passes import engine
+from epl.passes import fed_batches
 from epl.runtime import coverage
+from epl.runtime import grappler
 from epl.runtime import server as epl_server
 
 
@@ -58,6 +63,8 @@ def session_settings(env, target, config, graph=None):
   # EPL pins ops to devices; kernels without an implementation on that
   # device (tf.data, strings) must still fall back to the host.
   merged.allow_soft_placement = True
+  grappler.apply_preset(env.config.optimizer.grappler,
+                        merged.graph_options.rewrite_options)
   return target, merged
 
 
@@ -82,10 +89,14 @@ def _substitute(fetch, substitutes):
   return fetch
 
 
-def before_run(graph, fetches):
-  """Rewrites the graph if needed; returns the fetches to really run."""
+def before_run(graph, fetches, feed_dict=None):
+  """Rewrites the graph if needed and checks the fed batches; returns the
+  fetches to really run."""
   substitutes = engine.before_run(graph)
   io_slicing.check_rewritten(graph)
+  state = state_of(graph)
+  if state is not None:
+    fed_batches.check_fed_rows(state, feed_dict)
   coverage.check_run(graph, fetches)
   if not substitutes:
     return fetches

@@ -35,10 +35,18 @@ class Strategy:
                        (self.kind, name))
     self.device_count = (self.default_device_count
                          if device_count is None else device_count)
+    # Whether the user named the scope (a pipeline stage is known by name).
+    self.named = bool(name)
     self.name = name or "%s_%d" % (self.kind, next(_auto_name_counter))
 
   def __enter__(self):
-    Env.require().enter_strategy(self)
+    env = Env.require()
+    env.enter_strategy(self)
+    try:
+      require_devices(self)
+    except ValueError:
+      env.exit_strategy(self)
+      raise
     # The TaskGraph exists from now on, so that TaskGraphs are ordered as
     # their scopes were first entered.
     state_of(tf.compat.v1.get_default_graph(), create=True).taskgraph_for(
@@ -75,6 +83,27 @@ class Split(Strategy):
     # built inside would silently stay unsharded.
     keras.require_layer_hooks("epl.split")
     return super().__enter__()
+
+
+def require_devices(strategy):
+  """Raises now, before the model is built, when the cluster cannot hold
+  `strategy` with the TaskGraphs the default graph has so far: a scope
+  wider than the cluster, or replicate scopes (a pipeline's stages) that
+  need more devices per replica together than it has."""
+  state = state_of(tf.compat.v1.get_default_graph())
+  strategies = {t.name: t.strategy
+                for t in (state.taskgraphs if state is not None else [])}
+  strategies.setdefault(strategy.name, strategy)
+  cluster = Env.get().cluster
+  if any(isinstance(s, Split) for s in strategies.values()):
+    # Split and replicate parts share the devices (epl.plan.planner).
+    cluster.require_devices(strategy.device_count or 0, repr(strategy))
+    return
+  replicated = list(strategies.values())
+  cluster.require_devices(
+      sum(s.device_count for s in replicated),
+      "%r: the model (per replica: %s)" % (strategy, " + ".join(
+          "%s:%d" % (s.name, s.device_count) for s in replicated)))
 
 
 def replicate(device_count=None, name=None):

@@ -4,7 +4,8 @@ Everything EPL uses that is not TensorFlow's public API comes from a module
 of this package, and only from here (tests/test_layers.py checks it):
 
 - `graph_edit`: editing ops in place (re-wiring inputs, control edges,
-  attributes, devices; building an op as given).
+  attributes, devices; building an op as given; the v1 control-flow
+  contexts of ops, copied for copies of them).
 - `importer`: adding many nodes at once through the C API.
 - `ops`: private op modules (V2 collectives, `gen_*` wrappers,
   `tensor_util`, `control_flow_ops`, resource variables).
@@ -45,10 +46,17 @@ VERSIONS = {
     "Operation._control_outputs": Support(_ALL_TF, _ANY_KERAS),
     "Operation._id": Support(_ALL_TF, _ANY_KERAS),
     "DType._is_ref_dtype": Support(_ALL_TF, _ANY_KERAS),
+    "Operation._input_types": Support(_ALL_TF, _ANY_KERAS),
     "Graph._create_op_internal": Support(_ALL_TF, _ANY_KERAS),
     "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
     "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
     "ops._default_graph_stack.is_cleared": Support(_ALL_TF, _ANY_KERAS),
+    "Operation._control_flow_context, _set_control_flow_context; "
+    "Graph._get/_set_control_flow_context; ControlFlowContext."
+    "_nested_contexts, to_control_flow_context_def; "
+    "control_flow_ops.from_control_flow_context_def; "
+    "control_flow_util.GetContainingWhileContext":
+        Support(_ALL_TF, _ANY_KERAS),
     # importer
     "importer._PopulateTFImportGraphDefOptions": Support(_ALL_TF,
                                                          _ANY_KERAS),
@@ -82,6 +90,10 @@ VERSIONS = {
     # keras
     "Layer.add_weight (base_layer, base_layer_v1), Dense.__call__":
         Support(_ALL_TF, _LEGACY_KERAS),
+    "tensorflow.python.keras.engine base_layer(_v1).Layer.add_weight "
+    "(TF's frozen Keras 2, under tensorflow.python.layers.base.Layer)":
+        Support(_ALL_TF, "TensorFlow's own copy, hooked beside Keras 2 "
+                "(bundled on 2.15, tf-keras 2.16-2.21); not keras3"),
     "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
     "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),
     # estimator

@@ -6,7 +6,12 @@ them through these calls. Each is one line here, so that a TensorFlow that
 renames or changes one fails in tests/test_tf_compat.py first.
 """
 # pylint: disable=protected-access
+import contextlib
+
+from tensorflow.core.protobuf import control_flow_pb2
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import control_flow_ops
+from tensorflow.python.ops import control_flow_util
 
 
 def update_input(op, index, tensor):
@@ -50,6 +55,14 @@ def is_ref_dtype(dtype):
   return dtype._is_ref_dtype
 
 
+def declared_input_types(op):
+  """The input types of `op`'s definition, one per input: a reference
+  type where the op takes a variable by reference (it may change it), the
+  value type where it only reads a reference variable's value (SaveV2,
+  Identity), whatever dtype the tensor it reads has."""
+  return op._input_types
+
+
 def create_op(graph, op_type, inputs, dtypes, name, attrs, op_def):
   """A new op of `graph` with exactly `attrs` (AttrValue protos) and
   output `dtypes`, placed by no device function (set its device after).
@@ -79,3 +92,75 @@ def in_graph_context():
   """True inside a `with graph.as_default():` block of this thread, where
   `tf.compat.v1.reset_default_graph` must not be called."""
   return not ops._default_graph_stack.is_cleared()
+
+
+def control_flow_context(op):
+  """The v1 control-flow context (a CondContext or WhileContext of
+  `tf.cond`/`tf.while_loop` under control flow v1) that `op` was built in,
+  or None for an op outside every one."""
+  return op._control_flow_context
+
+
+def containing_while_context(op):
+  """The innermost v1 WhileContext around `op` (through cond contexts), or
+  None when `op` is in no v1 while-loop."""
+  return containing_while_context_of(op._control_flow_context)
+
+
+def containing_while_context_of(context):
+  """The innermost v1 WhileContext that is or contains the v1 control-flow
+  `context` (None for None or a cond outside every loop)."""
+  return control_flow_util.GetContainingWhileContext(context)
+
+
+def control_flow_context_def(context):
+  """`context` (a top-level v1 CondContext or WhileContext) with the
+  contexts nested in it, as a ControlFlowContextDef proto (what a meta
+  graph stores)."""
+  context_def = control_flow_pb2.ControlFlowContextDef()
+  context.to_control_flow_context_def(context_def)
+  return context_def
+
+
+def context_def_kind(context_def):
+  """The kind of context a ControlFlowContextDef holds and its proto:
+  ("cond", CondContextDef) or ("while", WhileContextDef)."""
+  if context_def.HasField("cond_ctxt"):
+    return "cond", context_def.cond_ctxt
+  return "while", context_def.while_ctxt
+
+
+def context_from_def(graph, context_def, import_scope):
+  """The v1 control-flow context (and those nested in it) that
+  `context_def` describes, for the ops named `<import_scope>/<name>` of
+  `graph`, which must exist: each op named in its values is set in it, as
+  when a meta graph with v1 control flow is imported under `import_scope`.
+  It starts outside every context."""
+  with graph.as_default(), building_in_context(graph, None):
+    return control_flow_ops.from_control_flow_context_def(
+        context_def, import_scope=import_scope)
+
+
+@contextlib.contextmanager
+def building_in_context(graph, context):
+  """Ops built in this block belong to the v1 control-flow `context` (None:
+  to none), as if `tf.cond`/`tf.while_loop` were building them: an input
+  from outside a while-loop then enters it through an Enter op."""
+  outer = graph._get_control_flow_context()
+  graph._set_control_flow_context(context)
+  try:
+    yield
+  finally:
+    graph._set_control_flow_context(outer)
+
+
+def nested_contexts(context):
+  """The v1 control-flow contexts built directly inside `context`, in the
+  order they were built (the order of its proto's nested contexts)."""
+  return list(context._nested_contexts)
+
+
+def set_control_flow_context(op, context):
+  """`op` belongs to the v1 control-flow `context` (what tf.gradients and
+  op creation read), as if it had been built in it."""
+  op._set_control_flow_context(context)

@@ -7,6 +7,11 @@ under TF_USE_LEGACY_KERAS=1 (`tf_keras.src.engine`). Under Keras 3 (TF 2.16
 and later by default) there is no `engine`, the v1 layers are unavailable,
 and `Layer.add_weight` takes other arguments, so nothing is hooked there.
 
+TensorFlow also keeps a frozen copy of Keras 2 (`tensorflow.python.keras`),
+whose `tensorflow.python.layers.base.Layer` TF1 code subclasses (the
+original EPL's tests do): its base layers' `add_weight` is hooked too, on
+every Keras but Keras 3 (where `epl.split` is refused anyway).
+
 Importing this module never fails for a missing Keras: targets that are not
 found are left out (logged at DEBUG), and `require_layer_hooks` raises, for
 a feature that needs them, an error that names the fix.
@@ -27,6 +32,10 @@ class KerasTargets:
   # (owner, attribute) pairs of `Layer.add_weight`: the Keras 2 base layer
   # and the v1 base layer that tf.compat.v1.layers (TF1 graph mode) uses.
   add_weight: tuple = ()
+  # (owner, attribute) pairs of `Layer.add_weight` of TensorFlow's frozen
+  # Keras 2 (tensorflow.python.keras.engine): the base layers of
+  # tensorflow.python.layers.base.Layer (v1 in TF1 graph mode).
+  frozen_add_weight: tuple = ()
   # (Dense, "__call__"), or None.
   dense_call: tuple = None
   # (tf.compat.v1.layers, "dense"), or None.
@@ -79,6 +88,8 @@ def targets():
     logger.debug("Keras layer hooks not installed: %s", problem)
     return KerasTargets(problem=problem,
                         keras3_training=_keras3_training_targets())
+  frozen = [_find("tensorflow.python.keras.engine." + module, "Layer")
+            for module in ("base_layer", "base_layer_v1")]
   prefix = package + ".src."
   layers = [_find(prefix + "engine.base_layer", "Layer"),
             _find(prefix + "engine.base_layer_v1", "Layer")]
@@ -99,6 +110,8 @@ def targets():
   return KerasTargets(
       add_weight=tuple((layer, "add_weight") for layer in layers
                        if layer is not None),
+      frozen_add_weight=tuple((layer, "add_weight") for layer in frozen
+                              if layer is not None),
       dense_call=(dense, "__call__") if dense is not None else None,
       v1_dense=(tf.compat.v1.layers, "dense"),
       problem=problem)

@@ -8,10 +8,11 @@
 The user's script runs as usual until EPL would rewrite the graph (the
 first `Session.run`, or `Graph.finalize` as `MonitoredTrainingSession`
 does it). Then the rewrite runs in full, the plan is printed (replicas,
-stages and their devices, micro-batches and schedule, the memory savers
-and communication settings in effect, estimated memory per device from
-`epl.analysis.memory_estimate`, the pipeline bubble), and the process exits
-with status 0: no variable is initialised and no step runs.
+stages and their devices, micro-batches, the memory savers and
+communication settings in effect, estimated memory per device from
+`epl.analysis.memory_estimate`, the persistent bytes per device each ZeRO
+level would leave; for a pipeline its schedule and bubble), and the
+process exits with status 0: no variable is initialised and no step runs.
 
 A `Session.run` before the script has built a training step for EPL to
 plan ends a dry run with status 1 instead of running it; so does a script
@@ -27,16 +28,20 @@ import os
 import runpy
 import sys
 
+import tensorflow as tf
+
 from epl.analysis import memory_estimate
 from epl.ir.phase import Phase
-from epl.passes import schedule
+from epl.plan import pipeline_order
+from epl.tools import schedule_simulator
 
 logger = logging.getLogger("epl")
 
 ENV_VAR = "EPL_DRY_RUN"
-_SCHEDULE_NAMES = {schedule.PREFER_BACKWARD: "1F1B",
-                   schedule.PREFER_FORWARD: "GPipe",
-                   schedule.PREFER_BACKWARD_OPTIMIZER:
+_SCHEDULE_NAMES = {pipeline_order.PREFER_BACKWARD: "1F1B",
+                   pipeline_order.PREFER_FORWARD: "GPipe",
+                   pipeline_order.ZERO_BUBBLE: "ZB-H1",
+                   pipeline_order.PREFER_BACKWARD_OPTIMIZER:
                        "1F1B, one more forward in flight"}
 # Replicas whose devices are listed by name (the first ones and the last).
 _LISTED_REPLICAS = 4
@@ -68,8 +73,8 @@ def _batch_size(result, estimates):
   is known."""
   for read in result.step.input_reads:
     for tensor in read.outputs:
-      if tensor.shape.rank and tensor.shape[0] is not None:
-        return int(tensor.shape[0])
+      if tensor.shape.rank and tensor.shape.as_list()[0] is not None:
+        return tensor.shape.as_list()[0]
   return estimates[0].batch_size_assumed if estimates else None
 
 
@@ -147,6 +152,43 @@ def _communication_line(result, gradient_bytes):
   return text
 
 
+def _table(rows):
+  """`rows` (the first a header) as aligned lines: the first column to the
+  left, the others to the right."""
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return ["    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths)))
+          for row in rows]
+
+
+def _zero_lines(result):
+  """Per stage, the persistent bytes per device each ZeRO level leaves, by
+  `memory_estimate.zero_formula`, over this worker's replicas (those ZeRO
+  partitions over)."""
+  stages = memory_estimate.zero_parameters(result)
+  replicas = len(result.context.replicas)
+  micro_batches = result.plan.num_micro_batch
+  figures = [[memory_estimate.zero_formula(
+      level, s.parameters, replicas, s.weight_bytes, s.gradient_bytes,
+      s.optimizer_bytes, micro_batches)
+              for level in memory_estimate.ZERO_LEVELS] for s in stages]
+  unit_name, unit = _unit(max([max(f) for f in figures] or [0]))
+  level = result.context.config.zero.level or "off"
+  lines = ["  ZeRO: weights + gradients + optimizer state per device (%s) "
+           "by level, from DeepSpeed's formulas over the %d replica(s) of "
+           "this worker (W, G, K: bytes per parameter; this run: %s):" % (
+               unit_name, replicas, level)]
+  rows = [("stage", "parameters", "W", "G", "K") + tuple(
+      l or "off" for l in memory_estimate.ZERO_LEVELS)]
+  for stage, figure in zip(stages, figures):
+    rows.append((str(stage.stage), format(stage.parameters, ","),
+                 "%g" % stage.weight_bytes, "%g" % stage.gradient_bytes,
+                 "%.3g" % stage.optimizer_bytes) +
+                tuple("%.2f" % (f / unit) for f in figure))
+  lines.extend(_table(rows))
+  return lines
+
+
 def _memory_lines(estimates):
   unit_name, unit = _unit(max([e.total for e in estimates] or [0]))
 
@@ -166,11 +208,7 @@ def _memory_lines(estimates):
                  "%s x %d" % (size(e.activations_per_micro_batch),
                               e.in_flight),
                  size(e.recomputed), size(e.working), size(e.total)))
-  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-  lines.extend("    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
-                                  for i, (cell, w) in enumerate(zip(row,
-                                                                    widths)))
-               for row in rows)
+  lines.extend(_table(rows))
   if estimates and estimates[0].batch_size_assumed:
     lines.append("    (the input's batch dimension is not static: shapes "
                  "inferred with the input pipeline's batch size %d)" %
@@ -194,20 +232,31 @@ def describe(result, estimates=None):
            "  cluster: %d worker(s) x %d %s device(s)" % (
                cluster.worker_num, cluster.devices_per_worker,
                cluster.device_type),
-           "  model replicas (data parallel): %d" % plan.num_replicas,
-           "  pipeline: %d stage(s), %d micro-batch(es) per step, schedule "
-           "%s (%s)" % (stages, plan.num_micro_batch, plan.schedule,
-                        _SCHEDULE_NAMES.get(plan.schedule, "?"))]
+           "  model replicas (data parallel): %d" % plan.num_replicas]
+  if stages > 1:
+    lines.append("  pipeline: %d stage(s), %d micro-batch(es) per step, "
+                 "schedule %s (%s)" % (
+                     stages, plan.num_micro_batch, plan.schedule,
+                     _SCHEDULE_NAMES.get(plan.schedule, "?")))
+  elif plan.num_micro_batch > 1:
+    lines.append("  micro-batches: %d per step (gradient accumulation, no "
+                 "pipeline)" % plan.num_micro_batch)
   if micro_batch is not None:
     lines.append("  batch: %d examples per micro-batch, %d per step (%d "
                  "replica(s) x %d micro-batch(es) x %d)" % (
                      micro_batch,
                      micro_batch * plan.num_micro_batch * plan.num_replicas,
                      plan.num_replicas, plan.num_micro_batch, micro_batch))
-  bubble = memory_estimate.bubble_fraction(stages, plan.num_micro_batch)
-  lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a step" %
-               (stages - 1, plan.num_micro_batch + stages - 1,
-                100.0 * bubble))
+  if stages > 1 and pipeline_order.splits_backward(plan.schedule):
+    bubble = schedule_simulator.simulate(
+        plan.schedule, stages, plan.num_micro_batch).bubble_fraction
+    lines.append("  pipeline bubble: %.1f%% of a step (simulated with "
+                 "F = B = W)" % (100.0 * bubble))
+  elif stages > 1:
+    bubble = memory_estimate.bubble_fraction(stages, plan.num_micro_batch)
+    lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a "
+                 "step" % (stages - 1, plan.num_micro_batch + stages - 1,
+                           100.0 * bubble))
   lines.append("  TaskGraphs:")
   lines.extend(_taskgraph_lines(result))
   lines.append("  memory savers:")
@@ -216,6 +265,7 @@ def describe(result, estimates=None):
   gradient_bytes = max([e.gradients for e in estimates] or [0])
   lines.append(_communication_line(result, gradient_bytes))
   lines.extend(_memory_lines(estimates))
+  lines.extend(_zero_lines(result))
   return "\n".join(lines)
 
 

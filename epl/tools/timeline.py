@@ -11,8 +11,10 @@ forward and backward pass of each micro-batch, and its peak memory.
 The step runs with a full trace (`RunOptions.FULL_TRACE`); each op of the
 step stats is looked up in what the rewrite tagged: its replica, stage,
 phase and micro-batch. A slice spans the first start to the last end of
-the ops of one (replica, stage, phase, micro-batch) that compute on the
-micro-batch's data (ops that read another op of the same block).
+the ops of one (replica, stage, phase, micro-batch) that compute on
+micro-batch data (ops that read an op of a forward or backward block).
+Under ZeroBubble a backward is two slices, "backward" (B, the input
+gradients) and "weight" (W, the weight gradients).
 """
 import collections
 import dataclasses
@@ -24,9 +26,8 @@ from epl.ir.graph_state import state_of
 from epl.ir.phase import Phase
 from epl.passes import schedule
 
-_LABELS = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward",
-           Phase.APPLY: "apply"}
-_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "apply": "#8c8c8c"}
+_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868",
+           "apply": "#8c8c8c"}
 
 
 @dataclasses.dataclass
@@ -47,7 +48,9 @@ class Slice:
   """One (phase, micro-batch) of one row, in microseconds from the step's
   first op."""
   row: int
-  phase: str          # "forward", "backward" or "apply"
+  # "forward", "backward" (its input-gradient part B under ZeroBubble),
+  # "weight" (the weight-gradient part W, ZeroBubble) or "apply"
+  phase: str
   micro_batch: object  # int, or None for "apply"
   start: float
   end: float
@@ -111,16 +114,18 @@ class PipelineTrace:
       for stage in range(plan.num_stages):
         row_of[(replica, stage)] = len(rows)
         rows.append(Row(replica, stage, plan.device(replica, stage)))
+    by_block = schedule.blocks(ctx, result.subgraph, result.copies)
+    # A forward or backward slice spans the ops that compute on
+    # micro-batch data (read an op of a forward or backward block: W's
+    # kernel gradients read B's and the forward's), not the variable reads
+    # and constants that may run as soon as the step starts.
+    data = {op.name for block, ops in by_block.items()
+            if block.phase is not Phase.APPLY for op in ops}
     block_of = {}
-    for block, ops in schedule.blocks(ctx, result.subgraph,
-                                      result.copies).items():
-      names = {op.name for op in ops}
+    for block, ops in by_block.items():
       for op in ops:
-        # A forward or backward slice spans the ops that compute on the
-        # micro-batch's data, not the variable reads and constants that
-        # may run as soon as the step starts.
         if block.phase is Phase.APPLY or any(
-            t.op.name in names for t in op.inputs):
+            t.op.name in data for t in op.inputs):
           block_of[op.name] = block
     spans = {}
     for device_stats in run_metadata.step_stats.dev_stats:
@@ -135,7 +140,7 @@ class PipelineTrace:
             min(span[0], start), max(span[1], end))
     origin = min((s for s, _ in spans.values()), default=0)
     slices = sorted(
-        (Slice(row_of[(b.replica, b.stage)], _LABELS[b.phase], b.micro_batch,
+        (Slice(row_of[(b.replica, b.stage)], b.kind, b.micro_batch,
                start - origin, end - origin)
          for b, (start, end) in spans.items()),
         key=lambda s: (s.row, s.start))
@@ -153,7 +158,8 @@ class PipelineTrace:
     raise ValueError("No stage %d in replica %d; rows: %s" %
                      (stage, replica, [r.label for r in self.rows]))
 
-  def order(self, stage, replica=0, phases=("forward", "backward")):
+  def order(self, stage, replica=0,
+            phases=("forward", "backward", "weight")):
     """[(phase, micro-batch)] that stage `stage` of `replica` ran, by start
     time."""
     row = self._row_index(stage, replica)
@@ -216,8 +222,9 @@ class PipelineTrace:
     axes.set_yticklabels([row.label for row in self.rows])
     axes.invert_yaxis()
     axes.set_xlabel("time (ms)")
+    drawn = {piece.phase for piece in self.slices}
     handles = [matplotlib.patches.Patch(color=color, label=label)
-               for label, color in _COLORS.items()]
+               for label, color in _COLORS.items() if label in drawn]
     axes.legend(handles=handles, loc="upper center", ncol=len(handles),
                 bbox_to_anchor=(0.5, -0.3), fontsize=8, frameon=False)
     if title:

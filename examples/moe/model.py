@@ -19,7 +19,7 @@ def top2_gating(tokens, gate_kernel, capacity):
   the auxiliary load-balancing loss. A token's second choice is dropped
   when it would overflow its expert's capacity, as is the first.
   """
-  experts = gate_kernel.shape[-1]
+  experts = int(gate_kernel.shape[-1])
   probabilities = tf.nn.softmax(
       tf.einsum("GSM,ME->GSE", tokens, gate_kernel), axis=-1)
   first = tf.one_hot(tf.argmax(probabilities, axis=-1), experts)

@@ -4,9 +4,10 @@ devices (expert parallelism) or replicated (data parallelism).
 The original's MoE idiom: `replicate(total)` as the default strategy, the
 expert weights and the expert einsums under `epl.split(total)`. Inside the
 split scope each device holds E/N experts; the tokens go to their experts
-by all-to-all and come back by the inverse all-to-all. Synthetic tokens:
+by all-to-all and come back by the inverse all-to-all. Synthetic tokens.
+From the repository root (examples/moe/README.md):
 
-    EPL_CLUSTER_NUM_CPU_DEVICES=4 python examples/moe/train.py --mode split
+    EPL_CLUSTER_NUM_CPU_DEVICES=4 python -m examples.moe.train --mode split
 """
 import argparse
 import logging
@@ -16,7 +17,11 @@ import numpy as np
 import tensorflow as tf
 
 import epl
-from examples.moe import model as moe
+
+try:  # as a module: python -m examples.moe.train (and tests)
+  from . import model as moe
+except ImportError:  # as a file: python examples/moe/train.py
+  import model as moe  # pylint: disable=import-error
 
 
 def build(args):
@@ -44,7 +49,8 @@ def build(args):
 
 
 def parser():
-  flags = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  flags = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0].replace("\n", " "))
   flags.add_argument("--mode", choices=["split", "replicated"],
                      default="split")
   flags.add_argument("--experts", type=int, default=8)

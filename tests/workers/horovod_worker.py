@@ -52,6 +52,9 @@ CASES = {
     "pipeline": ("pipeline", "momentum", {"pipeline.num_micro_batch": 2}),
     # ZeRO: gradients reduced to their owners, across processes too.
     "zero_v1": ("dense", "adam", {"zero.level": "v1"}),
+    # ZeRO v2: each micro-batch's gradients summed on their owners.
+    "zero_v2": ("dense", "adam", {"zero.level": "v2",
+                                  "pipeline.num_micro_batch": 2}),
 }
 
 

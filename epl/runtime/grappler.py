@@ -1,0 +1,60 @@
+"""The Grappler preset EPL hands every session (config key
+`optimizer.grappler`).
+
+Grappler, TensorFlow's graph optimiser, runs over the whole graph before a
+session's first run of it. EPL's graph of R replicas x M micro-batches is
+about R x M times the user's, and Grappler's default passes then take most
+of the time to the first step while buying little step time on it
+(benchmarks/grappler.py; docs/sessions.md#grappler). The "fast" preset
+switches off the passes that cost the most for what they buy; "default"
+leaves TensorFlow's own.
+
+EPL never overrides what the user chose: a field of the session's
+RewriterConfig the user set to anything but its default keeps the user's
+value, and a session config that turns the meta-optimizer off or lists its
+optimizers by name (`rewrite_options.optimizers`) is left as it is.
+"""
+
+# RewriterConfig field -> the name of its value under the "fast" preset.
+# Chosen from benchmarks/grappler.py on tiny BERT, 8 replicas x 4
+# micro-batches: each of these costs first-step time out of proportion to
+# the step time it buys there (docs/sessions.md#grappler has the table).
+# The layout optimizer (NCHW convolutions) and the implementation selector
+# (cuDNN RNNs) stay: what they buy is on GPUs, where this was not measured.
+FAST = {
+    "meta_optimizer_iterations": "ONE",
+    "constant_folding": "OFF",
+    "arithmetic_optimization": "OFF",
+    "memory_optimization": "NO_MEM_OPT",
+    "loop_optimization": "OFF",
+    "disable_tfg_optimizer": True,
+}
+
+PRESETS = ("default", "fast")
+
+
+def _value(rewrite_options, field, name):
+  """The number of enum value `name` of `field`, or `name` for a scalar."""
+  enum = rewrite_options.DESCRIPTOR.fields_by_name[field].enum_type
+  if enum is None:
+    return name
+  return enum.values_by_name[name].number
+
+
+def apply_preset(preset, rewrite_options):
+  """Sets `preset`'s Grappler fields on `rewrite_options` (a
+  RewriterConfig, changed in place) where the user left them at their
+  default; returns the names of the fields it set."""
+  if preset not in PRESETS:
+    raise ValueError("Unknown Grappler preset %r for optimizer.grappler; "
+                     "use one of %s." % (preset, ", ".join(PRESETS)))
+  if (preset == "default" or rewrite_options.disable_meta_optimizer or
+      rewrite_options.optimizers):
+    return []
+  changed = []
+  for field, name in FAST.items():
+    default = rewrite_options.DESCRIPTOR.fields_by_name[field].default_value
+    if getattr(rewrite_options, field) == default:
+      setattr(rewrite_options, field, _value(rewrite_options, field, name))
+      changed.append(field)
+  return changed
