@@ -9,6 +9,7 @@ from epl import hooks
 from epl.capture import graph_mode
 from epl.config import Config
 from epl.env import Env
+from epl.ir.graph_state import state_of
 from epl.plan import planner
 from epl.runtime import server
 from epl.strategies.strategy import Replicate, require_devices
@@ -24,6 +25,9 @@ def set_default_strategy(strategy):
   pipeline stage, the original's idiom): that switch must name its
   strategies, so that calling `set_default_strategy(epl.replicate(1))`
   twice by mistake raises rather than building a 2-stage pipeline.
+  EPL starts keeping the default graph's state here, as the original EPL
+  did, so that `epl.Graph.get()` taken right after this call is the view
+  that the model built next fills in.
   """
   if strategy is not None and not isinstance(strategy, Replicate):
     raise ValueError(
@@ -41,6 +45,7 @@ def set_default_strategy(strategy):
   if strategy is not None:
     require_devices(strategy)
   env.default_strategy = strategy
+  state_of(tf.compat.v1.get_default_graph(), create=True)
 
 
 def _configure_logging():

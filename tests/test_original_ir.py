@@ -156,3 +156,27 @@ def test_model_phase_names_and_no_phase_scope():
   assert epl.ir.phase.ModelPhase is ModelPhase
   with pytest.raises(NotImplementedError, match="Operation.phase"):
     ModelPhase(ModelPhase.BACKWARD)
+
+
+def test_graph_keys_and_collections_through_the_ir_module():
+  from epl.ir.graph import GraphKeys  # where the original's users import it
+  assert GraphKeys is epl.GraphKeys
+  epl.init()
+  with tf.Graph().as_default():
+    loss = tf.reduce_sum(tf.ones([2]), name="loss")
+    epl.add_to_collection(loss, GraphKeys.GLOBAL_MEAN_OBJECTS)
+    view = epl.Graph.get(may_create=True)
+    assert view.get_collection(GraphKeys.GLOBAL_MEAN_OBJECTS) == [loss]
+    assert view.get_collection(GraphKeys.GLOBAL_SUM_OBJECTS) == []
+
+
+def test_graph_taken_right_after_set_default_strategy_fills_in():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  with tf.Graph().as_default():
+    epl.set_default_strategy(epl.replicate(1))
+    view = epl.Graph.get()
+    assert view is not None and view.num_stages == 0
+    x, y = training.input_batch(4)
+    tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    assert view is epl.Graph.get()
+    assert view.num_stages == 1 and view.taskgraphs[0].num_replicas == 2

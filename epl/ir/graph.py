@@ -17,6 +17,7 @@ import weakref
 
 import tensorflow as tf
 
+from epl import collections as epl_collections
 from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.ir.phase import ModelPhase, Phase
@@ -27,6 +28,9 @@ _MODEL_PHASES = {
     Phase.APPLY: ModelPhase.APPLY,
     Phase.OTHER: ModelPhase.OTHER,
 }
+# The original EPL defined GraphKeys in epl/ir/graph.py, and its users
+# import it from there.
+GraphKeys = epl_collections.GraphKeys
 # One view per graph state, so that `Graph.get()` is the same object for
 # the same graph, as in the original.
 _views = weakref.WeakKeyDictionary()
@@ -112,6 +116,11 @@ class Graph:
       return Tensor(self, self.primitive_obj.get_tensor_by_name(name))
     except (KeyError, ValueError):
       return None
+
+  def get_collection(self, key):
+    """The tensors of EPL collection `key` (an `epl.GraphKeys` name) in
+    this graph, as `epl.get_collection` gives them."""
+    return epl_collections.get_collection(key, self.primitive_obj)
 
   def _wrap(self, obj):
     """`obj` (a tf or EPL Operation or Tensor) as this view's object."""
