@@ -61,6 +61,23 @@ def test_strategies_do_not_nest():
           pass
 
 
+def test_a_scope_that_raised_before_building_leaves_no_stage():
+  # The original EPL's users catch the nesting error and go on: the empty
+  # outer scope must not count as a pipeline stage on a 1-device cluster.
+  epl.init(epl.Config({"cluster.num_cpu_devices": 1}))
+  graph = tf.Graph()
+  with graph.as_default():
+    for _ in range(2):
+      with pytest.raises(RuntimeError, match="do not nest"):
+        with epl.replicate(1):
+          with epl.replicate(1):
+            pass
+    assert epl.Graph.get().num_stages == 0
+    with epl.replicate(1):
+      tf.constant(1.0)
+    assert epl.Graph.get().num_stages == 1
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_strategy_device_count_must_be_positive_int(bad):
   with pytest.raises(ValueError, match="device_count"):

@@ -105,6 +105,16 @@ class GraphState:
           (strategy.name, taskgraph.strategy, strategy))
     return taskgraph
 
+  def discard_if_empty(self, taskgraph):
+    """Forgets `taskgraph` when it is the newest and no op was tagged with
+    it: a scope whose body raised before building anything leaves no stage
+    behind (it would count as a pipeline stage at the next scope's
+    entry)."""
+    if (self.taskgraphs and self.taskgraphs[-1] is taskgraph and
+        taskgraph not in self._op_taskgraph.values()):
+      self.taskgraphs.pop()
+      del self._taskgraph_by_name[taskgraph.name]
+
   def tag(self, op, taskgraph, phase, micro_batch=None):
     self._op_taskgraph[op.name] = taskgraph
     self._op_phase[op.name] = phase

@@ -53,8 +53,12 @@ class Strategy:
         self)
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, exc_type, *_):
     Env.get().exit_strategy(self)
+    if exc_type is not None:
+      state = state_of(tf.compat.v1.get_default_graph())
+      if state is not None:
+        state.discard_if_empty(state.taskgraph_for(self))
     return False
 
   def __repr__(self):
