@@ -22,9 +22,11 @@ def set_default_strategy(strategy):
   """Every op built outside a strategy scope belongs to `strategy`.
 
   Switching the default to another strategy starts a new TaskGraph (a
-  pipeline stage, the original's idiom): that switch must name its
-  strategies, so that calling `set_default_strategy(epl.replicate(1))`
-  twice by mistake raises rather than building a 2-stage pipeline.
+  pipeline stage): the original EPL's idiom, which FastNN's BERT pipelines
+  use with unnamed strategies. Because calling it twice by mistake would
+  build a 2-stage pipeline, an unnamed switch is logged as a warning that
+  names the new stage (named stages are logged at INFO), and a pipeline
+  wider than the cluster fails at this call, naming the stages.
   EPL starts keeping the default graph's state here, as the original EPL
   did, so that `epl.Graph.get()` taken right after this call is the view
   that the model built next fills in.
@@ -36,12 +38,13 @@ def set_default_strategy(strategy):
   env = Env.require()
   previous = env.default_strategy
   if (strategy is not None and previous is not None and
-      strategy is not previous and not (strategy.named and previous.named)):
-    raise ValueError(
-        "epl.set_default_strategy(%r) is called again (the default is "
-        "already %r): each new default strategy starts a new pipeline "
-        "stage. Call it once for data parallelism; to cut stages, name "
-        "each one (epl.replicate(1, name=\"stage_1\"))." % (strategy, previous))
+      strategy is not previous):
+    log = logger.info if strategy.named and previous.named else (
+        logger.warning)
+    log("epl.set_default_strategy(%r) after %r: the ops built from here on "
+        "form a new pipeline stage. For data parallelism alone call it "
+        "once; name the stages (epl.replicate(1, name=\"stage_1\")) to "
+        "say that a pipeline is meant.", strategy, previous)
   if strategy is not None:
     require_devices(strategy)
   env.default_strategy = strategy

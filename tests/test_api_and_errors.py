@@ -1,4 +1,6 @@
 """Public API contracts and the errors a user meets."""
+import logging
+
 import pytest
 import tensorflow as tf
 
@@ -163,17 +165,43 @@ def test_a_pipeline_stage_beyond_the_devices_raises_at_its_scope():
       pass
 
 
-def test_repeated_unnamed_default_strategy_raises():
+def test_repeated_unnamed_default_strategy_warns_and_checks_devices(
+    caplog, monkeypatch):
+  # The original's pipeline idiom (FastNN's BERT pipelines) switches
+  # between unnamed default strategies: it builds stages, loudly.
   _init(devices=2)
+  monkeypatch.setattr(logging.getLogger("epl"), "propagate", True)
   first = epl.replicate(1)
   epl.set_default_strategy(first)
-  epl.set_default_strategy(first)  # the same one again changes nothing
-  with pytest.raises(ValueError, match="called again.*name each one"):
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="epl"):
+    epl.set_default_strategy(first)  # the same one again changes nothing
+    assert not caplog.records
+    with tf.Graph().as_default():
+      tf.constant(1.0)
     epl.set_default_strategy(epl.replicate(1))
-  # Named defaults switch stages, the original's pipeline idiom.
+  warnings = {r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING}
+  assert len(warnings) == 1 and "new pipeline stage" in warnings.pop()
+  # Named defaults switch stages at INFO.
   epl.set_default_strategy(None)
-  epl.set_default_strategy(epl.replicate(1, name="stage_0"))
-  epl.set_default_strategy(epl.replicate(1, name="stage_1"))
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="epl"):
+    epl.set_default_strategy(epl.replicate(1, name="stage_0"))
+    epl.set_default_strategy(epl.replicate(1, name="stage_1"))
+  assert {(r.levelno, "new pipeline stage" in r.getMessage())
+          for r in caplog.records} == {(logging.INFO, True)}
+
+
+def test_repeated_default_strategy_wider_than_the_cluster_names_the_stages():
+  _init(devices=1)
+  graph = tf.Graph()
+  with graph.as_default():
+    epl.set_default_strategy(epl.replicate(1))
+    tf.constant(1.0)
+    with pytest.raises(ValueError, match=(
+        r"per replica: replicate_\d+:1 \+ replicate_\d+:1.*only 1")):
+      epl.set_default_strategy(epl.replicate(1))
 
 
 def test_set_default_strategy_rejects_non_strategies():
