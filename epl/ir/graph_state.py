@@ -105,12 +105,13 @@ class GraphState:
           (strategy.name, taskgraph.strategy, strategy))
     return taskgraph
 
-  def discard_if_empty(self, taskgraph):
-    """Forgets `taskgraph` when it is the newest and no op was tagged with
-    it: a scope whose body raised before building anything leaves no stage
-    behind (it would count as a pipeline stage at the next scope's
-    entry)."""
-    if (self.taskgraphs and self.taskgraphs[-1] is taskgraph and
+  def discard_if_empty(self, strategy):
+    """Forgets `strategy`'s TaskGraph when it is the newest and no op was
+    tagged with it: a scope whose body raised before building anything
+    leaves no stage behind (it would count as a pipeline stage at the next
+    scope's entry)."""
+    taskgraph = self._taskgraph_by_name.get(strategy.name)
+    if (taskgraph is not None and self.taskgraphs[-1] is taskgraph and
         taskgraph not in self._op_taskgraph.values()):
       self.taskgraphs.pop()
       del self._taskgraph_by_name[taskgraph.name]

@@ -58,7 +58,7 @@ class Strategy:
     if exc_type is not None:
       state = state_of(tf.compat.v1.get_default_graph())
       if state is not None:
-        state.discard_if_empty(state.taskgraph_for(self))
+        state.discard_if_empty(self)
     return False
 
   def __repr__(self):
