@@ -27,7 +27,7 @@ from tests import tf_versions  # noqa: E402  pylint: disable=wrong-import-positi
 
 # The sections this TensorFlow runs.
 SECTIONS = [s for s in all_benchmarks.SECTIONS
-            if s.both_versions or tf_versions.TF <= tf_versions.HOROVOD_NEWEST_TF]
+            if s.both_versions or tf_versions.TF <= tf_versions.PRIMARY_TF]
 
 _NOT_FINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf)(?![\w])", re.I)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(\.\d+)?")

@@ -25,6 +25,8 @@ TF = parse(tf.__version__)
 
 # The newest TensorFlow that Horovod 0.28.1 (its last release) builds against.
 HOROVOD_NEWEST_TF = (2, 15)
+# The TensorFlow of `make test`, the primary environment.
+PRIMARY_TF = (2, 15)
 ESTIMATOR_GONE = "tf.estimator was removed in TensorFlow 2.16"
 
 
