@@ -33,9 +33,6 @@ FAST = {
     "disable_tfg_optimizer": True,
 }
 
-PRESETS = ("default", "fast")
-
-
 def _value(rewrite_options, field, name):
   """The number of enum value `name` of `field`, or `name` for a scalar."""
   enum = rewrite_options.DESCRIPTOR.fields_by_name[field].enum_type
@@ -47,10 +44,8 @@ def _value(rewrite_options, field, name):
 def apply_preset(preset, rewrite_options):
   """Sets `preset`'s Grappler fields on `rewrite_options` (a
   RewriterConfig, changed in place) where the user left them at their
-  default; returns the names of the fields it set."""
-  if preset not in PRESETS:
-    raise ValueError("Unknown Grappler preset %r for optimizer.grappler; "
-                     "use one of %s." % (preset, ", ".join(PRESETS)))
+  default; returns the names of the fields it set. `preset` is a value
+  of the config key, checked there ("default" or "fast")."""
   if (preset == "default" or rewrite_options.disable_meta_optimizer or
       rewrite_options.optimizers):
     return []
