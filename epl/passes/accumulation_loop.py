@@ -45,9 +45,15 @@ class _Layout:
     self.reads = [op for op in selected if op.type in INPUT_READ_TYPES]
     self.writes = [w for w in forward_writes(ctx, subgraph)
                    if w.name in self.selected_names]
-    # What runs after a forward write (the read a variable update returns)
-    # runs after the loop with it.
-    after_writes = {op.name for op in graph_editor.descendants(self.writes)}
+    # What reads a forward write's result (the read a variable update
+    # returns) runs after the loop with it; the ops that only wait for a
+    # write (tf.control_dependencies(UPDATE_OPS)) no longer do, as
+    # average_forward_state_updates has it.
+    write_names = {w.name for w in self.writes}
+    after_writes = {op.name for op in graph_editor.reachable(
+        self.writes, lambda op: (
+            [c for t in op.outputs for c in t.consumers()]
+            if op.name in write_names else graph_editor.output_ops(op)))}
     candidates = [op for op in selected if op.type not in INPUT_READ_TYPES
                   and op.name not in after_writes]
     names_ = {op.name for op in candidates}
@@ -62,7 +68,7 @@ class _Layout:
     # The gradients, and the ops of the step that read them (post-
     # processing, the optimizer): they read the sum instead.
     self.points = [(name, grad) for name, grad in points.items()
-                   if tensors_of(grad)[0].op.name in self.moved_names]
+                   if tensors_of(grad)[0].op.name in self.selected_names]
     self.gradient_readers = {}
     for _, grad in self.points:
       for tensor in tensors_of(grad):
@@ -74,16 +80,24 @@ class _Layout:
                          if w.inputs[1].op.name in self.moved_names]
     self.kept, self.kept_readers = self._kept_values(ctx, subgraph)
 
-  def _is_unused_backward(self, ctx, subgraph, op):
-    # Backward ops that no accumulated gradient needs (the gradient of an
-    # input) are never run: they stay where they are.
-    return (op.name in subgraph.cloned_names and
-            op.name not in self.selected_names and
-            ctx.state.phase_of(op) is Phase.BACKWARD)
+  def _unused_backward(self, ctx, subgraph):
+    """Names of the backward ops of the step that nothing but such ops
+    reads, outside the micro-batch (the gradient of an input, which
+    tf.gradients builds and nothing runs): they stay where they are."""
+    candidates = {op.name: op for op in subgraph.cloned
+                  if op.name not in self.selected_names and
+                  ctx.state.phase_of(op) is Phase.BACKWARD}
+    used = graph_editor.reachable(
+        [op for op in candidates.values()
+         if any(o.name not in candidates for o in graph_editor.output_ops(op))],
+        lambda op: [i for i in graph_editor.input_ops(op)
+                    if i.name in candidates])
+    return set(candidates) - {op.name for op in used}
 
   def _kept_values(self, ctx, subgraph):
     """The tensors of the loop kept per iteration, and the ops outside it
     that read them."""
+    unused = self._unused_backward(ctx, subgraph)
     handled = {t.name for t in self.write_values}
     handled.update(self.gradient_readers)
     readers = collections.OrderedDict()
@@ -95,7 +109,7 @@ class _Layout:
       for tensor in op.outputs:
         outside = [c for c in tensor.consumers()
                    if c.name not in self.moved_names and
-                   not self._is_unused_backward(ctx, subgraph, c)]
+                   c.name not in unused]
         if tensor.name in handled:
           outside = [c for c in outside
                      if c not in self.gradient_readers.get(tensor.name, [])
@@ -124,6 +138,9 @@ class _Layout:
         return (op.name, "is a stateless random op, which would draw the "
                          "same numbers in every iteration")
     for name, grad in self.points:
+      if tensors_of(grad)[0].op.name not in self.moved_names:
+        return (tensors_of(grad)[0].op.name,
+                "computes a gradient from a forward state update's result")
       values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
       shape = values.shape[1:] if isinstance(grad, tf.IndexedSlices) else (
           values.shape)
