@@ -78,13 +78,13 @@ class _Layout:
             c.name not in self.selected_names]
     self.write_values = [w.inputs[1] for w in self.writes
                          if w.inputs[1].op.name in self.moved_names]
-    self.kept, self.kept_readers = self._kept_values(ctx, subgraph)
+    self.kept, self.kept_readers = self._kept_values(ctx)
 
-  def _unused_backward(self, ctx, subgraph):
-    """Names of the backward ops of the step that nothing but such ops
-    reads, outside the micro-batch (the gradient of an input, which
-    tf.gradients builds and nothing runs): they stay where they are."""
-    candidates = {op.name: op for op in subgraph.cloned
+  def _unused_backward(self, ctx):
+    """Names of the backward ops outside the micro-batch that nothing but
+    such ops reads (the gradient of an input, which tf.gradients builds
+    and nothing runs): they stay where they are."""
+    candidates = {op.name: op for op in ctx.graph.get_operations()
                   if op.name not in self.selected_names and
                   ctx.state.phase_of(op) is Phase.BACKWARD}
     used = graph_editor.reachable(
@@ -94,10 +94,10 @@ class _Layout:
                     if i.name in candidates])
     return set(candidates) - {op.name for op in used}
 
-  def _kept_values(self, ctx, subgraph):
+  def _kept_values(self, ctx):
     """The tensors of the loop kept per iteration, and the ops outside it
     that read them."""
-    unused = self._unused_backward(ctx, subgraph)
+    unused = self._unused_backward(ctx)
     handled = {t.name for t in self.write_values}
     handled.update(self.gradient_readers)
     readers = collections.OrderedDict()
@@ -116,8 +116,7 @@ class _Layout:
                      and c not in self.writes]
         leaf = (not tensor.consumers() and
                 ctx.state.phase_of(op) is Phase.FORWARD)
-        if outside or leaf or tensor.name in fetched or (
-            op.name in ctx.state.loss_seeds):
+        if outside or leaf or tensor.name in fetched:
           readers[tensor.name] = (tensor, outside)
     kept = [tensor for tensor, _ in readers.values()]
     return kept, {name: outside for name, (_, outside) in readers.items()}
@@ -243,11 +242,24 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
   with tf.device(device), tf.name_scope(LOOP_SCOPE), \
       graph_edit.building_v1_control_flow():
     sources = _micro_batch_inputs(ctx, plan_layout, copies, user_devices)
+    # One constant per micro-batch index, dtype and count, which every
+    # TensorArray and sum shares.
+    indices = [tf.constant(m, name="micro_batch_%d" % m)
+               for m in range(count)]
+    counts = {}
+
+    def scaled(tensor, always=False):
+      if not (mean or always):
+        return tensor
+      if tensor.dtype not in counts:
+        counts[tensor.dtype] = tf.constant(count, tensor.dtype,
+                                           name="micro_batches")
+      return tensor / counts[tensor.dtype]
     inputs = []
     for tensor, values in sources:
       array = _tensor_array(tensor, count)
-      for micro_batch, value in enumerate(values):
-        array = array.write(micro_batch, value)
+      for index, value in zip(indices, values):
+        array = array.write(index, value)
       inputs.append((tensor, array))
     gate = None
     if outside_controls:
@@ -306,20 +318,18 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
         (tf.constant(0), sums, kept), parallel_iterations=1,
         back_prop=False)
 
-    def scaled(tensor):
-      return tensor / tf.constant(count, tensor.dtype) if mean else tensor
     accumulated = {}
     for (name, grad), total in zip(dense, totals):
       accumulated[name] = scaled(total)
     for value, total in zip(plan_layout.write_values,
                             totals[len(dense):]):
-      mean_value = total / tf.constant(count, total.dtype)
+      mean_value = scaled(total, always=True)
       for write in plan_layout.writes:
         if write.inputs[1] is value:
           graph_edit.update_input(write, 1, mean_value)
     copies.loop_values = {}
     for tensor, array in zip(plan_layout.kept, arrays):
-      values = [array.read(m) for m in range(count)]
+      values = [array.read(index) for index in indices]
       copies.loop_values[tensor.name] = values
       graph_editor.replace_input_in(plan_layout.kept_readers[tensor.name],
                                     tensor, values[0])
