@@ -81,8 +81,11 @@ def test_several_gradient_calls_accumulate_each():
     first = tf.gradients(loss, variables[:2])
     second = tf.gradients(loss, variables[2:])
     optimizer = training.OPTIMIZERS["sgd"]()
-    return optimizer.apply_gradients(
-        list(zip(first + second, variables)))
+    # Every update after every gradient: with reference variables plain
+    # TF would otherwise race an update against a read of the backward.
+    with tf.control_dependencies(first + second):
+      return optimizer.apply_gradients(
+          list(zip(first + second, variables)))
   graph = tf.Graph()
   with graph.as_default():
     expected = training.run_steps(

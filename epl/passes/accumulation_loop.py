@@ -79,6 +79,10 @@ class _Layout:
     self.write_values = [w.inputs[1] for w in self.writes
                          if w.inputs[1].op.name in self.moved_names]
     self.kept, self.kept_readers = self._kept_values(ctx)
+    # Ops outside the loop that wait for one of its ops wait for the loop.
+    self.waiting = [(op, [w for w in graph_edit.control_outputs(op)
+                          if w.name not in self.moved_names])
+                    for op in self.moved]
 
   def _unused_backward(self, ctx):
     """Names of the backward ops outside the micro-batch that nothing but
@@ -311,13 +315,22 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
       totals = [total + value for total, value in zip(totals, summed)]
       arrays = [array.write(index, value)
                 for array, value in zip(arrays, kept_values)]
-      return index + 1, totals, arrays
+      # The loop ends (its Exits fire) only after the last iteration has
+      # summed and kept everything: an update after the loop must not
+      # overwrite a variable that iteration still reads.
+      with tf.control_dependencies(
+          [t.op for t in totals] + [a.flow.op for a in arrays]):
+        return index + 1, totals, arrays
 
-    _, totals, arrays = tf.compat.v1.while_loop(
+    done, totals, arrays = tf.compat.v1.while_loop(
         lambda index, *_: index < count, body,
         (tf.constant(0), sums, kept), parallel_iterations=1,
         back_prop=False)
 
+    for op, waiting in plan_layout.waiting:
+      for other in waiting:
+        graph_editor.remove_control_input(other, op)
+        graph_editor.add_control_inputs(other, [done.op])
     accumulated = {}
     for (name, grad), total in zip(dense, totals):
       accumulated[name] = scaled(total)
