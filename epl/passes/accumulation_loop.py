@@ -273,13 +273,20 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
              if not isinstance(grad, tf.IndexedSlices)]
     sparse = [(name, grad) for name, grad in plan_layout.points
               if isinstance(grad, tf.IndexedSlices)]
-    sums = [tf.zeros(grad.shape, grad.dtype) for _, grad in dense] + [
-        tf.zeros(value.shape, value.dtype)
-        for value in plan_layout.write_values]
+    # The dense values summed over the iterations, flattened into one loop
+    # variable per dtype (and per kind: forward state updates are always
+    # averaged): a loop variable costs seven ops per replica, a value in a
+    # flat sum three.
+    groups = collections.OrderedDict()
+    for _, grad in dense:
+      groups.setdefault((grad.dtype, False), []).append(grad)
+    for value in plan_layout.write_values:
+      groups.setdefault((value.dtype, True), []).append(value)
+    sums = [tf.zeros([sum(v.shape.num_elements() for v in values)], dtype)
+            for (dtype, _), values in groups.items()]
     kept = [_tensor_array(t, count) for t in plan_layout.kept] + [
         _tensor_array(part, count) for _, grad in sparse
         for part in (grad.values, grad.indices)]
-    summed = [grad for _, grad in dense] + plan_layout.write_values
     kept_values = list(plan_layout.kept) + [
         part for _, grad in sparse for part in (grad.values, grad.indices)]
 
@@ -312,7 +319,12 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
             graph_edit.add_control_inputs(op, kept_controls)
         if not op.inputs and not op.control_inputs:
           graph_edit.add_control_inputs(op, [pivot])
-      totals = [total + value for total, value in zip(totals, summed)]
+      flat_shape = tf.constant([-1], name="flat")
+      flats = []
+      for values in groups.values():
+        parts = [tf.reshape(v, flat_shape) for v in values]
+        flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+      totals = [total + flat for total, flat in zip(totals, flats)]
       arrays = [array.write(index, value)
                 for array, value in zip(arrays, kept_values)]
       # The loop ends (its Exits fire) only after the last iteration has
@@ -331,15 +343,17 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
       for other in waiting:
         graph_editor.remove_control_input(other, op)
         graph_editor.add_control_inputs(other, [done.op])
-    accumulated = {}
-    for (name, grad), total in zip(dense, totals):
-      accumulated[name] = scaled(total)
-    for value, total in zip(plan_layout.write_values,
-                            totals[len(dense):]):
-      mean_value = scaled(total, always=True)
-      for write in plan_layout.writes:
-        if write.inputs[1] is value:
-          graph_edit.update_input(write, 1, mean_value)
+    sums_by_name = {}
+    for ((_, always), values), total in zip(groups.items(), totals):
+      total = scaled(total, always)
+      pieces = [total] if len(values) == 1 else tf.split(
+          total, [v.shape.num_elements() for v in values])
+      for value, piece in zip(values, pieces):
+        sums_by_name[value.name] = tf.reshape(piece, value.shape)
+    accumulated = {name: sums_by_name[grad.name] for name, grad in dense}
+    for write in plan_layout.writes:
+      if write.inputs[1].name in sums_by_name:
+        graph_edit.update_input(write, 1, sums_by_name[write.inputs[1].name])
     copies.loop_values = {}
     for tensor, array in zip(plan_layout.kept, arrays):
       values = [array.read(index) for index in indices]
