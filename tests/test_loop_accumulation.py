@@ -134,31 +134,15 @@ def test_stateless_random_op_falls_back_to_copies_with_a_warning(caplog):
   assert _copied_forward_ops(graph)
 
 
-def _reference_variable_training(batch_size, use_tf_gradients, config=None):
-  if config:
-    epl.init(epl.Config(config))
-    epl.set_default_strategy(epl.replicate(device_count=1))
-  graph = tf.Graph()
-  with graph.as_default():
-    x, y = training.input_batch(batch_size)
-    loss = tf.reduce_mean(tf.square(training.ref_variable_model(x) - y))
-    optimizer = training.OPTIMIZERS["adam"]()
-    train_op = optimizer.apply_gradients(
-        training.gradient_pairs(optimizer, loss, use_tf_gradients))
-    values = training.run_steps(graph, train_op, 5)
-  if config:
-    epl.shutdown()
-  return values, graph
-
-
 def test_reference_variables_in_the_loop_match_single_device():
   # The backward reads w2 (a VariableV2, read without a copy) in every
   # iteration: w2's update, after the loop, must wait for the last one.
   # The loop's counter waits for every sum of its iteration, and its Exit
   # for the counter, so the update (which reads a sum) does.
-  expected, _ = _reference_variable_training(
+  expected, _ = training.reference_variable_training(
       REPLICAS * MICRO_BATCHES * ROWS, False)
-  actual, graph = _reference_variable_training(ROWS, True, _loop_config())
+  actual, graph = training.reference_variable_training(
+      ROWS, True, _loop_config())
   training.assert_close(actual, expected)
   sums = {op.name for op in graph.get_operations()
           if op.name.startswith("EPL_MICRO_BATCH_LOOP/while/") and

@@ -22,7 +22,6 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES, PLACEHOLDER_TYPES
 from epl.ir.phase import Phase
 from epl.passes.fed_batches import is_fed_batch
@@ -182,25 +181,15 @@ def _tensor_array(like, count):
                         element_shape=like.shape)
 
 
-def _micro_batch_inputs(ctx, plan_layout, copies, user_devices):
+def _micro_batch_inputs(ctx, plan_layout, copies, read_copies):
   """[(tensor the loop's ops read, its value in each micro-batch)]: the
-  outputs of the input reads (the user's read and M - 1 copies of it, as
-  `clone_micro_batches` makes them) and the fed batches (M views of the
-  placeholder, which `split_fed_batches` later gives their parts)."""
+  outputs of the input reads (the user's read and its copies
+  `read_copies`, [{name: copy}] for micro-batches 1..M-1) and the fed
+  batches (M views of the placeholder, which `split_fed_batches` later
+  gives their parts)."""
   count = ctx.plan.num_micro_batch
   state = ctx.state
-  read_copies = [{} for _ in range(count)]
-  if plan_layout.reads:
-    cloner = graph_editor.Cloner(ctx.graph, plan_layout.reads)
-    for micro_batch in range(1, count):
-      prefix = names.micro_batch_prefix(micro_batch)
-      clones = cloner.clone(prefix, lambda op: op.device,
-                            provenance=state.provenance,
-                            replica=ctx.replicas[0], micro_batch=micro_batch)
-      state.copy_tags_to_copies(clones, prefix, micro_batch)
-      for name in clones:
-        user_devices[prefix + name] = user_devices.get(name, "")
-      read_copies[micro_batch] = clones
+  read_copies = [{}] + [dict(clones) for clones in read_copies]
   sources = []
   for read in plan_layout.reads:
     for index, output in enumerate(read.outputs):
@@ -226,11 +215,13 @@ def _micro_batch_inputs(ctx, plan_layout, copies, user_devices):
   return sources
 
 
-def run_as_loop(ctx, plan_layout, copies, user_devices):
-  """Builds the loop of `plan_layout` (see the module); returns the ops
-  built (the loop, its inputs and results, the read copies) and the
+def run_as_loop(ctx, plan_layout, copies, read_copies):
+  """Builds the loop of `plan_layout` (see the module) around the input
+  reads' copies `read_copies` ([{name: copy}] for micro-batches 1..M-1);
+  returns the ops built (the loop, its inputs and results) and the
   accumulated gradients by point name. Records the values kept per
-  iteration in `copies.loop_values`."""
+  iteration in `copies.loop_values` and the reads' copies in
+  `copies.micro_batches`."""
   graph = ctx.graph
   state = ctx.state
   count = ctx.plan.num_micro_batch
@@ -245,7 +236,7 @@ def run_as_loop(ctx, plan_layout, copies, user_devices):
                       c.name not in plan_layout.after_writes}
   with tf.device(device), tf.name_scope(LOOP_SCOPE), \
       graph_edit.building_v1_control_flow():
-    sources = _micro_batch_inputs(ctx, plan_layout, copies, user_devices)
+    sources = _micro_batch_inputs(ctx, plan_layout, copies, read_copies)
     # One constant per micro-batch index, dtype and count, which every
     # TensorArray and sum shares.
     indices = [tf.constant(m, name="micro_batch_%d" % m)

@@ -119,6 +119,25 @@ def _copy_of(grad, clones):
   return tensor(grad)
 
 
+def _copies_per_micro_batch(ctx, ops, user_devices):
+  """[{name: copy}] of `ops` (in replica 0) for micro-batches 1..M-1,
+  named `EPL_MICRO_BATCH_<m>/<name>` on the same devices, with the tags,
+  provenance and user devices of their originals."""
+  state = ctx.state
+  cloner = graph_editor.Cloner(ctx.graph, ops)
+  result = []
+  for micro_batch in range(1, ctx.plan.num_micro_batch):
+    prefix = names.micro_batch_prefix(micro_batch)
+    clones = cloner.clone(prefix, lambda op: op.device,
+                          provenance=state.provenance,
+                          replica=ctx.replicas[0], micro_batch=micro_batch)
+    state.copy_tags_to_copies(clones, prefix, micro_batch)
+    for name in clones:
+      user_devices[prefix + name] = user_devices.get(name, "")
+    result.append(clones)
+  return result
+
+
 def _with_accumulated(gradient_points, accumulated):
   """`gradient_points` with each gradient of `accumulated` ({name of its
   first tensor: sum}) replaced by its sum."""
@@ -137,8 +156,11 @@ def _loop_wanted(ctx):
 def _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points, result):
   with capture.suspended(), ctx.graph.as_default(), \
       ctx.graph.control_dependencies(None):
+    read_copies = _copies_per_micro_batch(ctx, loop_layout.reads,
+                                          result["user_devices"])
     built, accumulated = accumulation_loop.run_as_loop(
-        ctx, loop_layout, result["copies"], result["user_devices"])
+        ctx, loop_layout, result["copies"], read_copies)
+    built = [op for clones in read_copies for op in clones.values()] + built
   result["copies"].clones[0].update({op.name: op for op in built})
   result["subgraph"] = subgraph.adding(built)
   result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
@@ -207,17 +229,10 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
         ("op %r" % reason[0]) if reason[0] else "the step", reason[1])
   selected_names = {op.name for op in selected}
   constants = shared_constants(selected)
-  cloner = graph_editor.Cloner(
-      ctx.graph, [op for op in selected if op.name not in constants])
   built = []
-  for micro_batch in range(1, count):
-    prefix = names.micro_batch_prefix(micro_batch)
-    clones = cloner.clone(prefix, lambda op: op.device,
-                          provenance=state.provenance,
-                          replica=ctx.replicas[0], micro_batch=micro_batch)
-    state.copy_tags_to_copies(clones, prefix, micro_batch)
-    for name in clones:
-      user_devices[prefix + name] = user_devices.get(name, "")
+  for clones in _copies_per_micro_batch(
+      ctx, [op for op in selected if op.name not in constants],
+      user_devices):
     built.extend(clones.values())
     clones.update(constants)
     copies.micro_batches.append(clones)
