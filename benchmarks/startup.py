@@ -24,7 +24,7 @@ graph handed to TF and the process's peak RSS.
     python benchmarks/startup.py --runs large:8x4:build
     python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:grappler=default,tiny:8x4:grappler=off
     python benchmarks/startup.py --runs tiny:8x1,tiny:8x1:mirrored
-    python benchmarks/startup.py --runs tiny:8x1,tiny:8x4,tiny:8x4:accumulation=copies
+    python benchmarks/startup.py --runs tiny:8x1,tiny:8x4,tiny:8x4:accumulation=loop
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
@@ -34,8 +34,8 @@ EPL row of the same layout after it is compared with it.
 ':grappler=default|fast|off' picks EPL's `optimizer.grappler` preset, or
 turns Grappler off in the user's session config; without it, EPL's default
 preset (and TensorFlow's own for plain TF and MirroredStrategy).
-':accumulation=loop|copies' picks pipeline.accumulation (default loop: the
-micro-batches run as a while-loop, not copies); an EPL row with M > 1
+':accumulation=loop|copies' picks pipeline.accumulation (default copies;
+loop runs the micro-batches as a while-loop); an EPL row with M > 1
 after an EPL Rx1 row of the same R is compared with it.
 """
 import argparse
@@ -53,7 +53,8 @@ from benchmarks import fresh_process  # pylint: disable=wrong-import-position
 from benchmarks import smoke  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
 
-SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:2x2", "--in_process"]
+SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:1x2:accumulation=loop",
+         "--in_process"]
 
 
 def _rss_mib():
@@ -189,7 +190,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
       "--runs", default="tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:4x4,"
-      "tiny:8x4,tiny:8x4:accumulation=copies,tiny:8x4:grappler=default,"
+      "tiny:8x4,tiny:8x4:accumulation=loop,tiny:8x4:grappler=default,"
       "tiny:8x4:grappler=off,"
       "base:1x1,base:4x4,base:8x4:build,large:8x4:build",
       help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
@@ -246,7 +247,7 @@ def main(argv=None):
         single_micro_batch[replicas] = epl_result
       print(_row("EPL %s%s%s" % (
           layout, ", grappler " + grappler if grappler else "",
-          ", " + (accumulation or "loop") if micro_batches != "1" else ""),
+          ", " + (accumulation or "copies") if micro_batches != "1" else ""),
                  epl_result), flush=True)
       print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
             "plain build, ops %.1fx, peak RSS %.2fx" % (

@@ -32,8 +32,7 @@ def test_reference_variable_updates_wait_for_their_reads():
   expected, _ = training.reference_variable_training(REPLICAS * MICRO, False)
   actual, graph = training.reference_variable_training(
       MICRO // 2, True, {"cluster.num_cpu_devices": REPLICAS,
-                         "pipeline.num_micro_batch": 2,
-                         "pipeline.accumulation": "copies"})
+                         "pipeline.num_micro_batch": 2})
   training.assert_close(actual, expected)
   for replica in ("", "EPL_REPLICA_1/"):
     update = graph.get_operation_by_name(

@@ -14,7 +14,8 @@ REPLICAS, MICRO_BATCHES, ROWS = 2, 4, 4
 
 def _loop_config(**extra):
   config = {"cluster.num_cpu_devices": REPLICAS,
-            "pipeline.num_micro_batch": MICRO_BATCHES}
+            "pipeline.num_micro_batch": MICRO_BATCHES,
+            "pipeline.accumulation": "loop"}
   config.update(extra)
   return config
 

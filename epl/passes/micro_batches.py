@@ -186,7 +186,7 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   cloned subgraph, so that every replica gets them; the copies are
   recorded in the provenance.
 
-  With pipeline.accumulation "loop" (the default) and a single stage,
+  With pipeline.accumulation "loop" and a single stage,
   the micro-batches run as a loop instead of copies
   (`epl.passes.accumulation_loop`): only the input reads get M - 1
   copies, and the gradients handed on are the loop's sums. What cannot run
