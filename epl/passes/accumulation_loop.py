@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.op_types import INPUT_READ_TYPES, PLACEHOLDER_TYPES
+from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
+                             VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.fed_batches import is_fed_batch
 from epl.passes.forward_state import forward_writes
@@ -33,6 +34,15 @@ from epl.tf_compat import graph_edit
 
 LOOP_SCOPE = "EPL_MICRO_BATCH_LOOP"
 _NOT_KEPT_DTYPES = (tf.resource, tf.variant)
+
+
+def _varies_by_itself(op):
+  """Whether `op` gives, or must give, another value in each micro-batch
+  with the same inputs: a stateful op other than a variable or its read,
+  or a stateless random op (which the copies give a seed each)."""
+  return op.type in SEED_INPUT_TYPES or (
+      op.op_def.is_stateful and
+      op.type not in VARIABLE_TYPES | VARIABLE_READ_TYPES)
 
 
 class _Layout:
@@ -55,12 +65,25 @@ class _Layout:
             if op.name in write_names else graph_editor.output_ops(op)))}
     candidates = [op for op in selected if op.type not in INPUT_READ_TYPES
                   and op.name not in after_writes]
+    # Only what differs between micro-batches runs in the loop: what
+    # depends on the batch read, or on a stateful op (a random op draws
+    # anew each iteration). The rest (constants, reads of the replica's
+    # own variables, values computed from shared state such as a learning
+    # rate from global_step) is the same in every iteration: it runs once,
+    # before the loop, and enters it. Measured: with a shared variable's
+    # read moved in, a replica's loop spanned two devices and its first
+    # step never ended.
     names_ = {op.name for op in candidates}
-    # A constant that something outside the loop reads too stays outside
-    # (and enters the loop).
-    self.moved = [op for op in candidates if not (
+    varying = graph_editor.reachable(
+        self.reads + [op for op in candidates if _varies_by_itself(op)],
+        lambda op: [o for o in graph_editor.output_ops(op)
+                    if o.name in names_])
+    varying_names = {op.name for op in varying}
+    # A constant only the loop reads is made in it (one op; outside, it
+    # would need an Enter too).
+    self.moved = [op for op in candidates if op.name in varying_names or (
         op.type == "Const" and not op.inputs and not op.control_inputs and
-        any(c.name not in names_ for t in op.outputs
+        all(c.name in varying_names for t in op.outputs
             for c in t.consumers()))]
     self.moved_names = {op.name for op in self.moved}
     self.after_writes = after_writes
