@@ -150,9 +150,9 @@ class _Layout:
   def reason_for_copies(self, ctx):
     """Why this micro-batch cannot run as a loop: (op name, reason), or
     None when it can."""
-    if ctx.config.zero.level == "v2":
-      return ("", "zero.level v2 sends each micro-batch's gradients to "
-                  "their owner replica")
+    if ctx.config.zero.level in ("v2", "v3"):
+      return ("", "zero.level %s sends each micro-batch's gradients to "
+                  "their owner replica" % ctx.config.zero.level)
     if ctx.config.offload.level:
       # Measured: the first step never ended (variables on the host read
       # in every replica's loop, 4 replicas x 2 micro-batches).
