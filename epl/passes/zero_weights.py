@@ -1,0 +1,431 @@
+"""ZeRO v3 (zero.level "v3"): partitioned weights, gathered just before use.
+
+Each partitioned variable of a TaskGraph (pipeline stage) is stored as N
+shards along its first axis, one per replica of this worker (N = the
+local replicas; shard r on replica r's device of that stage): `columns`
+= ceil(rows / N) rows each, the last shards padded with zero rows. No
+replica keeps the whole weight. Its optimizer slots (variables of the same
+shape that its update built) are sharded alike, so a replica holds 1/N of
+the weights, slots and reduced gradients.
+
+- Forward and backward: every read of the weight in a replica's step
+  becomes, per consumer, the concatenation of fresh reads of every shard
+  (TensorFlow sends them between devices: an all-gather built of reads),
+  on the consumer's device. The shard reads wait for the consumer's other
+  inputs, so the full weight is gathered just before the op that needs it
+  and freed after it (backward gathers again instead of keeping the
+  forward's copy). Shape, Size and Rank of the weight read constants;
+  VariableShape too; ResourceGather gathers rows from the full weight.
+- Gradients (reduce-scatter): shard r's gradient is the sum over
+  replicas (and, where the micro-batch sum is the update's alone, over
+  micro-batches, as v2) of that slice of each replica's gradient, sliced
+  on the replica that made it and summed on shard r's device; each
+  replica's update (its clone of the optimizer's ops) applies its shard's
+  gradient to its shard and slots. The updates must be elementwise (the
+  fused apply kernels of the tf.compat.v1.train optimizers).
+- Initial values: the user's initializer computes the full value once
+  (random initializers give what single-device TF gives); each replica
+  writes its slice (`split_checkpoint.write_shards`).
+- Checkpoints: each variable is saved as one full tensor under its own name
+  and restored slice by slice (`split_checkpoint.full_tensor_checkpoints`),
+  so checkpoints go both ways between v3 and plain TF. Fetching the user's
+  variable (or a read of it made outside the step) returns the full value.
+
+Variables left whole (treated as v2: one owner holds slots and applies
+the update): those with fewer than zero.min_partition_size elements,
+scalars, those with sparse (IndexedSlices) gradients and those whose update
+is not elementwise (EPL warns for the last two). Replicas partitioned are
+those of one worker; across workers v3 raises.
+"""
+import contextlib
+import dataclasses
+import logging
+import math
+from typing import Dict, List
+
+import tensorflow as tf
+
+from epl.capture import capture
+from epl.ir import control_flow
+from epl.ir import graph_editor
+from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
+from epl.ops.split_lowering import ShardedVariable
+from epl.passes.split_checkpoint import (full_tensor_checkpoints,
+                                         joined_shards, shard_slice,
+                                         write_shards)
+from epl.passes.variable_sync import read_value
+from epl.plan.balance import variable_size
+from epl.tf_compat import graph_edit
+
+logger = logging.getLogger("epl")
+
+WEIGHTS_SCOPE = "EPL_ZERO_WEIGHTS"
+# Op types an update may have and still apply shard by shard: variables and
+# their reads, casts and constants; the fused dense apply kernels
+# (Apply*/ResourceApply*, "Sparse" ones excepted) are elementwise too.
+_ELEMENTWISE_UPDATE_TYPES = frozenset(
+    ["VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "Identity",
+     "Cast", "Const", "NoOp"])
+_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
+
+
+@dataclasses.dataclass
+class ShardedWeights:
+  """v3's partitioned variables and what the rewrite built for them.
+
+  `shards`: {variable op name: ShardedVariable} of the partitioned weights
+  and their slots (user's names); `points`: the (gradient, variable) pairs
+  of the partitioned weights; `updates`: {weight name: its update ops};
+  `full_shapes`: {variable op name: its unsharded shape}; `reduced`:
+  {weight name: [its shard gradient on each local replica]};
+  `initializer_writes`: {initializer or restore op name: the shard writes
+  added for it}; `gathered`: names of the reads outside the step already
+  given the full value.
+  """
+  shards: Dict[str, ShardedVariable]
+  points: list
+  updates: Dict[str, List[tf.Operation]]
+  full_shapes: Dict[str, tf.TensorShape]
+  reduced: Dict[str, list] = dataclasses.field(default_factory=dict)
+  initializer_writes: Dict[str, list] = dataclasses.field(
+      default_factory=dict)
+  gathered: set = dataclasses.field(default_factory=set)
+
+
+def _elementwise(ops):
+  """The types among `ops` that stop an update from applying per shard."""
+  return sorted({op.type for op in ops
+                 if op.type not in _ELEMENTWISE_UPDATE_TYPES and not (
+                     op.type.startswith(("Apply", "ResourceApply")) and
+                     "Sparse" not in op.type)})
+
+
+def choose_sharded(ctx, points, updates):
+  """The ShardedWeights of the trained variables v3 partitions, among
+  `points` ((gradient, variable) pairs) whose `updates` ({variable name:
+  update ops}) are known; None when it partitions none. Logs (warns for
+  sparse gradients and updates that are not elementwise) those left whole.
+  """
+  replicas = len(ctx.replicas)
+  minimum = ctx.config.zero.min_partition_size
+  shards, sharded_points, small, sparse, other = {}, [], [], [], []
+  full_shapes = {}
+  for grad, variable in points:
+    shape = tf.TensorShape(variable.get_attr("shape"))
+    taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(variable)]
+    if taskgraph.kind == "split" or variable.name not in updates:
+      continue
+    if isinstance(grad, tf.IndexedSlices):
+      sparse.append(variable.name)
+      continue
+    if not shape.is_fully_defined() or shape.rank == 0 or (
+        variable_size(variable) < minimum):
+      small.append(variable.name)
+      continue
+    blocking = _elementwise(updates[variable.name])
+    if blocking:
+      other.append("%s (%s)" % (variable.name, ", ".join(blocking)))
+      continue
+    info = ShardedVariable(axis=0, full_size=shape[0],
+                           columns=int(math.ceil(shape[0] / replicas)),
+                           group_size=replicas)
+    sharded_points.append((grad, variable))
+    for op in [variable] + updates[variable.name]:
+      if op.type in VARIABLE_TYPES and tf.TensorShape(
+          op.get_attr("shape")) == shape:
+        shards[op.name] = info
+        full_shapes[op.name] = shape
+  if sparse:
+    logger.warning(
+        "zero.level v3: %s get sparse gradients (embedding lookups); they "
+        "stay whole on every replica, their optimizer state and gradients "
+        "partitioned as with v2.", ", ".join(sparse))
+  if other:
+    logger.warning(
+        "zero.level v3: the updates of %s are not elementwise, so they "
+        "cannot apply shard by shard; those variables stay whole, their "
+        "optimizer state and gradients partitioned as with v2.",
+        ", ".join(other))
+  if small:
+    logger.info("zero.level v3: %d variable(s) under zero.min_partition_size "
+                "(%d elements) stay whole: %s", len(small), minimum,
+                ", ".join(small))
+  if not sharded_points:
+    logger.warning(
+        "zero.level v3 partitions no variable (zero.min_partition_size = "
+        "%d elements); it works as v2. Lower zero.min_partition_size to "
+        "partition smaller variables.", minimum)
+    return None
+  return ShardedWeights(
+      shards=shards, points=sharded_points,
+      updates={v.name: updates[v.name] for _, v in sharded_points},
+      full_shapes=full_shapes)
+
+
+def _shard_of(local, group_size):  # pylint: disable=unused-argument
+  return local
+
+
+def _set_shard_shapes(ctx, copies, weights):
+  """Every local copy of each partitioned variable is declared with its
+  shard's shape (its values come from its initializer's slice)."""
+  for name, info in weights.shards.items():
+    variable = ctx.graph.get_operation_by_name(name)
+    shape = weights.full_shapes[name].as_list()
+    shape[info.axis] = info.columns
+    for local in range(len(ctx.replicas)):
+      graph_edit.set_attr(copies.op(local, variable), "shape",
+                          tf.compat.v1.AttrValue(
+                              shape=tf.TensorShape(shape).as_proto()))
+
+
+def _gathered(ctx, copies, variable, info, device, waits_for=()):
+  """The full value of partitioned `variable` on `device`: every local
+  shard read (each on its own device, after `waits_for`), concatenated."""
+  with tf.control_dependencies(waits_for):
+    shards = [read_value(copies.op(local, variable))
+              for local in range(len(ctx.replicas))]
+  with tf.device(device):
+    return joined_shards(shards, info)
+
+
+def _constant_for(kind, out_type, device, shape):
+  """A constant of what a `kind` op (Shape, Size or Rank; VariableShape is
+  a Shape) with `out_type` says of a tensor of `shape`."""
+  with tf.device(device):
+    if kind in ("Shape", "VariableShape"):
+      return tf.constant(shape.as_list(), out_type)
+    if kind == "Size":
+      return tf.constant(shape.num_elements(), out_type)
+    return tf.constant(shape.rank, tf.int32)
+
+
+def _read_constant(op, shape):
+  """Replaces what Shape, Size, Rank or VariableShape op `op` gives its
+  readers by a constant of the full `shape`."""
+  out_type = op.get_attr("out_type") if op.type != "Rank" else tf.int32
+  graph_editor.replace_input_in(
+      list(op.outputs[0].consumers()), op.outputs[0],
+      _constant_for(op.type, out_type, op.device, shape))
+
+
+def _just_in_time_waits(consumer, read):
+  """The producers of `consumer`'s other inputs: the full weight is
+  gathered once they are done (outside TF1 while-loops only)."""
+  return list(dict.fromkeys(
+      t.op for t in consumer.inputs
+      if t is not read and t.op.type not in ("Const",) and
+      not control_flow.in_loop(t.op)))
+
+
+def _gather_read(ctx, copies, variable, info, shape, read):
+  """Each consumer of weight read `read` (a ReadVariableOp, or a reference
+  variable's Identity) reads the full weight gathered for it instead;
+  Shape, Size and Rank read constants."""
+  for consumer in list(dict.fromkeys(read.consumers())):
+    if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
+      _read_constant(consumer, shape)
+      continue
+    waits = ([] if control_flow.in_loop(consumer) else
+             _just_in_time_waits(consumer, read))
+    full = _gathered(ctx, copies, variable, info, consumer.device, waits)
+    graph_editor.replace_input_in([consumer], read, full)
+
+
+def _gather_reads(ctx, copies, weights, name):
+  """Every read of weight `name` in each local replica's step reads the
+  weight gathered just in time (see `_gather_read`)."""
+  variable = ctx.graph.get_operation_by_name(name)
+  info = weights.shards[name]
+  shape = weights.full_shapes[name]
+  for local in range(len(ctx.replicas)):
+    replica_names = copies.replica_op_names(local)
+    update_names = {copies.op(local, op).name
+                    for op in weights.updates[name]}
+    copy = copies.op(local, variable)
+    for reader in list(dict.fromkeys(copy.outputs[0].consumers())):
+      if reader.name not in replica_names or reader.name in update_names:
+        continue
+      if reader.type in _READ_TYPES:
+        _gather_read(ctx, copies, variable, info, shape, reader.outputs[0])
+      elif reader.type == "VariableShape":
+        _read_constant(reader, shape)
+      elif reader.type == "ResourceGather" and not reader.get_attr(
+          "batch_dims"):
+        full = _gathered(ctx, copies, variable, info, reader.device,
+                         _just_in_time_waits(reader, copy.outputs[0]))
+        with tf.device(reader.device):
+          rows = tf.gather(full, reader.inputs[1])
+        graph_editor.replace_input_in(
+            list(reader.outputs[0].consumers()), reader.outputs[0], rows)
+      else:
+        raise ValueError(
+            "zero.level v3: op %r (%s) of the training step uses variable "
+            "%r in a way EPL cannot build from its shards. Raise "
+            "zero.min_partition_size above its %d elements to keep it "
+            "whole, or use zero.level 'v2'." % (
+                reader.name, reader.type, name, shape.num_elements()))
+
+
+def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
+  """Shard r's gradient: the sum of slice r of every replica's gradient
+  (of every micro-batch where `accumulations` has the weight's sum),
+  sliced where each was made and summed on shard r's device; replica r's
+  update reads it."""
+  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  variable = ctx.graph.get_operation_by_name(name)
+  info = weights.shards[name]
+  rank = weights.full_shapes[name].rank
+  accumulation = accumulations.get(name)
+  parts = accumulation.parts if accumulation else [grad]
+  taskgraph = ctx.taskgraph_index(variable)
+  reduced = []
+  for shard in range(len(ctx.replicas)):
+    replicas = [shard] + [l for l in range(len(ctx.replicas)) if l != shard]
+    pieces = []
+    with tf.name_scope("reduce_scatter/%s" % name):
+      for part in parts:
+        for local in replicas:
+          tensor = copies.tensor(local, part)
+          with tf.device(tensor.device):
+            pieces.append(shard_slice(tensor, info, shard, rank))
+      with tf.device(ctx.device(shard, taskgraph)):
+        total = pieces[0]
+        for piece in pieces[1:]:
+          total = total + piece
+        if mean:
+          total = total / (ctx.plan.num_replicas * len(parts))
+        total = graph_editor.with_unknown_sizes(total)
+    old = copies.tensor(shard, grad)
+    update_names = {copies.op(shard, op).name
+                    for op in weights.updates[name]}
+    graph_editor.replace_input_in(graph_editor.consumers_of(old, update_names),
+                                  old, total)
+    reduced.append(total)
+  weights.reduced[name] = reduced
+
+
+def _initializer(variable):
+  for consumer in variable.outputs[0].consumers():
+    if consumer.name == variable.name + "/Assign":
+      return consumer
+  raise ValueError("zero.level v3: variable %r has no initializer %r to "
+                   "slice into its shards." % (variable.name,
+                                               variable.name + "/Assign"))
+
+
+def _write_initial_shards(ctx, copies, weights):
+  """Each partitioned variable's initializer computes the full value once;
+  every local replica writes its slice (also in init ops built later)."""
+  for name, info in weights.shards.items():
+    assign = _initializer(ctx.graph.get_operation_by_name(name))
+    writes = weights.initializer_writes.get(assign.name)
+    if writes is None:
+      weights.initializer_writes[assign.name] = write_shards(
+          ctx, copies, assign, info, _shard_of)
+      continue
+    for group in graph_edit.control_outputs(assign):
+      graph_editor.add_control_inputs(group, writes)
+
+
+def _full_reads_outside_the_step(ctx, copies, weights, substitutes):
+  """Reads of the user's copy of a partitioned variable outside the step
+  (fetching the variable, summaries) give the full value: a fetch of one
+  gets the gathered value instead (`substitutes`), and ops that read one
+  (Savers excepted: full_tensor_checkpoints writes full tensors) read it."""
+  step = copies.replica_op_names(0)
+  for name, info in weights.shards.items():
+    variable = ctx.graph.get_operation_by_name(name)
+    reads = [op.outputs[0] for op in variable.outputs[0].consumers()
+             if op.type in _READ_TYPES and op.name not in step and
+             not ctx.state.provenance.built_by_rewrite(op)]
+    if graph_edit.is_ref_dtype(variable.outputs[0].dtype):
+      reads.append(variable.outputs[0])
+    for read in reads:
+      if read.name in weights.gathered:
+        continue
+      weights.gathered.add(read.name)
+      full = _gathered(ctx, copies, variable, info, variable.device)
+      substitutes[read.name] = full
+      if read.op is variable:
+        continue
+      for consumer in list(read.consumers()):
+        if consumer.type != "SaveV2" and consumer.name not in step:
+          graph_editor.replace_input_in([consumer], read, full)
+
+
+@contextlib.contextmanager
+def _building(ctx):
+  """Ops built here go under WEIGHTS_SCOPE, with no control dependency or
+  colocation of the caller's, and are not captured."""
+  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
+      WEIGHTS_SCOPE), ctx.graph.control_dependencies(None), \
+      ctx.graph.colocate_with(None, ignore_existing=True):
+    yield
+
+
+def partition_weights(ctx, zero_partition, subgraph, gradient_points,
+                      copies):
+  """zero.level v3: makes each local replica's copy of every partitioned
+  variable (and of its slots) one shard, after the replicas are cloned.
+
+  Declares the copies with their shard's shape; makes every read of a
+  partitioned weight in the step read the weight gathered from its shards
+  just before use; replaces each replica's gradient of it, for its
+  update, by its shard of the gradient summed over replicas
+  (reduce-scatter); initializes each copy with its slice of the full
+  initial value, and makes the Savers write full tensors and restore
+  slices. Hands on the subgraph without the partitioned variables among
+  those replica 0 copies into the others, and the gradient points without
+  their gradients (they are not all-reduced). Nothing changes without a
+  partition of weights.
+  """
+  result = {"subgraph": subgraph, "gradient_points": gradient_points}
+  weights = zero_partition.weights if zero_partition else None
+  if weights is None:
+    return result
+  ctx.state.zero_weights = weights
+  with _building(ctx):
+    _set_shard_shapes(ctx, copies, weights)
+    for grad, variable in weights.points:
+      _gather_reads(ctx, copies, weights, variable.name)
+      _reduce_scatter(ctx, copies, weights, zero_partition.accumulations,
+                      variable.name, grad)
+    _write_initial_shards(ctx, copies, weights)
+    full_tensor_checkpoints(ctx, copies, weights.shards, _shard_of)
+  logger.info(
+      "ZeRO v3: %d weight(s) partitioned over %d replicas (%d variables "
+      "with slots)", len(weights.points), len(ctx.replicas),
+      len(weights.shards))
+  taken = {id(grad) for grad, _ in weights.points}
+  result["subgraph"] = subgraph.without_variables(set(weights.shards))
+  result["gradient_points"] = [[(g, v) for g, v in points
+                                if id(g) not in taken]
+                               for points in gradient_points]
+  return result
+
+
+def update_after_rewrite(ctx, copies, substitutes):
+  """For ops built since the last call (and at the rewrite): initializers
+  and restores of partitioned variables write every shard, SaveV2 writes
+  full tensors, and reads outside the step give the full value (fetch
+  `substitutes` added). Nothing without partitioned weights."""
+  weights = ctx.state.zero_weights
+  if weights is None:
+    return
+  with _building(ctx):
+    _write_initial_shards(ctx, copies, weights)
+    full_tensor_checkpoints(ctx, copies, weights.shards, _shard_of)
+    _full_reads_outside_the_step(ctx, copies, weights, substitutes)
+
+
+def gather_fetched_weights(ctx, copies, substitutes):
+  """zero.level v3: fetching a partitioned variable (or a read of it made
+  outside the step) returns its full value, gathered from its shards.
+
+  Adds those fetch substitutes (and rewires other readers outside the step
+  to the full value); the engine does the same for reads built later.
+  Nothing changes without partitioned weights.
+  """
+  update_after_rewrite(ctx, copies, substitutes)
+  return {"substitutes": substitutes}
