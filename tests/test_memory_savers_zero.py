@@ -112,6 +112,89 @@ def test_zero_v2_matches_single_device(layout, optimizer):
   _check(layout, optimizer, {"zero.level": "v2"})
 
 
+# zero.level v3 partitioning every variable of the small test models.
+V3 = {"zero.level": "v3", "zero.min_partition_size": 0}
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_zero_v3_matches_single_device(layout, optimizer):
+  _check(layout, optimizer, V3)
+
+
+def _variable_shapes(graph):
+  """{device: {variable op name without replica prefix: shape}}."""
+  shapes = {}
+  for op in graph.get_operations():
+    if op.type in VARIABLE_TYPES and op.name != "global_step":
+      name = op.name.split("/", 1)[1] if op.name.startswith(
+          "EPL_REPLICA_") else op.name
+      shapes.setdefault(op.device, {})[name] = tf.TensorShape(
+          op.get_attr("shape")).as_list()
+  return shapes
+
+
+def test_zero_v3_devices_hold_their_shards_only():
+  """Each of 4 replicas holds rows [r * c, (r + 1) * c) of every weight
+  above zero.min_partition_size and of its Adam slots (c = ceil(rows / 4),
+  zero padding past the end); the variables below it stay whole, their
+  slots on one owner (v2); single-device values come back in full."""
+  graph = _check("dp4", "adam", {"zero.level": "v3",
+                                 "zero.min_partition_size": 16})
+  shapes = _variable_shapes(graph)
+  assert sorted(shapes) == ["/device:CPU:%d" % d for d in range(4)]
+  sharded = {"dense/kernel": [2, 16], "dense/bias": [4],
+             "dense_1/kernel": [4, 1]}
+  owned_slots = {}
+  for device, variables in shapes.items():
+    for weight, shard in sharded.items():
+      for name in (weight, weight + "/Adam", weight + "/Adam_1"):
+        assert variables[name] == shard, (device, name)
+    # One weight (dense_1/bias, 1 element) stays whole on every replica.
+    assert variables["dense_1/bias"] == [1]
+    for name in ("dense_1/bias/Adam", "dense_1/bias/Adam_1"):
+      if name in variables:
+        owned_slots.setdefault(name, []).append(device)
+    assert variables["beta1_power"] == [] and variables["beta2_power"] == []
+  assert [len(d) for d in owned_slots.values()] == [1, 1]
+  # The updates of each shard run with it, on shard-sized gradients.
+  updates = [op for op in graph.get_operations()
+             if op.type in ADAM_UPDATE_TYPES]
+  assert len(updates) == 4 * 3 + 1
+  for op in updates:
+    assert op.device == op.inputs[0].op.device, op.name
+
+
+def test_zero_v3_gathers_each_weight_just_before_use():
+  """Every forward and backward use of a partitioned weight reads a
+  concatenation of the 4 shards made for it, whose shard reads wait for
+  the op's other inputs; no replica's step reads its own shard alone."""
+  graph = _check("dp4", "momentum", V3)
+  kernel = "dense_1/kernel"
+  users = 0
+  for op in graph.get_operations():
+    if op.type != "MatMul":
+      continue
+    for tensor in op.inputs:
+      # The full weight: the shards concatenated, the padding sliced off.
+      if tensor.op.type != "Slice" or (
+          tensor.op.inputs[0].op.type != "ConcatV2"):
+        continue
+      reads = [t.op for t in tensor.op.inputs[0].op.inputs
+               if t.op.type == "ReadVariableOp"]
+      sources = sorted(r.inputs[0].op.name for r in reads)
+      if not sources[-1].endswith(kernel):
+        continue
+      users += 1
+      assert sources == sorted(
+          [kernel] + ["EPL_REPLICA_%d/%s" % (r, kernel) for r in (1, 2, 3)])
+      others = {t.op for t in op.inputs if t is not tensor}
+      for read in reads:
+        assert others <= set(read.control_inputs), op.name
+  # Forward, and the gradient of the input, in each of 4 replicas.
+  assert users == 4 * 2
+
+
 @pytest.mark.parametrize("level", ["v1", "v2"])
 def test_zero_v2_sums_micro_batches_on_the_owner_only(level):
   """With 2 micro-batches v1 has every replica sum its micro-batches'
@@ -225,6 +308,7 @@ def _checkpoint(path):
 
 
 SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"zero.level": "v2"},
+          V3, {"zero.level": "v3", "zero.min_partition_size": 16},
           {"offload.level": "v0"},
           {"zero.level": "v1", "offload.level": "v0",
            "optimizer.num_apply_group": 2}]
@@ -287,12 +371,31 @@ def test_offload_matches_single_device(layout):
 
 
 @pytest.mark.parametrize("level, micro_batches", [
-    ("v0", 1), ("v1", 1), ("v2", 1), ("v1", 2), ("v2", 2)])
-def test_zero_with_sparse_gradients(level, micro_batches):
+    ("v0", 1), ("v1", 1), ("v2", 1), ("v1", 2), ("v2", 2), ("v3", 1),
+    ("v3", 2)])
+def test_zero_with_sparse_gradients(level, micro_batches, caplog):
   from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
   expected = _embedding_train(False, 4 * micro_batches * MICRO, "adam")
-  actual = _embedding_train(True, MICRO, "adam", {
-      "zero.level": level, "pipeline.num_micro_batch": micro_batches})
+  with caplog.at_level(logging.WARNING, logger="epl"):
+    actual = _embedding_train(True, MICRO, "adam", {
+        "zero.level": level, "pipeline.num_micro_batch": micro_batches,
+        "zero.min_partition_size": 0})
+  training.assert_close(actual, expected)
+  # v3 keeps the embedding table (sparse gradients) whole, and says so.
+  assert bool([r for r in caplog.records if "table get sparse gradients"
+               in r.getMessage()]) == (level == "v3")
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_zero_v3_partitions_embeddings_with_dense_gradients(micro_batches):
+  """With communication.sparse_as_dense, v3 partitions the embedding
+  table too: each lookup gathers its rows from the gathered table."""
+  from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
+  settings = {"communication.sparse_as_dense": True}
+  expected = _embedding_train(True, 4 * micro_batches * MICRO, "momentum",
+                              dict(settings, **{"cluster.num_cpu_devices": 1}))
+  actual = _embedding_train(True, MICRO, "momentum", dict(
+      settings, **V3, **{"pipeline.num_micro_batch": micro_batches}))
   training.assert_close(actual, expected)
 
 
@@ -304,8 +407,6 @@ def test_zero_offload_and_grouped_apply_together(layout, level):
 
 
 @pytest.mark.parametrize("config, error, words", [
-    ({"zero.level": "v3"}, NotImplementedError,
-     ["zero.level", "v3", "not built", "v2"]),
     ({"zero.level": "v1", "communication.clip_after_allreduce": True},
      ValueError, ["zero.level", "communication.clip_after_allreduce"]),
     ({"zero.level": "v2", "communication.clip_after_allreduce": True},
