@@ -180,8 +180,8 @@ def test_zero_v3_gathers_each_weight_just_before_use():
       if tensor.op.type != "Slice" or (
           tensor.op.inputs[0].op.type != "ConcatV2"):
         continue
-      reads = [t.op for t in tensor.op.inputs[0].op.inputs
-               if t.op.type == "ReadVariableOp"]
+      # ReadVariableOps, or reference variables' Identity reads.
+      reads = [t.op for t in tensor.op.inputs[0].op.inputs[:-1]]
       sources = sorted(r.inputs[0].op.name for r in reads)
       if not sources[-1].endswith(kernel):
         continue

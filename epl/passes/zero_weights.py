@@ -40,7 +40,6 @@ those of one worker; across workers v3 raises.
 import contextlib
 import dataclasses
 import logging
-import math
 from typing import Dict, List
 
 import tensorflow as tf
@@ -126,9 +125,9 @@ def choose_sharded(ctx, points, updates):
     if blocking:
       other.append("%s (%s)" % (variable.name, ", ".join(blocking)))
       continue
-    info = ShardedVariable(axis=0, full_size=shape[0],
-                           columns=int(math.ceil(shape[0] / replicas)),
-                           group_size=replicas)
+    rows = shape.as_list()[0]
+    info = ShardedVariable(axis=0, full_size=rows,
+                           columns=-(-rows // replicas), group_size=replicas)
     sharded_points.append((grad, variable))
     for op in [variable] + updates[variable.name]:
       if op.type in VARIABLE_TYPES and tf.TensorShape(
