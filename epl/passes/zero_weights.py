@@ -294,12 +294,13 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
           total = total + piece
         if mean:
           total = total / (ctx.plan.num_replicas * len(parts))
-        total = graph_editor.with_unknown_sizes(total)
+        # The update's gradient input has the full static shape.
+        shaped = graph_editor.with_unknown_sizes(total)
     old = copies.tensor(shard, grad)
     update_names = {copies.op(shard, op).name
                     for op in weights.updates[name]}
     graph_editor.replace_input_in(graph_editor.consumers_of(old, update_names),
-                                  old, total)
+                                  old, shaped)
     reduced.append(total)
   weights.reduced[name] = reduced
 
