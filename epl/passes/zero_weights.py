@@ -59,12 +59,19 @@ from epl.tf_compat import graph_edit
 logger = logging.getLogger("epl")
 
 WEIGHTS_SCOPE = "EPL_ZERO_WEIGHTS"
-# Op types an update may have and still apply shard by shard: variables and
-# their reads, casts and constants; the fused dense apply kernels
-# (Apply*/ResourceApply*, "Sparse" ones excepted) are elementwise too.
+# Op types an update may have and still apply shard by shard: elementwise
+# ops (on the variable, its slots and gradient, and scalars), variables,
+# their reads and writes; the fused dense apply kernels (Apply*,
+# ResourceApply*; "Sparse" ones excepted) are elementwise too. No reduction:
+# an update that takes a norm of the whole variable (LAMB, LARS) cannot.
 _ELEMENTWISE_UPDATE_TYPES = frozenset(
     ["VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "Identity",
-     "Cast", "Const", "NoOp"])
+     "Cast", "Const", "NoOp", "Assign", "AssignAdd", "AssignSub",
+     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg",
+     "Sqrt", "Rsqrt", "Square", "Pow", "Abs", "Sign", "Exp", "Log",
+     "Reciprocal", "Maximum", "Minimum", "Select", "SelectV2", "ZerosLike",
+     "OnesLike"])
 _READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 
 
@@ -91,12 +98,27 @@ class ShardedWeights:
   gathered: set = dataclasses.field(default_factory=set)
 
 
-def _elementwise(ops):
-  """The types among `ops` that stop an update from applying per shard."""
-  return sorted({op.type for op in ops
-                 if op.type not in _ELEMENTWISE_UPDATE_TYPES and not (
-                     op.type.startswith(("Apply", "ResourceApply")) and
-                     "Sparse" not in op.type)})
+def _not_elementwise(update, variable, grad):
+  """Why the `update` ops of `variable` cannot apply to one shard at a time
+  with its shard of `grad`: op types that are not elementwise, and tensors
+  other than the variable, its gradient and scalars that the update reads
+  from outside itself (they have the full shape). Empty when it can."""
+  names = {op.name for op in update}
+  grads = {t.name for t in ([grad.values, grad.indices]
+                            if isinstance(grad, tf.IndexedSlices) else [grad])}
+  reasons = sorted({op.type for op in update
+                    if op.type not in _ELEMENTWISE_UPDATE_TYPES and not (
+                        op.type.startswith(("Apply", "ResourceApply")) and
+                        "Sparse" not in op.type)})
+  for op in update:
+    outside = [t for t in op.inputs if t.op.name not in names and
+               t.op is not variable and t.name not in grads]
+    if op.type == "Const":
+      outside = list(op.outputs)
+    for tensor in outside:
+      if tensor.shape.num_elements() != 1 and tensor.shape.rank != 0:
+        reasons.append("reads %s %s" % (tensor.name, tensor.shape))
+  return reasons
 
 
 def choose_sharded(ctx, points, updates):
@@ -121,7 +143,7 @@ def choose_sharded(ctx, points, updates):
         variable_size(variable) < minimum):
       small.append(variable.name)
       continue
-    blocking = _elementwise(updates[variable.name])
+    blocking = _not_elementwise(updates[variable.name], variable, grad)
     if blocking:
       other.append("%s (%s)" % (variable.name, ", ".join(blocking)))
       continue
