@@ -120,12 +120,6 @@ def _check_level(ctx):
         "zero.level %r across workers needs as many replicas on every "
         "worker (the owners of a share reduce together); replicas per worker "
         "are %s. Use zero.level 'v0'." % (level, dict(per_worker)))
-  if level == "v3" and across_workers.spans_workers(ctx):
-    raise NotImplementedError(
-        "zero.level 'v3' partitions weights over the replicas of one worker "
-        "only; this job's replicas span %d workers. Use zero.level 'v2' "
-        "(optimizer states and gradients partitioned) across workers."
-        % len(per_worker))
   if len(ctx.replicas) < 2:
     logger.warning("zero.level %r has no effect: this worker holds one "
                    "model replica, nothing to partition over.", level)

@@ -35,7 +35,9 @@ Variables left whole (treated as v2: one owner holds slots and applies
 the update): those with fewer than zero.min_partition_size elements,
 scalars, those with sparse (IndexedSlices) gradients and those whose update
 is not elementwise (EPL warns for the last two). Replicas partitioned are
-those of one worker; across workers v3 raises.
+those of one worker: across workers, the k-th replica of every worker holds
+the same shard, their shard gradients are all-reduced, and worker 0's
+initial shards are broadcast to them.
 """
 import contextlib
 import dataclasses
@@ -49,10 +51,11 @@ from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ops.split_lowering import ShardedVariable
+from epl.passes import across_workers
 from epl.passes.split_checkpoint import (full_tensor_checkpoints,
                                          joined_shards, shard_slice,
                                          write_shards)
-from epl.passes.variable_sync import read_value
+from epl.passes.variable_sync import assign_value, read_value
 from epl.plan.balance import variable_size
 from epl.tf_compat import graph_edit
 
@@ -314,6 +317,10 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
         total = pieces[0]
         for piece in pieces[1:]:
           total = total + piece
+        if across_workers.spans_workers(ctx):
+          # The same shard of every worker: the k-th replica of each.
+          total = across_workers.peer_communicator(
+              ctx, shard, taskgraph).all_reduce([total], "sum")[0]
         if mean:
           total = total / (ctx.plan.num_replicas * len(parts))
         # The update's gradient input has the full static shape.
@@ -336,18 +343,51 @@ def _initializer(variable):
                                                variable.name + "/Assign"))
 
 
+def _from_worker_zero(ctx, copies, variable, writes):
+  """Across workers: once `writes` wrote each local shard of `variable`
+  (in local replica order), worker 0's shards are broadcast to the same
+  replica of every other worker, which writes them: every worker starts
+  from worker 0's values, also from unseeded random initializers. Returns
+  the ops that end it on this worker (worker 0: the sends)."""
+  taskgraph = ctx.taskgraph_index(variable)
+  on_worker_zero = ctx.cluster.worker_index == ctx.plan.device_workers[0][0]
+  ends = []
+  for local, write in enumerate(writes):
+    shard = copies.op(local, variable)
+    with tf.control_dependencies([write]):
+      # TensorFlow still knows the shard by the variable's full static
+      # shape: the receivers take the shape of their own shard at run time.
+      value = graph_editor.with_unknown_sizes(read_value(shard))
+    with tf.device(shard.device):
+      received = across_workers.broadcast_from_worker_zero(
+          across_workers.peer_communicator(ctx, local, taskgraph), value)
+    ends.append(received.op if on_worker_zero else assign_value(
+        shard, graph_editor.with_unknown_sizes(received), name=None))
+  return ends
+
+
 def _write_initial_shards(ctx, copies, weights):
   """Each partitioned variable's initializer computes the full value once;
-  every local replica writes its slice (also in init ops built later)."""
+  every local replica writes its slice (across workers, worker 0's
+  shards); also in init ops built later."""
   for name, info in weights.shards.items():
-    assign = _initializer(ctx.graph.get_operation_by_name(name))
+    variable = ctx.graph.get_operation_by_name(name)
+    assign = _initializer(variable)
     writes = weights.initializer_writes.get(assign.name)
     if writes is None:
-      weights.initializer_writes[assign.name] = write_shards(
-          ctx, copies, assign, info, _shard_of)
+      groups = graph_edit.control_outputs(assign)
+      writes = write_shards(ctx, copies, assign, info, _shard_of)
+      if across_workers.spans_workers(ctx):
+        writes = _from_worker_zero(ctx, copies, variable, [assign] + writes)
+        for group in groups:
+          graph_editor.add_control_inputs(group, writes)
+      weights.initializer_writes[assign.name] = writes
       continue
+    # Groups the user built since (the rewrite's own reads of a written
+    # shard wait for the write too: they are not groups).
     for group in graph_edit.control_outputs(assign):
-      graph_editor.add_control_inputs(group, writes)
+      if not ctx.state.provenance.built_by_rewrite(group):
+        graph_editor.add_control_inputs(group, writes)
 
 
 def _full_reads_outside_the_step(ctx, copies, weights, substitutes):
