@@ -195,6 +195,40 @@ def test_zero_v3_gathers_each_weight_just_before_use():
   assert users == 4 * 2
 
 
+def test_zero_v3_whole_values_outside_the_step():
+  """Fetching a partitioned variable, or a slot, gives its whole value;
+  assigning a whole value writes every replica's slice; an assign_add of
+  a partitioned variable is an error naming it."""
+  epl.init(epl.Config(dict(V3, **{"cluster.num_cpu_devices": 4})))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(MICRO)
+    loss = tf.reduce_mean(tf.square(training.get_variable_model(x) - y))
+    optimizer = training.OPTIMIZERS["momentum"]()
+    train_op = optimizer.minimize(loss)
+    w1 = [v for v in tf.compat.v1.global_variables() if v.op.name == "w1"][0]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      value = session.run(w1)
+      assert value.shape == (training.FEATURES, 16)
+      assert session.run(optimizer.get_slot(w1, "momentum")).shape == (
+          value.shape)
+      session.run(w1.assign(np.ones_like(value)))
+      np.testing.assert_array_equal(session.run(w1), np.ones_like(value))
+      shards = training.read_variables(session, graph, [
+          "EPL_REPLICA_%d/w1" % r for r in (1, 2, 3)])
+      assert {v.shape for v in shards.values()} == {(2, 16)}
+      assert all((v == 1).all() for v in shards.values())
+      increment = w1.assign_add(np.ones_like(value))
+      with pytest.raises(ValueError) as raised:
+        session.run(increment)
+  for word in ("zero.level v3", increment.name.split(":")[0], "'w1'",
+               "zero.min_partition_size"):
+    assert word in str(raised.value)
+
+
 @pytest.mark.parametrize("level", ["v1", "v2"])
 def test_zero_v2_sums_micro_batches_on_the_owner_only(level):
   """With 2 micro-batches v1 has every replica sum its micro-batches'

@@ -28,7 +28,7 @@ TODAYS_ORDER = [
     "order_shared_writes",
     "order_reference_updates", "average_forward_state_updates",
     "aggregate_gradients", "skip_nonfinite_updates", "schedule_pipeline",
-    "merge_global_objects", "sync_variables", "gather_fetched_weights"]
+    "merge_global_objects", "sync_variables", "translate_whole_values"]
 
 
 # ------------------------------------------------------------ the manager

@@ -228,7 +228,7 @@ PASSES = (
          reads=("captured_step", "subgraph", "tags", "provenance", "plan",
                 "copies", "substitutes"),
          writes=("variable_sync", "substitutes")),
-    Pass("gather_fetched_weights", zero_weights.gather_fetched_weights,
+    Pass("translate_whole_values", zero_weights.translate_whole_values,
          reads=("copies", "substitutes"), writes=("substitutes",),
          enabled=_zero_v3),
 )

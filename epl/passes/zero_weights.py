@@ -49,12 +49,14 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
+from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
+                             VARIABLE_TYPES)
 from epl.ops.split_lowering import ShardedVariable
 from epl.passes import across_workers
 from epl.passes.split_checkpoint import (full_tensor_checkpoints,
                                          joined_shards, shard_slice,
                                          write_shards)
+from epl.passes.training_subgraph import is_variable_writer
 from epl.passes.variable_sync import assign_value, read_value
 from epl.plan.balance import variable_size
 from epl.tf_compat import graph_edit
@@ -87,8 +89,8 @@ class ShardedWeights:
   of the partitioned weights; `updates`: {weight name: its update ops};
   `full_shapes`: {variable op name: its unsharded shape}; `reduced`:
   {weight name: [its shard gradient on each local replica]};
-  `initializer_writes`: {initializer or restore op name: the shard writes
-  added for it}; `gathered`: names of the reads outside the step already
+  `writes`: {name of a write of the full value (initializer, restore):
+  the shard writes added for it}; `gathered`: names of the reads outside the step already
   given the full value.
   """
   shards: Dict[str, ShardedVariable]
@@ -96,8 +98,7 @@ class ShardedWeights:
   updates: Dict[str, List[tf.Operation]]
   full_shapes: Dict[str, tf.TensorShape]
   reduced: Dict[str, list] = dataclasses.field(default_factory=dict)
-  initializer_writes: Dict[str, list] = dataclasses.field(
-      default_factory=dict)
+  writes: Dict[str, list] = dataclasses.field(default_factory=dict)
   gathered: set = dataclasses.field(default_factory=set)
 
 
@@ -334,60 +335,51 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   weights.reduced[name] = reduced
 
 
-def _initializer(variable):
-  for consumer in variable.outputs[0].consumers():
-    if consumer.name == variable.name + "/Assign":
-      return consumer
-  raise ValueError("zero.level v3: variable %r has no initializer %r to "
-                   "slice into its shards." % (variable.name,
-                                               variable.name + "/Assign"))
-
-
-def _from_worker_zero(ctx, copies, variable, writes):
-  """Across workers: once `writes` wrote each local shard of `variable`
-  (in local replica order), worker 0's shards are broadcast to the same
-  replica of every other worker, which writes them: every worker starts
-  from worker 0's values, also from unseeded random initializers. Returns
-  the ops that end it on this worker (worker 0: the sends)."""
-  taskgraph = ctx.taskgraph_index(variable)
-  on_worker_zero = ctx.cluster.worker_index == ctx.plan.device_workers[0][0]
-  ends = []
-  for local, write in enumerate(writes):
-    shard = copies.op(local, variable)
-    with tf.control_dependencies([write]):
-      # TensorFlow still knows the shard by the variable's full static
-      # shape: the receivers take the shape of their own shard at run time.
-      value = graph_editor.with_unknown_sizes(read_value(shard))
-    with tf.device(shard.device):
-      received = across_workers.broadcast_from_worker_zero(
-          across_workers.peer_communicator(ctx, local, taskgraph), value)
-    ends.append(received.op if on_worker_zero else assign_value(
-        shard, graph_editor.with_unknown_sizes(received), name=None))
-  return ends
-
-
-def _write_initial_shards(ctx, copies, weights):
-  """Each partitioned variable's initializer computes the full value once;
-  every local replica writes its slice (across workers, worker 0's
-  shards); also in init ops built later."""
+def _whole_writes(ctx, copies, weights, substitutes):
+  """Writes of a full value into the user's copy of a partitioned variable
+  outside the step (its initializer, a Saver's restore, `var.load`) write
+  every local replica's slice instead (`write_shards`: the ops grouping
+  the write wait for every slice; fetching the write alone writes them
+  too, `substitutes`). The initializer computes the full value once, so
+  random initializers give what single-device TF gives; across workers,
+  worker 0's initial shards are then broadcast. Raises for other writes
+  (assign_add, scatter): they would need a slice of their operand."""
+  step = copies.replica_op_names(0)
   for name, info in weights.shards.items():
     variable = ctx.graph.get_operation_by_name(name)
-    assign = _initializer(variable)
-    writes = weights.initializer_writes.get(assign.name)
-    if writes is None:
-      groups = graph_edit.control_outputs(assign)
-      writes = write_shards(ctx, copies, assign, info, _shard_of)
-      if across_workers.spans_workers(ctx):
-        writes = _from_worker_zero(ctx, copies, variable, [assign] + writes)
-        for group in groups:
+    for writer in list(variable.outputs[0].consumers()):
+      if (writer.name in step or not is_variable_writer(writer) or
+          ctx.state.provenance.built_by_rewrite(writer)):
+        continue
+      if writer.type not in VARIABLE_ASSIGN_TYPES:
+        raise ValueError(
+            "zero.level v3: op %r (%s) writes partitioned variable %r "
+            "outside the training step; EPL slices only whole-value "
+            "assignments into its shards. Assign the whole new value, or "
+            "raise zero.min_partition_size above its %d elements." % (
+                writer.name, writer.type, name,
+                weights.full_shapes[name].num_elements()))
+      writes = weights.writes.get(writer.name)
+      if writes is None:
+        groups = graph_edit.control_outputs(writer)
+        writes = write_shards(ctx, copies, writer, info, _shard_of)
+        if writer.name == name + "/Assign" and (
+            across_workers.spans_workers(ctx)):
+          writes = _from_worker_zero(ctx, copies, variable, [writer] + writes)
+          for group in groups:
+            graph_editor.add_control_inputs(group, writes)
+        weights.writes[writer.name] = writes
+        with tf.control_dependencies([writer] + writes):
+          substitutes[writer.name] = tf.group(writer, *writes)
+          for output in writer.outputs:
+            substitutes[output.name] = _gathered(ctx, copies, variable, info,
+                                                 variable.device)
+        continue
+      # Groups the user built since (the rewrite's own reads of a written
+      # shard wait for the write too: they are not groups).
+      for group in graph_edit.control_outputs(writer):
+        if not ctx.state.provenance.built_by_rewrite(group):
           graph_editor.add_control_inputs(group, writes)
-      weights.initializer_writes[assign.name] = writes
-      continue
-    # Groups the user built since (the rewrite's own reads of a written
-    # shard wait for the write too: they are not groups).
-    for group in graph_edit.control_outputs(assign):
-      if not ctx.state.provenance.built_by_rewrite(group):
-        graph_editor.add_control_inputs(group, writes)
 
 
 def _full_reads_outside_the_step(ctx, copies, weights, substitutes):
@@ -407,7 +399,12 @@ def _full_reads_outside_the_step(ctx, copies, weights, substitutes):
       if read.name in weights.gathered:
         continue
       weights.gathered.add(read.name)
-      full = _gathered(ctx, copies, variable, info, variable.device)
+      # A read made after a write (what `assign` returns) reads every
+      # shard after the write and its slices.
+      waits = list(read.op.control_inputs) if read.op is not variable else []
+      for write in list(waits):
+        waits.extend(weights.writes.get(write.name, []))
+      full = _gathered(ctx, copies, variable, info, variable.device, waits)
       substitutes[read.name] = full
       if read.op is variable:
         continue
@@ -435,9 +432,7 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
   partitioned weight in the step read the weight gathered from its shards
   just before use; replaces each replica's gradient of it, for its
   update, by its shard of the gradient summed over replicas
-  (reduce-scatter); initializes each copy with its slice of the full
-  initial value, and makes the Savers write full tensors and restore
-  slices. Hands on the subgraph without the partitioned variables among
+  (reduce-scatter). Hands on the subgraph without the partitioned variables among
   those replica 0 copies into the others, and the gradient points without
   their gradients (they are not all-reduced). Nothing changes without a
   partition of weights.
@@ -453,8 +448,6 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
       _gather_reads(ctx, copies, weights, variable.name)
       _reduce_scatter(ctx, copies, weights, zero_partition.accumulations,
                       variable.name, grad)
-    _write_initial_shards(ctx, copies, weights)
-    full_tensor_checkpoints(ctx, copies, weights.shards, _shard_of)
   logger.info(
       "ZeRO v3: %d weight(s) partitioned over %d replicas (%d variables "
       "with slots)", len(weights.points), len(ctx.replicas),
@@ -468,26 +461,30 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
 
 
 def update_after_rewrite(ctx, copies, substitutes):
-  """For ops built since the last call (and at the rewrite): initializers
-  and restores of partitioned variables write every shard, SaveV2 writes
-  full tensors, and reads outside the step give the full value (fetch
-  `substitutes` added). Nothing without partitioned weights."""
+  """For ops built since the last call (and at the rewrite): whole-value
+  writes of partitioned variables outside the step (initializers,
+  restores) write every shard (`_whole_writes`), SaveV2 writes full
+  tensors, and reads outside the step give the full value; fetches of
+  either get `substitutes`. Nothing without partitioned weights."""
   weights = ctx.state.zero_weights
   if weights is None:
     return
   with _building(ctx):
-    _write_initial_shards(ctx, copies, weights)
+    _whole_writes(ctx, copies, weights, substitutes)
     full_tensor_checkpoints(ctx, copies, weights.shards, _shard_of)
     _full_reads_outside_the_step(ctx, copies, weights, substitutes)
 
 
-def gather_fetched_weights(ctx, copies, substitutes):
-  """zero.level v3: fetching a partitioned variable (or a read of it made
-  outside the step) returns its full value, gathered from its shards.
+def translate_whole_values(ctx, copies, substitutes):
+  """zero.level v3: outside the training step, partitioned variables are
+  written and read as whole values (`update_after_rewrite`).
 
-  Adds those fetch substitutes (and rewires other readers outside the step
-  to the full value); the engine does the same for reads built later.
-  Nothing changes without partitioned weights.
+  Initializers and restores write each replica's slice of the value
+  (initial values are computed once, whole), Savers write full tensors,
+  and fetching a partitioned variable (or a read of it) returns its full
+  value, gathered from its shards (fetch substitutes added); the engine
+  does the same for ops built later. Nothing changes without partitioned
+  weights.
   """
   update_after_rewrite(ctx, copies, substitutes)
   return {"substitutes": substitutes}
