@@ -335,6 +335,29 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   weights.reduced[name] = reduced
 
 
+def _from_worker_zero(ctx, copies, variable, writes):
+  """Across workers: once `writes` wrote each local shard of `variable`
+  (in local replica order), worker 0's shards are broadcast to the same
+  replica of every other worker, which writes them: every worker starts
+  from worker 0's values, also from unseeded random initializers. Returns
+  the ops that end it on this worker (worker 0: the sends)."""
+  taskgraph = ctx.taskgraph_index(variable)
+  on_worker_zero = ctx.cluster.worker_index == ctx.plan.device_workers[0][0]
+  ends = []
+  for local, write in enumerate(writes):
+    shard = copies.op(local, variable)
+    with tf.control_dependencies([write]):
+      # TensorFlow still knows the shard by the variable's full static
+      # shape: the receivers take the shape of their own shard at run time.
+      value = graph_editor.with_unknown_sizes(read_value(shard))
+    with tf.device(shard.device):
+      received = across_workers.broadcast_from_worker_zero(
+          across_workers.peer_communicator(ctx, local, taskgraph), value)
+    ends.append(received.op if on_worker_zero else assign_value(
+        shard, graph_editor.with_unknown_sizes(received), name=None))
+  return ends
+
+
 def _whole_writes(ctx, copies, weights, substitutes):
   """Writes of a full value into the user's copy of a partitioned variable
   outside the step (its initializer, a Saver's restore, `var.load`) write
@@ -382,35 +405,48 @@ def _whole_writes(ctx, copies, weights, substitutes):
           graph_editor.add_control_inputs(group, writes)
 
 
-def _full_reads_outside_the_step(ctx, copies, weights, substitutes):
-  """Reads of the user's copy of a partitioned variable outside the step
-  (fetching the variable, summaries) give the full value: a fetch of one
-  gets the gathered value instead (`substitutes`), and ops that read one
-  (Savers excepted: full_tensor_checkpoints writes full tensors) read it."""
+def _reads_outside_the_step(ctx, copies, weights):
+  """[(variable name, read tensor)]: the user's reads of the user's copy
+  of each partitioned variable outside the step not given the full value
+  yet (a reference variable's own output counts). Found before the
+  rewrite builds more reads: its own are not recorded as its own until
+  the pass ends."""
   step = copies.replica_op_names(0)
-  for name, info in weights.shards.items():
+  found = []
+  for name in weights.shards:
     variable = ctx.graph.get_operation_by_name(name)
     reads = [op.outputs[0] for op in variable.outputs[0].consumers()
              if op.type in _READ_TYPES and op.name not in step and
              not ctx.state.provenance.built_by_rewrite(op)]
     if graph_edit.is_ref_dtype(variable.outputs[0].dtype):
       reads.append(variable.outputs[0])
-    for read in reads:
-      if read.name in weights.gathered:
-        continue
-      weights.gathered.add(read.name)
-      # A read made after a write (what `assign` returns) reads every
-      # shard after the write and its slices.
-      waits = list(read.op.control_inputs) if read.op is not variable else []
-      for write in list(waits):
-        waits.extend(weights.writes.get(write.name, []))
-      full = _gathered(ctx, copies, variable, info, variable.device, waits)
-      substitutes[read.name] = full
-      if read.op is variable:
-        continue
-      for consumer in list(read.consumers()):
-        if consumer.type != "SaveV2" and consumer.name not in step:
-          graph_editor.replace_input_in([consumer], read, full)
+    found.extend((name, read) for read in reads
+                 if read.name not in weights.gathered)
+  return found
+
+
+def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
+  """`reads` ([(variable name, read)]) give the full value: a fetch of one
+  gets the gathered value instead (`substitutes`), and ops that read one
+  outside the step (Savers excepted: full_tensor_checkpoints writes full
+  tensors) read it."""
+  step = copies.replica_op_names(0)
+  for name, read in reads:
+    variable = ctx.graph.get_operation_by_name(name)
+    weights.gathered.add(read.name)
+    # A read made after a write (what `assign` returns) reads every shard
+    # after the write and its slices.
+    waits = list(read.op.control_inputs) if read.op is not variable else []
+    for write in list(waits):
+      waits.extend(weights.writes.get(write.name, []))
+    full = _gathered(ctx, copies, variable, weights.shards[name],
+                     variable.device, waits)
+    substitutes[read.name] = full
+    if read.op is variable:
+      continue
+    for consumer in list(read.consumers()):
+      if consumer.type != "SaveV2" and consumer.name not in step:
+        graph_editor.replace_input_in([consumer], read, full)
 
 
 @contextlib.contextmanager
@@ -469,10 +505,11 @@ def update_after_rewrite(ctx, copies, substitutes):
   weights = ctx.state.zero_weights
   if weights is None:
     return
+  reads = _reads_outside_the_step(ctx, copies, weights)
   with _building(ctx):
     _whole_writes(ctx, copies, weights, substitutes)
     full_tensor_checkpoints(ctx, copies, weights.shards, _shard_of)
-    _full_reads_outside_the_step(ctx, copies, weights, substitutes)
+    _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes)
 
 
 def translate_whole_values(ctx, copies, substitutes):
