@@ -36,7 +36,7 @@ checkpoints hold each slot once under its own name, and restore both ways.
   are dealt to owners as v2 does.
 
 Replicas partitioned are those of one worker: a multi-worker job keeps a
-full set of slots on every worker, and with v1 and v2 the owners of the
+full set of slots on every worker, and with v1, v2 and v3 the owners of the
 same share on each worker (the k-th replica of each) all-reduce their local
 sums. Optimizer values shared by every variable (Adam's beta powers,
 scalars) stay one per replica.
@@ -166,9 +166,10 @@ def _labels(apply_ops, gradient_owner, trained):
 
 
 def _owner_accumulations(ctx, subgraph, copies, points, updates):
-  """v2 and v3: {variable name: Accumulation} of the partitioned gradients summed
-  over micro-batches that only their update reads, so that their owner
-  can sum the micro-batches instead of every replica.
+  """v2 and v3: {variable name: Accumulation} of the partitioned gradients
+  summed over micro-batches that only their update reads, so that their
+  owner (v3: each shard's replica) can sum the micro-batches instead of
+  every replica.
 
   Warns for a gradient whose micro-batches cannot be summed on its owner:
   one post-processed per replica after the sum (clipping), or a sum
@@ -206,9 +207,11 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   the cloned part (before the replicas are cloned).
 
   Hands on the Partition (`zero_partition`, None when this worker holds
-  one replica) and the subgraph without each update's ops and slots (v2:
-  nor the micro-batch sums that the owners build instead); changes nothing
-  in the graph.
+  one replica) and the subgraph without each update's ops and slots (v2,
+  v3: nor the micro-batch sums that the owners build instead); v3 first
+  chooses the variables partitioned into shards
+  (`zero_weights.choose_sharded`), whose updates every replica keeps.
+  Changes nothing in the graph.
   """
   level = _check_level(ctx)
   if level is None:
