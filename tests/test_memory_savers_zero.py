@@ -198,7 +198,8 @@ def test_zero_v3_gathers_each_weight_just_before_use():
 def test_zero_v3_whole_values_outside_the_step():
   """Fetching a partitioned variable, or a slot, gives its whole value;
   assigning a whole value writes every replica's slice; an assign_add of
-  a partitioned variable is an error naming it."""
+  a partitioned variable, and Variable.load (it feeds the initializer's
+  value, now replica 0's slice), are errors naming it."""
   epl.init(epl.Config(dict(V3, **{"cluster.num_cpu_devices": 4})))
   epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
@@ -221,6 +222,10 @@ def test_zero_v3_whole_values_outside_the_step():
           "EPL_REPLICA_%d/w1" % r for r in (1, 2, 3)])
       assert {v.shape for v in shards.values()} == {(2, 16)}
       assert all((v == 1).all() for v in shards.values())
+      with pytest.raises(ValueError) as raised:
+        w1.load(np.zeros_like(value), session)
+      assert "Variable.load" in str(raised.value)
+      assert "'w1'" in str(raised.value)
       increment = w1.assign_add(np.ones_like(value))
       with pytest.raises(ValueError) as raised:
         session.run(increment)

@@ -90,7 +90,9 @@ class ShardedWeights:
   `full_shapes`: {variable op name: its unsharded shape}; `reduced`:
   {weight name: [its shard gradient on each local replica]};
   `writes`: {name of a write of the full value (initializer, restore):
-  the shard writes added for it}; `gathered`: names of the reads outside the step already
+  the shard writes added for it}; `shard_inputs`: {name of the value such
+  a write now writes, replica 0's slice: (write name, variable name)};
+  `gathered`: names of the reads outside the step already
   given the full value.
   """
   shards: Dict[str, ShardedVariable]
@@ -99,6 +101,7 @@ class ShardedWeights:
   full_shapes: Dict[str, tf.TensorShape]
   reduced: Dict[str, list] = dataclasses.field(default_factory=dict)
   writes: Dict[str, list] = dataclasses.field(default_factory=dict)
+  shard_inputs: Dict[str, tuple] = dataclasses.field(default_factory=dict)
   gathered: set = dataclasses.field(default_factory=set)
 
 
@@ -392,6 +395,7 @@ def _whole_writes(ctx, copies, weights, substitutes):
           for group in groups:
             graph_editor.add_control_inputs(group, writes)
         weights.writes[writer.name] = writes
+        weights.shard_inputs[writer.inputs[1].name] = (writer.name, name)
         with tf.control_dependencies([writer] + writes):
           substitutes[writer.name] = tf.group(writer, *writes)
           for output in writer.outputs:
@@ -525,3 +529,21 @@ def translate_whole_values(ctx, copies, substitutes):
   """
   update_after_rewrite(ctx, copies, substitutes)
   return {"substitutes": substitutes}
+
+
+def check_feeds(state, feed_dict):
+  """Raises for a fed value that a whole-value write of a partitioned
+  variable now slices (what `Variable.load` feeds): the other replicas
+  would keep their old slices."""
+  weights = state.zero_weights
+  if weights is None or not feed_dict:
+    return
+  for key in feed_dict:
+    fed = weights.shard_inputs.get(getattr(key, "name", key))
+    if fed is not None:
+      raise ValueError(
+          "zero.level v3: the fed tensor %r is what %r writes into one "
+          "shard of partitioned variable %r (Variable.load feeds it), so "
+          "the other shards would not change. Run an assign of the whole "
+          "value instead: session.run(variable.assign(value))." % (
+              getattr(key, "name", key), fed[0], fed[1]))

@@ -19,6 +19,7 @@ from epl.capture import io_slicing
 from epl.ir.graph_state import state_of
 from epl.passes import engine
 from epl.passes import fed_batches
+from epl.passes import zero_weights
 from epl.runtime import coverage
 from epl.runtime import grappler
 from epl.runtime import server as epl_server
@@ -103,6 +104,7 @@ def before_run(graph, fetches, feed_dict=None):
   state = state_of(graph)
   if state is not None:
     fed_batches.check_fed_rows(state, feed_dict)
+    zero_weights.check_feeds(state, feed_dict)
   coverage.check_run(graph, fetches)
   if not substitutes:
     return fetches
