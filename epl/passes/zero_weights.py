@@ -21,11 +21,14 @@ the weights, slots and reduced gradients.
   micro-batches, as v2) of that slice of each replica's gradient, sliced
   on the replica that made it and summed on shard r's device; each
   replica's update (its clone of the optimizer's ops) applies its shard's
-  gradient to its shard and slots. The updates must be elementwise (the
-  fused apply kernels of the tf.compat.v1.train optimizers).
-- Initial values: the user's initializer computes the full value once
-  (random initializers give what single-device TF gives); each replica
-  writes its slice (`split_checkpoint.write_shards`).
+  gradient to its shard and slots. The updates must be elementwise: the
+  fused apply kernels of the tf.compat.v1.train optimizers, or elementwise
+  ops on the variable, its slots, its gradient and scalars (Google BERT's
+  AdamW); no norm of the whole variable (LAMB, LARS).
+- Initial values, restores and other whole-value assignments outside the
+  step: the value is computed once, whole (random initializers give what
+  single-device TF gives); each replica writes its slice
+  (`split_checkpoint.write_shards`). Other writes raise.
 - Checkpoints: each variable is saved as one full tensor under its own name
   and restored slice by slice (`split_checkpoint.full_tensor_checkpoints`),
   so checkpoints go both ways between v3 and plain TF. Fetching the user's
@@ -191,6 +194,7 @@ def choose_sharded(ctx, points, updates):
 
 
 def _shard_of(local, group_size):  # pylint: disable=unused-argument
+  """Local replica `local` holds shard `local` (of every worker's group)."""
   return local
 
 
