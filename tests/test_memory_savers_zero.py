@@ -1,6 +1,7 @@
 """ZeRO, offload and grouped apply train like single-device TensorFlow on
 the same global batch, with data parallelism, micro-batches and pipelines;
 where their state lives; checkpoints both ways; errors."""
+import contextlib
 import logging
 
 import numpy as np
@@ -15,6 +16,18 @@ from epl.ir.phase import Phase
 from tests import training
 
 MICRO = 8
+
+
+@contextlib.contextmanager
+def _epl_logs_caught(caplog):
+  """EPL's log records reach `caplog`, also from a first epl.init (which
+  stops the logger propagating)."""
+  logger = logging.getLogger("epl")
+  logger.addHandler(caplog.handler)
+  try:
+    yield
+  finally:
+    logger.removeHandler(caplog.handler)
 # Adam's update of a resource variable, and of a reference variable
 # (EPL_TEST_TF1_BEHAVIOUR=1).
 ADAM_UPDATE_TYPES = ("ResourceApplyAdam", "ApplyAdam")
@@ -415,7 +428,7 @@ def test_offload_matches_single_device(layout):
 def test_zero_with_sparse_gradients(level, micro_batches, caplog):
   from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
   expected = _embedding_train(False, 4 * micro_batches * MICRO, "adam")
-  with caplog.at_level(logging.WARNING, logger="epl"):
+  with _epl_logs_caught(caplog):
     actual = _embedding_train(True, MICRO, "adam", {
         "zero.level": level, "pipeline.num_micro_batch": micro_batches,
         "zero.min_partition_size": 0})
@@ -457,6 +470,17 @@ def test_zero_settings_that_cannot_work(config, error, words):
                                         **config))
   for word in words:
     assert word in str(raised.value)
+
+
+def test_zero_v3_under_the_partition_size_warns_and_works_as_v2(caplog):
+  """The test model's largest variable has 128 elements, under the
+  default zero.min_partition_size: nothing is partitioned, v2 runs."""
+  with _epl_logs_caught(caplog):
+    graph = _check("dp4", "adam", {"zero.level": "v3"})
+  assert [r for r in caplog.records
+          if "partitions no variable" in r.getMessage() and
+          "zero.min_partition_size" in r.getMessage()]
+  assert len(_slots(graph)) == 8  # each slot once, on its owner (v2)
 
 
 def test_zero_with_one_replica_warns(caplog):
