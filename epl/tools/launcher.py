@@ -34,13 +34,14 @@ TF_CONFIG then lists num_workers x N tasks, task w * N + p being process p
 of worker w, and every process is an EPL worker of its own (output prefixed
 `[worker <task>]`, EPL's `worker_index`). Each process builds only its own
 replicas and joins the others through EPL's multi-worker path (collectives
-over gRPC, NCCL on GPUs), so data parallelism's time to the first step stays
-flat in the number of devices. A pipeline replica or split group that needs
-more devices than one process owns spans processes: a pipeline then runs
-in-graph from the process holding its first stage (activations and
-gradients cross processes through gRPC, the others only serve their
-devices), a split group's collectives go through gRPC (NCCL on GPUs);
-the launcher says so when it starts (docs/multi_worker.md).
+over gRPC, NCCL on GPUs), so for data parallelism each process's graph and
+time to its first step do not grow with the number of devices. A pipeline
+replica or split group that needs more devices than one process owns spans
+processes: a pipeline then runs in-graph from the process holding its first
+stage (activations and gradients cross processes through gRPC, the others
+only serve their devices), a split group's collectives go between
+processes; ZeRO partitions within a process only. The launcher says so when
+it starts (docs/multi_worker.md).
 
 `--backend horovod` runs the job with horovodrun instead
 (`epl.tools.horovod_launch`).
