@@ -38,10 +38,11 @@ preset (and TensorFlow's own for plain TF and MirroredStrategy).
 (`epl-launch --processes_per_worker R`, in a private network namespace when
 one can be made), each building and timing its own replica: the row shows
 the slowest process's phases and ops, the CPU time and peak RSS summed over
-the processes; a line below gives each process's time to step 1 and the
-job's wall time including every process's Python and TensorFlow start. On
-a machine with fewer cores than R the processes compete for them: what
-stays flat as R grows is the graph each process builds, not the seconds.
+the processes; a line below gives each process's time to step 1 and CPU
+time, and the job's wall time including every process's Python and
+TensorFlow start. On a machine with fewer cores than R the processes
+compete for them: what stays flat as R grows is each process's graph and
+CPU time, not its seconds.
 """
 import argparse
 import json
@@ -189,6 +190,7 @@ def measure_processes(args, config, layout, build_only, grappler=""):
   result["cpu"] = sum(r["cpu"] for r in results)
   result["peak_rss_mib"] = sum(r["peak_rss_mib"] for r in results)
   result["per_process"] = [_total(r) for r in results]
+  result["per_process_cpu"] = [r["cpu"] for r in results]
   result["wall"] = wall
   return result
 
@@ -247,11 +249,14 @@ def _print_processes(result, layout, plain, mirrored):
           "better): %s" % ("  vs Mirrored", versus, verdict.verdict(
               versus, higher_is_better=False)), flush=True)
   times = result["per_process"]
+  cpu = statistics.median(result["per_process_cpu"])
   print("%-22s to step 1 per process min %.1f, median %.1f, max %.1f s; "
-        "job %.1f s with each process's Python and TensorFlow start "
-        "(%d processes share %d cores)" % (
+        "CPU time per process median %.1f s (%.2fx plain); job %.1f s with "
+        "each process's Python and TensorFlow start (%d processes share %d "
+        "cores)" % (
             "  processes", min(times), statistics.median(times), max(times),
-            result["wall"], replicas, os.cpu_count()), flush=True)
+            cpu, cpu / plain["cpu"], result["wall"], replicas,
+            os.cpu_count()), flush=True)
 
 
 def main(argv=None):
