@@ -308,7 +308,7 @@ class _Worker:
       self._log.close()
 
 
-def processes_text(args, local_processes, devices, kind):
+def _processes_text(args, local_processes, devices, kind):
   """What the launcher says when it starts a worker as several processes:
   the layout, and what it means for pipelines, split and ZeRO."""
   processes = args.processes_per_worker
@@ -321,11 +321,11 @@ def processes_text(args, local_processes, devices, kind):
       "replica is built and run in-graph by the process of its first stage "
       "(no start-up gain; the processes of its other stages only serve "
       "their devices; activations and gradients cross processes through "
-      "gRPC); "
-      "a split group's collectives run between processes (gRPC, NCCL on "
-      "GPUs); ZeRO partitions only within a process (nothing with one "
-      "device per process). Keep stages x split within %d device(s) per "
-      "process, or lower --processes_per_worker (docs/multi_worker.md)." % (
+      "gRPC); a split group's collectives run between processes (gRPC, "
+      "NCCL on GPUs); ZeRO partitions only within a process (nothing with "
+      "one device per process). Keep a replica's stages and each split "
+      "group within %d device(s) per process, or lower "
+      "--processes_per_worker (docs/multi_worker.md)." % (
           local_processes // processes, processes, devices, kind,
           "CUDA_VISIBLE_DEVICES" if kind == "GPU" else
           "CUDA_VISIBLE_DEVICES='', EPL_CLUSTER_NUM_CPU_DEVICES=%d" % devices,
@@ -378,8 +378,8 @@ class Launcher:
       os.makedirs(directory, exist_ok=True)
     devices = devices_per_process(args)
     if args.processes_per_worker > 1:
-      _log(processes_text(args, len(self.indices), devices,
-                          "GPU" if self.gpus else "logical CPU device"))
+      _log(_processes_text(args, len(self.indices), devices,
+                           "GPU" if self.gpus else "logical CPU device"))
     elif self.gpus:
       _log("%d worker(s) on this machine, %d GPU(s) each (CUDA_VISIBLE_"
            "DEVICES)" % (len(self.indices), args.gpu_per_worker))
