@@ -10,8 +10,6 @@ import tensorflow as tf
 
 from epl.cluster import VirtualDevice
 from epl.env import Env
-from epl.ir.graph_state import state_of
-from epl.env import Env
 from epl.ir import graph_state
 from epl.plan import pipeline_order
 from epl.strategies.strategy import Replicate, Split
@@ -289,7 +287,7 @@ def planned_virtual_devices(cluster):
   """The VirtualDevices of the model built so far in the default graph on
   `cluster`: its rewrite's plan, or the plan it would get now; None
   before any strategy scope (`Cluster.virtual_devices`)."""
-  state = state_of(tf.compat.v1.get_default_graph())
+  state = graph_state.state_of(tf.compat.v1.get_default_graph())
   if state is None or not state.taskgraphs:
     return None
   env = Env.get()
