@@ -45,7 +45,9 @@ def layers_needed(devices):
 
 
 @contextlib.contextmanager
-def _environment(values):
+def environment(values):
+  """Sets the environment variables `values` (a dict) within the block and
+  restores them after it (the BERT example reads its EPL settings there)."""
   saved = {key: os.environ.get(key) for key in values}
   os.environ.update(values)
   try:
@@ -84,7 +86,7 @@ class Pipeline:
         num_cpu_devices=cpu_devices, steps=100000, warmup_steps=10,
         learning_rate=1e-4, dropout=False, seed=1)
     self.graph = tf.Graph()
-    with self.graph.as_default(), _environment({
+    with self.graph.as_default(), environment({
         "EPL_PIPELINE_STRATEGY": schedule.strategy,
         "EPL_PIPELINE_VIRTUAL_STAGES": str(schedule.virtual_stages)}):
       handles = train.build_graph(flags)
