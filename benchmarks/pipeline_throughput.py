@@ -235,7 +235,10 @@ def bert_table(args):
             args.steps, args.warmup, tf.__version__))
   print("measured = step time; traced sim = the simulator's step time and "
         "bubble from this schedule's per-stage F/B/W costs of one traced "
-        "step; unit bubble = the simulator's with F = B = W; activations = "
+        "step (traced with FULL_TRACE, its passes take longer than "
+        "untraced ones, the more so where devices share cores: compare it "
+        "between schedules, not with measured); unit bubble = the "
+        "simulator's with F = B = W; activations = "
         "EPL's estimate of the activations each device holds at its peak "
         "(MiB, per device), passes = (stage, micro-batch) passes in flight "
         "then")
