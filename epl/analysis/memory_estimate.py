@@ -373,8 +373,9 @@ def _count_held(result, devices):
             "the passes of stages %s" % (
                 estimate.device, sorted(estimate.stage_activations),
                 sorted(stages)))
-      estimate.in_flight = max(estimate.in_flight, pipeline_order.held_at_peak(
-          plan.schedule, order))
+      estimate.in_flight = max(
+          estimate.in_flight, pipeline_order.held_at_peak(plan.schedule,
+                                                          order))
       estimate.activations = max(
           estimate.activations, pipeline_order.held_at_peak(
               plan.schedule, order,

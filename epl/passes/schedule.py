@@ -253,9 +253,9 @@ def schedule_pipeline(ctx, subgraph, copies):
   the first ops of the next block wait for the NoOp, so that no op of a
   block starts before the previous block has finished. Only control edges
   change (tf.gradients' gates across stages are lifted first,
-  `ungate_across_stages`); with one micro-batch nothing changes (a stage's backward
-  already follows its forward), nor with split TaskGraphs (they share the
-  data-parallel part's devices: no stages).
+  `ungate_across_stages`); with one micro-batch nothing changes (a stage's
+  backward already follows its forward), nor with split TaskGraphs (they
+  share the data-parallel part's devices: no stages).
   """
   plan = ctx.plan
   if plan.num_micro_batch == 1 or plan.has_split:

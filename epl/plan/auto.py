@@ -187,8 +187,8 @@ def before_gradients(env, targets):
 
 def cut_stages(config):
   """The stages auto parallel cuts: pipeline.num_stages (K devices per
-  replica) times pipeline.virtual_stages (v stages per device); 1 (data
-  parallel) when K is -1."""
+  replica, 1 when it is -1) times pipeline.virtual_stages (v stages per
+  device)."""
   return max(config.pipeline.num_stages, 1) * config.pipeline.virtual_stages
 
 
