@@ -11,6 +11,7 @@ import tensorflow as tf
 from epl.cluster import VirtualDevice
 from epl.env import Env
 from epl.ir import graph_state
+from epl.plan import auto
 from epl.plan import pipeline_order
 from epl.strategies.strategy import Replicate, Split
 
@@ -142,6 +143,8 @@ def make_plan(cluster, taskgraphs, config):
   if any(isinstance(t.strategy, Split) for t in taskgraphs):
     return cluster.check_plan(_split_plan(cluster, taskgraphs, config))
   wanted_stages = config.pipeline.num_stages
+  if wanted_stages != -1 and config.auto.auto_parallel:
+    wanted_stages = auto.cut_stages(config)
   if wanted_stages != -1 and wanted_stages != len(taskgraphs):
     raise ValueError(
         "pipeline.num_stages is %d but the model has %d stage scope(s) (%s). "
