@@ -259,8 +259,9 @@ _KEYS = (
     # auto
     _k("auto", "auto_parallel", _Bool(), False,
        "Let EPL choose the parallel strategy itself: data parallel, cut "
-       "into pipeline.num_stages stages balanced by FLOPs when that is > 1; "
-       "the model has no strategy scope.", built=True),
+       "into pipeline.num_stages stages balanced by FLOPs when that is > 1 "
+       "(num_stages x pipeline.virtual_stages, v per device, with "
+       "virtual_stages > 1); the model has no strategy scope.", built=True),
     # amp
     _k("amp", "level", _Choice(["", "O1"]), "",
        "Automatic mixed precision level; \"\" is off, \"O1\" runs "
@@ -374,7 +375,9 @@ _KEYS = (
        "accumulation without pipeline).", built=True),
     _k("pipeline", "num_stages", _Int(minimum=1, special={-1: "auto"}), -1,
        "Number of pipeline stages: auto.auto_parallel cuts the model into "
-       "this many; with stage scopes written by hand, their count (-1: any).",
+       "this many (the devices of a pipeline: it cuts num_stages x "
+       "pipeline.virtual_stages); with stage scopes written by hand, their "
+       "count (-1: any).",
        built=True),
     _k("pipeline", "strategy",
        _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
@@ -390,7 +393,8 @@ _KEYS = (
        "Stages per pipeline device (v): with v > 1, the S stage scopes run "
        "on S / v devices per replica, stage s on device s mod (S / v), "
        "under Megatron-LM's interleaved 1F1B; needs pipeline.strategy "
-       "\"PreferBackward\" and num_micro_batch a multiple of S / v.",
+       "\"PreferBackward\" and num_micro_batch a multiple of S / v. Auto "
+       "parallel cuts S = pipeline.num_stages x v stages.",
        built=True),
     # log
     _k("log", "passes", _Bool(), False,

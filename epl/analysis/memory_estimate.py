@@ -27,11 +27,16 @@ Per device:
   partitioned weight's); with v1 and several micro-batches every replica
   also sums its micro-batches in full first, which counts too;
 - activations: the forward tensors of one micro-batch that the backward
-  pass reads (buffers shared by views such as Reshape counted once), times
-  the micro-batches in flight on that stage: all M for GPipe
+  pass reads (buffers shared by views such as Reshape counted once), per
+  stage, held from a micro-batch's forward to the end of its backward
+  (its W under ZeroBubble): the most the device holds at once while it
+  runs its passes in the schedule's order (`pipeline_order.device_orders`,
+  the order the rewrite enforces). That is all M micro-batches for GPipe
   (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), one
-  more on every stage but the last for PreferBackwardOptimizer, M with
-  split TaskGraphs (no schedule orders their micro-batches);
+  more on every stage but the last for PreferBackwardOptimizer, min(stages,
+  M) on every stage for ZeroBubble; under interleaved 1F1B the passes of
+  the device's v stages in flight at its peak, each stage counting its own
+  bytes. M with split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -49,7 +54,7 @@ reported in `DeviceEstimate.unknown_tensors` rather than guessed.
 import collections
 import dataclasses
 import logging
-from typing import List
+from typing import Dict, List
 
 import tensorflow as tf
 
@@ -114,8 +119,14 @@ class DeviceEstimate:
   other_state: int = 0
   gradients: int = 0
   gradient_sets: int = 1
-  activations_per_micro_batch: int = 0
+  # Bytes of one micro-batch's activations per stage on this device.
+  stage_activations: Dict[int, int] = dataclasses.field(
+      default_factory=dict)
+  # The most (stage, micro-batch) passes whose activations the device
+  # holds at once (with one stage per device: micro-batches in flight).
   in_flight: int = 0
+  # Bytes of activations held at that peak.
+  activations: int = 0
   recomputed: int = 0
   working: int = 0
   unknown_tensors: int = 0
@@ -128,8 +139,9 @@ class DeviceEstimate:
     return self.parameters + self.optimizer_state + self.other_state
 
   @property
-  def activations(self):
-    return self.activations_per_micro_batch * self.in_flight
+  def activations_per_micro_batch(self):
+    """One micro-batch's activations over the device's stages."""
+    return sum(self.stage_activations.values())
 
   @property
   def total(self):
@@ -317,14 +329,17 @@ def _count_gradients(result, devices, sizes):
 
 
 def _kept_activations(result, devices, sizes):
-  """Per device, bytes of the forward tensors of micro-batch 0 that the
-  backward pass on that device reads."""
+  """Per device and stage, bytes of the forward tensors of micro-batch 0
+  that the stage's backward pass on that device reads (a tensor read by
+  the backward of several stages on one device counts once, with the
+  first of them)."""
   state = result.context.state
-  kept = collections.defaultdict(set)
+  kept = collections.defaultdict(dict)
   for op in result.context.graph.get_operations():
     if (state.phase_of(op) is not Phase.BACKWARD or
         op.type in SHAPE_READER_TYPES):
       continue
+    stage = state.taskgraph_index(op)
     for tensor in op.inputs:
       root = _root(tensor)
       producer = root.op
@@ -334,15 +349,56 @@ def _kept_activations(result, devices, sizes):
         continue
       # A tensor read on another device is kept there too (the copy
       # TensorFlow received).
-      kept[devices[op.device].device].add(root)
+      held = kept[devices[op.device].device]
+      held[root] = min(held.get(root, stage), stage)
   for device, tensors in kept.items():
     estimate = devices[device]
-    for tensor in tensors:
+    for tensor, stage in tensors.items():
       size = sizes(tensor)
       if size is None:
         estimate.unknown_tensors += 1
       else:
-        estimate.activations_per_micro_batch += size
+        estimate.stage_activations[stage] = (
+            estimate.stage_activations.get(stage, 0) + size)
+
+
+def _count_held(result, devices):
+  """Per pipeline device, the activations it holds at its peak: its
+  passes in the schedule's order (`pipeline_order.device_orders`), each
+  forward adding its stage's bytes of one micro-batch until the backward
+  pass that ends it (`pipeline_order.held_at_peak`). Split TaskGraphs
+  have no schedule: every micro-batch is held."""
+  plan = result.plan
+  if plan.has_split:
+    for replica in result.context.replicas:
+      estimate = devices[plan.devices[replica][0]]
+      estimate.in_flight = plan.num_micro_batch
+      estimate.activations = (estimate.activations_per_micro_batch *
+                              plan.num_micro_batch)
+    return
+  orders = pipeline_order.device_orders(
+      plan.schedule, plan.num_stages, plan.num_micro_batch,
+      plan.virtual_stages)
+  for replica in result.context.replicas:
+    for pipeline_device, order in enumerate(orders):
+      estimate = devices[plan.device(replica, pipeline_device)]
+      stages = {step.stage for step in order}
+      if not stages.issuperset(estimate.stage_activations):
+        # A backward op of a stage placed on another device: the rewrite
+        # places every op on its own stage's device, so this is a bug.
+        raise AssertionError(
+            "memory estimate: %s holds activations of stages %s but runs "
+            "the passes of stages %s" % (
+                estimate.device, sorted(estimate.stage_activations),
+                sorted(stages)))
+      estimate.in_flight = max(
+          estimate.in_flight, pipeline_order.held_at_peak(plan.schedule,
+                                                          order))
+      estimate.activations = max(
+          estimate.activations, pipeline_order.held_at_peak(
+              plan.schedule, order,
+              lambda stage, held=estimate.stage_activations:
+              held.get(stage, 0)))
 
 
 def _count_recomputed(result, devices, sizes):
@@ -476,16 +532,12 @@ def estimate(result):
     for stage in range(len(plan.devices[replica])):
       device = devices[plan.devices[replica][stage]]
       device.stages.append(stage)
-      in_flight = (plan.num_micro_batch if plan.has_split else
-                   in_flight_micro_batches(
-                       plan.schedule, len(plan.devices[replica]), stage,
-                       plan.num_micro_batch))
-      device.in_flight = max(device.in_flight, in_flight)
       order.append(device.device)
   _count_variables(result, devices)
   sizes = _TensorSizes(result)
   _count_gradients(result, devices, sizes)
   _kept_activations(result, devices, sizes)
+  _count_held(result, devices)
   _count_recomputed(result, devices, sizes)
   _count_working(result, devices, sizes)
   for device in devices.by_name.values():
