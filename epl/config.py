@@ -290,7 +290,13 @@ _KEYS = (
        "ZeRO memory partitioning over data-parallel replicas; \"v0\" "
        "optimizer states, \"v1\" also gradients (reduced on their owner), "
        "\"v2\" also the micro-batch sums of gradients (on their owner "
-       "only); \"v3\" (weights) is not built and raises; \"\" is off.",
+       "only); \"v3\" also the weights (each replica stores one shard of "
+       "each, gathered just before use); \"\" is off.",
+       built=True),
+    _k("zero", "min_partition_size", _Int(minimum=0), 100000,
+       "zero.level \"v3\": variables with fewer elements stay whole on every "
+       "replica (their optimizer state and gradients partitioned as with "
+       "\"v2\"); DeepSpeed's stage3_param_persistence_threshold.",
        built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",

@@ -257,14 +257,17 @@ def test_monitored_training_sessions_save_once_and_resume(tmp_path):
 @pytest.mark.parametrize("savers, micro_batches", [
     ({"EPL_ZERO_LEVEL": "v0", "EPL_OFFLOAD_LEVEL": "v0"}, 1),
     ({"EPL_ZERO_LEVEL": "v1", "EPL_OPTIMIZER_NUM_APPLY_GROUP": "2"}, 1),
-    ({"EPL_ZERO_LEVEL": "v2"}, 2)])
+    ({"EPL_ZERO_LEVEL": "v2"}, 2),
+    ({"EPL_ZERO_LEVEL": "v3", "EPL_ZERO_MIN_PARTITION_SIZE": "0"}, 1),
+    ({"EPL_ZERO_LEVEL": "v3", "EPL_ZERO_MIN_PARTITION_SIZE": "0"}, 2)])
 def test_memory_savers_across_workers_match_single_device(
     tmp_path, monkeypatch, savers, micro_batches):
   """ZeRO: each worker partitions the optimizer state over its own
   replicas; v0 all-reduces gradients over every worker's replicas, v1
   reduces them on the owners, which then all-reduce across workers; v2
   (2 micro-batches of 4 rows) sums every micro-batch on the owners, which
-  then all-reduce across workers."""
+  then all-reduce across workers; v3 shards the weights within each
+  worker, and the same shard of each worker all-reduces its gradient."""
   for key, value in savers.items():
     monkeypatch.setenv(key, value)
   job, results = multiworker.train_job(

@@ -365,15 +365,15 @@ def test_zero_formula_is_deepspeeds(bytes_per_parameter, expected):
           1000 * (8 + 12 / 8.0))
 
 
-@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2"])
+@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2", "v3"])
 def test_estimate_matches_the_zero_formula(zero_level):
   """Four equal weights on 4 replicas, Adam: each device's weights,
   gradients and optimizer state are what the formula says (up to each
-  replica's own beta powers, 8 bytes)."""
+  replica's own beta powers, 8 bytes); v3 partitions every weight."""
   _, _, graph = training.train(
       model=training.four_equal_layers, optimizer="adam", steps=1,
       config={"cluster.num_cpu_devices": 4, "zero.level": zero_level,
-              "pipeline.num_micro_batch": 2})
+              "pipeline.num_micro_batch": 2, "zero.min_partition_size": 0})
   result = state_of(graph).rewrite_result
   (stage,) = memory_estimate.zero_parameters(result)
   assert stage.parameters == 4 * 8 * 8

@@ -8,7 +8,8 @@ Everything is counted from the rewritten graph itself (static shapes and
 dtypes of its tensors, the devices the rewrite placed its ops on), so the
 memory savers the rewrite applied are in the figures without a model of
 each: AMP's half-precision activations have half-precision dtypes, ZeRO's
-optimizer slots exist only on their owner, offloaded variables sit on the
+optimizer slots exist only on their owner (v3: a replica's variables and
+slots are its shards), offloaded variables sit on the
 host, gradient checkpointing leaves the backward pass reading recomputed
 tensors instead of the forward ones.
 
@@ -22,9 +23,9 @@ Per device:
   micro-batches), one set; two sets live when there are several
   micro-batches (the sum so far and the micro-batch's being added). With
   ZeRO v1 and v2 the update reads the gradient reduced on its owner, so a
-  device counts the gradients of its own share; with v1 and several
-  micro-batches every replica also sums its micro-batches in full first,
-  which counts too;
+  device counts the gradients of its own share (v3: its shard of each
+  partitioned weight's); with v1 and several micro-batches every replica
+  also sums its micro-batches in full first, which counts too;
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), per
   stage, held from a micro-batch's forward to the end of its backward
@@ -255,7 +256,19 @@ def trained_points(result):
   partition = result.zero_partition
   if partition is not None and partition.reduces_to_owners:
     points.extend(partition.points)
+  if partition is not None and partition.weights is not None:
+    points.extend(partition.weights.points)
   return points
+
+
+def _unsharded_elements(result, op):
+  """Elements of variable op `op` as the user built it: the whole
+  variable, also where ZeRO v3 made each replica's copy one shard."""
+  partition = result.zero_partition
+  weights = partition.weights if partition is not None else None
+  if weights is not None and op.name in weights.full_shapes:
+    return weights.full_shapes[op.name].num_elements()
+  return variable_elements(op)
 
 
 def _count_variables(result, devices):
@@ -301,8 +314,13 @@ def _count_gradients(result, devices, sizes):
   partition = result.zero_partition
   if partition is None or not partition.reduces_to_owners:
     return
-  for grad, variable in partition.points:
-    for tensor in partition.reduced[variable.name]:
+  reduced = dict(partition.reduced)
+  points = list(partition.points)
+  if partition.weights is not None:
+    reduced.update(partition.weights.reduced)
+    points.extend(partition.weights.points)
+  for grad, variable in points:
+    for tensor in reduced[variable.name]:
       count(tensor)
     if several and variable.name not in partition.accumulations:
       for local in replicas:
@@ -481,16 +499,18 @@ def zero_parameters(result):
   for grad, variable in trained_points(result):
     trained.add(variable.name)
     stage = ctx.taskgraph_index(variable)
-    elements = variable_elements(variable)
+    elements = _unsharded_elements(result, variable)
     totals[stage][0] += elements
-    totals[stage][1] += variable_bytes(variable)
+    totals[stage][1] += tf.as_dtype(variable.get_attr("dtype")).size * (
+        elements)
     totals[stage][2] += tensors_of(grad)[0].dtype.base_dtype.size * elements
   for op in ctx.graph.get_operations():
     if (op.type in VARIABLE_TYPES and op.name not in trained and
         ctx.state.phase_of(op) is Phase.APPLY and
         not ctx.state.provenance.built_by_rewrite(op) and
         ctx.taskgraph_index(op) in totals):
-      totals[ctx.taskgraph_index(op)][3] += variable_bytes(op)
+      totals[ctx.taskgraph_index(op)][3] += tf.as_dtype(
+          op.get_attr("dtype")).size * _unsharded_elements(result, op)
   for stage in sorted(totals):
     parameters, weights, gradients, optimizer = totals[stage]
     by_stage[stage] = StageParameters(

@@ -149,7 +149,18 @@ def _communication_line(result, gradient_bytes):
   name, unit = _unit(ring * size)
   text += ("; as a ring all-reduce, about %.2f %s per device and step" %
            (ring * size / unit, name))
-  return text
+  return text + _ZERO_COMMUNICATION.get(result.context.config.zero.level, "")
+
+
+# What ZeRO changes in the communication line.
+_ZERO_COMMUNICATION = {
+    "v1": "; zero.level v1: gradients reduced on their owner instead",
+    "v2": "; zero.level v2: gradients reduced on their owner instead",
+    "v3": ("; zero.level v3: gradients of partitioned weights "
+           "reduce-scattered to their shards instead, and each weight "
+           "gathered from its shards before every use (about 1.5x the "
+           "traffic)"),
+}
 
 
 def _table(rows):
