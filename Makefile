@@ -59,15 +59,24 @@ tools:
 	  { apt-get update -qq && apt-get install -y -qq iproute2 util-linux; } || \
 	  echo "iproute2/util-linux could not be installed: multi-worker tests will skip"
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist), a test file
+# per process at a time, so a file's module fixtures are built once: most
+# of a test's time is single-threaded graph building and rewriting, so two
+# processes on 2 cores take about half the time of one. PYTEST_WORKERS=0
+# runs in this process (for pdb); on a GPU machine each process takes GPU
+# memory, so use as many as the GPUs can hold.
+PYTEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
 test: venv horovod tools
-	$(VENV_PY) -m pytest -q tests
+	$(VENV_PY) $(PYTEST) tests
 
 # The equivalence tests once more as ported TF1 scripts run them, under
 # `tf.compat.v1.disable_v2_behavior()` (reference variables, v1 control
 # flow): the subset TF1_BEHAVIOUR_TESTS of tests/conftest.py, about 4
 # minutes on 2 cores. EPL_TEST_TF1_BEHAVIOUR=1 runs any test file so.
 test-tf1: venv
-	EPL_TEST_TF1_BEHAVIOUR=1 $(VENV_PY) -m pytest -q -m tf1_behaviour tests
+	EPL_TEST_TF1_BEHAVIOUR=1 $(VENV_PY) $(PYTEST) -m tf1_behaviour tests
 
 # The newest TensorFlow EPL is tested on. Since TF 2.16 `tf.keras` is Keras 3
 # unless TF_USE_LEGACY_KERAS=1 makes it tf-keras (Keras 2), which
@@ -91,7 +100,7 @@ $(LATEST_STAMP): setup.py $(wildcard epl/__init__.py) | $(LATEST_PY)
 	touch $@
 
 test-latest: venv-latest tools
-	$(LATEST_ENV) $(LATEST_PY) -m pytest -q tests
+	$(LATEST_ENV) $(LATEST_PY) $(PYTEST) tests
 
 # Tiny BERT, 2 pipeline stages x 2 data-parallel replicas on 4 logical CPU
 # devices, 4 micro-batches per step, on the newest TensorFlow EPL supports

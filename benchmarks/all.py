@@ -136,15 +136,21 @@ time over the build time (**lower is better**) and the op count."""),
 A 2-stage pipeline of dense layers on 2 logical CPU devices, one thread
 each, against one device accumulating the same micro-batches: 1F1B/1dev
 and GPipe/1dev are the speed-ups (**higher is better**), next to the bound
-the pipeline bubble allows."""),
+the pipeline bubble allows. Then the BERT example under GPipe, 1F1B,
+interleaved 1F1B and ZB-H1 on 2 devices: measured step time, the
+simulator's step time and bubble from each schedule's traced costs
+(**lower is better**), and the activations each device holds at its peak
+by EPL's estimate. The logical devices share the machine's cores: the
+measured times cannot show a pipeline's speed-up."""),
     _section(
         "pipeline_memory", "Pipeline memory", [], "GPipe/1F1B", """
 Peak activation memory per stage under GPipe and 1F1B for growing
 micro-batch counts: **GPipe/1F1B above 1** is what 1F1B saves."""),
     _section(
         "pipeline_pictures", "Pipeline pictures", [], "wrote", """
-Redraws docs/pipeline_gpipe.png and docs/pipeline_1f1b.png (one traced
-step of a 4-stage pipeline under each schedule)."""),
+Redraws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png,
+docs/pipeline_interleaved.png and docs/pipeline_zb_h1.png (one traced step
+of the BERT example as a pipeline on 4 devices under each schedule)."""),
     _section(
         "memory_savers", "Memory savers", [], "peak x", """
 BERT data parallel on 4 logical CPU devices with each memory saver
@@ -172,13 +178,19 @@ BERT pipelines cut by hand and by auto parallel: **auto/hand is
 examples/s over the hand-annotated run's, higher is better**."""),
     _section(
         "startup", "Start-up time",
-        ["--runs", "tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:8x4,"
-         "tiny:8x4:grappler=off,large:8x4:build"], "to step 1", """
+        ["--runs", "tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:8x1:processes,"
+         "tiny:8x4,tiny:8x4:accumulation=copies,tiny:8x4:grappler=off,"
+         "large:8x4:build"], "to step 1", """
 Time from an empty graph to the end of the first training step, each row
 a fresh process: plain TF, MirroredStrategy with 8 replicas, EPL with 8
-replicas (and 8 x 4 micro-batches, also without grappler), and
-BERT-Large 8 x 4 built and rewritten only. **to step 1 ... x plain** and
-**x Mirrored: lower is better**.""", both_versions=True),
+replicas (and 8 x 4 micro-batches as a loop, the default, as copies, and
+without grappler), EPL as 8
+processes of one device each (`epl-launch --processes_per_worker 8`: the
+slowest process's phases and graph, CPU time and RSS summed over the
+processes; on fewer than 8 cores they compete for them, so what stays
+flat is each process's graph, not its seconds), and BERT-Large 8 x 4
+built and rewritten only. **to step 1 ... x plain** and **x Mirrored:
+lower is better**.""", both_versions=True),
     _section(
         "copies_as_functions", "Copies as function calls", [], "first step",
         """

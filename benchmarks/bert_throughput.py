@@ -60,6 +60,7 @@ if ROOT not in sys.path:
 import epl  # noqa: E402
 from epl.env import detached  # noqa: E402
 from epl.passes import engine  # noqa: E402
+from benchmarks import bert_schedules  # noqa: E402
 from benchmarks import mirrored  # noqa: E402
 from benchmarks import smoke  # noqa: E402
 from benchmarks import verdict  # noqa: E402
@@ -131,20 +132,11 @@ def build_train(args, size, run, batch, inspect=None):
   """Plain TF (`none`) or EPL: the example's own build_graph;
   `inspect(graph, handles)` sees the graph before EPL rewrites it."""
   graph = tf.Graph()
-  saved = {key: os.environ.get(key) for key in run.epl_env}
-  os.environ.update(run.epl_env)
-  try:
-    with graph.as_default():
-      start = time.perf_counter()
-      handles = train.build_graph(_flags(args, size, run, batch))
-      if inspect is not None:
-        inspect(graph, handles)
-  finally:
-    for key, value in saved.items():
-      if value is None:
-        del os.environ[key]
-      else:
-        os.environ[key] = value
+  with graph.as_default(), bert_schedules.environment(run.epl_env):
+    start = time.perf_counter()
+    handles = train.build_graph(_flags(args, size, run, batch))
+    if inspect is not None:
+      inspect(graph, handles)
   with graph.as_default():
     run.build_s = time.perf_counter() - start
     # The user's fetches: EPL swaps the loss merged over replicas and

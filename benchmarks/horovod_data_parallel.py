@@ -185,13 +185,16 @@ def worker(args):
                  statistics.median(times), "step_s": times}, f)
 
 
-def _isolated(command):
-  """`command` in a private network namespace when one can be made."""
+def isolated(command, own_pids=False):
+  """`command` in a private network namespace when one can be made; with
+  `own_pids` also in a private PID namespace, so that stopping the command
+  (a timeout) ends every process it started."""
+  pids = ["--pid", "--fork", "--kill-child"] if own_pids else []
   if shutil.which("unshare") and shutil.which("ip") and subprocess.run(
-      ["unshare", "-rn", "true"], capture_output=True, check=False
+      ["unshare", "-rn"] + pids + ["true"], capture_output=True, check=False
   ).returncode == 0:
-    return ["unshare", "-rn", "sh", "-c",
-            'ip link set lo up && exec "$0" "$@"'] + command
+    return ["unshare", "-rn"] + pids + [
+        "sh", "-c", 'ip link set lo up && exec "$0" "$@"'] + command
   return command
 
 
@@ -206,7 +209,7 @@ def _job(model, row, global_batch, steps, rows):
                "--steps", str(steps), "--devices", str(devices), "--out", out]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=ROOT, EPL_COMMUNICATION_BACKEND="horovod")
-    finished = subprocess.run(_isolated(command), env=env, cwd=ROOT,
+    finished = subprocess.run(isolated(command), env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=1200,
                               check=False)
     if finished.returncode != 0 or not os.path.exists(out):

@@ -1,8 +1,10 @@
-"""Draws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png and
-docs/pipeline_zb_h1.png for
-docs/pipeline.md: one traced training step of a 4-stage pipeline with 4
-micro-batches under each schedule, with epl.timeline's Gantt helper (needs
-matplotlib).
+"""Draws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png,
+docs/pipeline_interleaved.png and docs/pipeline_zb_h1.png for
+docs/pipeline.md: one traced training step of the BERT example
+(examples/bert_large, tiny, 8 encoder layers) as a pipeline on 4 logical
+CPU devices with 4 micro-batches under each schedule (GPipe, 1F1B and
+ZB-H1: 4 stages; interleaved 1F1B: 8 stages, two per device, drawn one row
+per device), with epl.timeline's Gantt helper (needs matplotlib).
 
     python benchmarks/pipeline_pictures.py [--out_dir docs] [--smoke]
 """
@@ -19,49 +21,56 @@ import tensorflow as tf  # noqa: E402
 import epl  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
-import smoke  # noqa: E402  (benchmarks/, next to this script)
-import stage_model  # noqa: E402
+import bert_schedules  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402
 
-STAGES, MICRO_BATCHES, LAYERS, WIDTH, BATCH = 4, 4, 2, 512, 128
-PICTURES = {"PreferForward": ("pipeline_gpipe.png", "PreferForward (GPipe)"),
-            "PreferBackward": ("pipeline_1f1b.png", "PreferBackward (1F1B)"),
-            "ZeroBubble": ("pipeline_zb_h1.png", "ZeroBubble (ZB-H1)")}
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), "docs")
+# The smoke size draws the same pictures, of a smaller BERT on 2 devices,
+# into a temporary folder.
+SMOKE = ["--out_dir", os.path.join(tempfile.gettempdir(),
+                                   "epl_pipeline_pictures"),
+         "--devices", "2", "--micro_batch", "1", "--seq_length", "8",
+         "--vocab_size", "100"]
 
 
-def trace(strategy):
-  """The PipelineTrace of the 4th step (after 3 untraced ones)."""
-  epl.init(epl.Config({"cluster.num_cpu_devices": STAGES,
-                       "pipeline.num_micro_batch": MICRO_BATCHES,
-                       "pipeline.strategy": strategy}))
+def trace(args, schedule):
+  """The PipelineTrace of the 3rd step of `schedule` (after 2 untraced
+  ones: the first also rewrites the graph)."""
+  pipeline = bert_schedules.Pipeline(
+      schedule, args.devices, args.devices,
+      bert_schedules.layers_needed(args.devices), args.micro_batches,
+      args.micro_batch, args.seq_length, args.vocab_size)
   logging.getLogger("epl").setLevel(logging.WARNING)
   try:
-    with tf.Graph().as_default():
-      train_op = stage_model.build_train_op(STAGES, LAYERS, WIDTH, BATCH)
-      config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                        inter_op_parallelism_threads=STAGES)
-      with tf.compat.v1.Session(config=config) as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(3):
-          session.run(train_op)
-        return timeline.trace_step(session, train_op)[1]
+    pipeline.step()
+    return timeline.trace_step(pipeline.session, pipeline.train_op)[1]
   finally:
+    pipeline.close()
     epl.shutdown()
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out_dir", default=DOCS)
-  # The smoke size draws the same pictures into a temporary folder.
-  args = smoke.parse_args(parser, argv, ["--out_dir", os.path.join(
-      tempfile.gettempdir(), "epl_pipeline_pictures")])
+  parser.add_argument("--devices", type=int, default=4,
+                      help="logical CPU devices of the pipeline")
+  parser.add_argument("--micro_batches", type=int, default=4)
+  parser.add_argument("--micro_batch", type=int, default=4,
+                      help="examples per micro-batch")
+  parser.add_argument("--seq_length", type=int, default=32)
+  parser.add_argument("--vocab_size", type=int, default=1000)
+  args = smoke.parse_args(parser, argv, SMOKE)
   tf.compat.v1.disable_eager_execution()
   os.makedirs(args.out_dir, exist_ok=True)
-  for strategy, (name, title) in PICTURES.items():
-    path = trace(strategy).save_gantt(
-        os.path.join(args.out_dir, name), title="%s: %d stages, %d micro-batches, "
-        "one traced step" % (title, STAGES, MICRO_BATCHES))
+  for schedule in bert_schedules.SCHEDULES:
+    stages = args.devices * schedule.virtual_stages
+    path = trace(args, schedule).save_gantt(
+        os.path.join(args.out_dir, schedule.picture),
+        title="%s: BERT, %d stages on %d devices, %d micro-batches, one "
+        "traced step" % (schedule.name, stages, args.devices,
+                         args.micro_batches),
+        by_device=schedule.virtual_stages > 1)
     print("wrote", path)
   return 0
 

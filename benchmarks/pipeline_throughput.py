@@ -1,6 +1,7 @@
-"""Throughput of a 2-stage pipeline on 2 devices against one device.
+"""Pipeline throughput: a 2-stage pipeline of dense layers against one
+device, and the BERT example under EPL's four schedules.
 
-The same model (NUM_STAGES x LAYERS dense layers) trains on:
+Dense layers. The same model (NUM_STAGES x LAYERS dense layers) trains on:
   - one device: EPL gradient accumulation over M micro-batches (the same
     work, cut the same way, without a pipeline), and plain TensorFlow with
     one batch of M micro-batches' examples;
@@ -16,7 +17,24 @@ next to the bound the pipeline bubble allows, p * (1 - (p-1)/(m+p-1)):
 the bubble is the fraction (p-1)/(m+p-1) of a step in which a stage of a
 p-stage pipeline idles.
 
+BERT schedules. The BERT example (tiny, 2 encoder layers per device) as a
+pipeline on --bert_devices devices with the same micro-batch size and
+count under GPipe, 1F1B, interleaved 1F1B (two stages per device) and
+ZB-H1 (`bert_schedules`): per schedule the measured step time (median,
+the four timed in turn), the step time and bubble the schedule simulator
+gives from the per-stage F, B and W costs of one traced step of it
+(`schedule_simulator.costs_from_trace`), the bubble it gives with unit
+costs (F = B = W), and the activations each device holds at its peak by
+EPL's memory estimate (the activations of the passes in flight in the
+schedule's order: the memory budget each schedule needs). On logical CPU
+devices that share a few cores the measured times cannot show a
+pipeline's speed-up: passes of different devices compete for the same
+cores, and the traced costs include that contention. With GPUs (TensorFlow
+sees some) the BERT pipelines run on them: --bert_devices GPUs per
+pipeline, replicated over every multiple of them.
+
     python benchmarks/pipeline_throughput.py [--micro_batches 1-16]
+        [--bert_devices 2] [--bert_micro_batches 4] [--smoke]
 """
 import argparse
 import logging
@@ -30,12 +48,19 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
+from epl.analysis import memory_estimate  # noqa: E402
+from epl.tools import schedule_simulator  # noqa: E402
+from epl.tools import timeline  # noqa: E402
 
-import smoke  # noqa: E402  (benchmarks/, next to this script)
+import bert_schedules  # noqa: E402  (benchmarks/, next to this script)
+import smoke  # noqa: E402
 import stage_model  # noqa: E402
 
 SMOKE = ["--micro_batches", "2", "--layers", "1", "--width", "16",
-         "--micro_batch", "4", "--steps", "1", "--warmup", "1"]
+         "--micro_batch", "4", "--steps", "1", "--warmup", "1",
+         "--bert_micro_batches", "2", "--bert_micro_batch", "1",
+         "--bert_seq_length", "8",
+         "--bert_vocab_size", "100"]
 
 NUM_STAGES = 2
 
@@ -134,19 +159,8 @@ def host_parallelism(args, chains=NUM_STAGES):
   return chains * seconds(1) / seconds(chains)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--micro_batches", default="1-16",
-                      help="M values: '1-16' or '1,2,4'")
-  parser.add_argument("--layers", type=int, default=4,
-                      help="dense layers per stage")
-  parser.add_argument("--width", type=int, default=512)
-  parser.add_argument("--micro_batch", type=int, default=64,
-                      help="examples per micro-batch")
-  parser.add_argument("--steps", type=int, default=15)
-  parser.add_argument("--warmup", type=int, default=3)
-  args = smoke.parse_args(parser, argv, SMOKE)
-  tf.compat.v1.disable_eager_execution()
+def dense_table(args):
+  """The 2-stage dense pipeline against one device, for each M."""
   p = NUM_STAGES
   print("Pipeline throughput: %d stages x %d dense layers of %d units, "
         "micro-batch %d examples; median of %d steps after %d warm-up "
@@ -183,6 +197,107 @@ def main(argv=None):
           flush=True)
   epl.shutdown()
   print("host parallelism after: %.2f of %d" % (host_parallelism(args), p))
+
+
+def _schedule_figures(pipeline):
+  """(simulated step seconds and bubble from the costs of one traced
+  step, bubble with unit costs, activations per device at its peak in
+  bytes, passes in flight at that peak) of a built BERT pipeline."""
+  trace = timeline.trace_step(pipeline.session, pipeline.train_op)[1]
+  plan = pipeline.result.plan
+  schedule = pipeline.schedule
+  traced = schedule_simulator.simulate(
+      schedule.strategy, pipeline.stages, plan.num_micro_batch,
+      schedule.virtual_stages, schedule_simulator.costs_from_trace(trace))
+  unit = schedule_simulator.simulate(
+      schedule.strategy, pipeline.stages, plan.num_micro_batch,
+      schedule.virtual_stages)
+  estimates = memory_estimate.estimate(pipeline.result)[:pipeline.devices]
+  return (traced.makespan / 1e6, traced.bubble_fraction,
+          unit.bubble_fraction, [e.activations for e in estimates],
+          [e.in_flight for e in estimates])
+
+
+def bert_table(args):
+  """The BERT example under the four schedules at one micro-batch size
+  and count."""
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  devices = args.bert_devices
+  where = ("%d GPU(s) found: pipelines of %d GPUs" % (gpus, devices) if gpus
+           else "%d logical CPU devices sharing %d CPU cores (measured "
+           "times cannot show a pipeline's speed-up there)" % (
+               devices, os.cpu_count()))
+  print("BERT schedules: tiny BERT, %d encoder layers, sequence %d, "
+        "micro-batch %d, %d micro-batches, on %s; median of %d steps after "
+        "%d warm-up steps, the four timed in turn; TensorFlow %s" % (
+            bert_schedules.layers_needed(devices), args.bert_seq_length,
+            args.bert_micro_batch, args.bert_micro_batches, where,
+            args.steps, args.warmup, tf.__version__))
+  print("measured = step time; traced sim = the simulator's step time and "
+        "bubble from this schedule's per-stage F/B/W costs of one traced "
+        "step (traced with FULL_TRACE, its passes take longer than "
+        "untraced ones, the more so where devices share cores: compare it "
+        "between schedules, not with measured); unit bubble = the "
+        "simulator's with F = B = W; activations = "
+        "EPL's estimate of the activations each device holds at its peak "
+        "(MiB, per device), passes = (stage, micro-batch) passes in flight "
+        "then")
+  pipelines, figures = [], []
+  for schedule in bert_schedules.SCHEDULES:
+    pipeline = bert_schedules.Pipeline(
+        schedule, devices, 0 if gpus else devices,
+        bert_schedules.layers_needed(devices), args.bert_micro_batches,
+        args.bert_micro_batch, args.bert_seq_length, args.bert_vocab_size)
+    logging.getLogger("epl").setLevel(logging.WARNING)
+    for _ in range(args.warmup):
+      pipeline.step()
+    pipelines.append(pipeline)
+    # Traced while EPL still holds this graph's rewrite (the next
+    # pipeline's epl.init starts afresh).
+    figures.append(_schedule_figures(pipeline))
+  measured = step_times([(p.session, p.train_op) for p in pipelines],
+                        args.steps)
+  header = ("schedule", "stages", "measured ms", "examples/s",
+            "traced sim ms", "traced bubble", "unit bubble",
+            "activations MiB", "passes")
+  print(" | ".join("%16s" % h for h in header))
+  for pipeline, seconds, (simulated, bubble, unit, held, passes) in zip(
+      pipelines, measured, figures):
+    print(" | ".join([
+        "%16s" % pipeline.schedule.name,
+        "%16s" % ("%d on %d dev" % (pipeline.stages, pipeline.devices)),
+        "%16.1f" % (seconds * 1e3),
+        "%16.1f" % (pipeline.examples / seconds),
+        "%16.1f" % (simulated * 1e3), "%16.3f" % bubble, "%16.3f" % unit,
+        "%16s" % " / ".join("%.2f" % (b / 2.0 ** 20) for b in held),
+        "%16s" % " / ".join(str(n) for n in passes)]), flush=True)
+  epl.shutdown()
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--micro_batches", default="1-16",
+                      help="M values: '1-16' or '1,2,4'")
+  parser.add_argument("--layers", type=int, default=4,
+                      help="dense layers per stage")
+  parser.add_argument("--width", type=int, default=512)
+  parser.add_argument("--micro_batch", type=int, default=64,
+                      help="examples per micro-batch")
+  parser.add_argument("--steps", type=int, default=15)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--bert_devices", type=int, default=2,
+                      help="devices of a BERT pipeline")
+  parser.add_argument("--bert_micro_batches", type=int, default=4,
+                      help="micro-batches of a BERT step (a multiple of "
+                      "--bert_devices, for interleaved 1F1B)")
+  parser.add_argument("--bert_micro_batch", type=int, default=4,
+                      help="examples per BERT micro-batch")
+  parser.add_argument("--bert_seq_length", type=int, default=64)
+  parser.add_argument("--bert_vocab_size", type=int, default=1000)
+  args = smoke.parse_args(parser, argv, SMOKE)
+  tf.compat.v1.disable_eager_execution()
+  dense_table(args)
+  bert_table(args)
   return 0
 
 

@@ -24,7 +24,8 @@ graph handed to TF and the process's peak RSS.
     python benchmarks/startup.py --runs large:8x4:build
     python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:grappler=default,tiny:8x4:grappler=off
     python benchmarks/startup.py --runs tiny:8x1,tiny:8x1:mirrored
-    python benchmarks/startup.py --runs tiny:8x1,tiny:8x4,tiny:8x4:accumulation=loop
+    python benchmarks/startup.py --runs tiny:8x1,tiny:8x4,tiny:8x4:accumulation=copies
+    python benchmarks/startup.py --runs tiny:8x1:mirrored,tiny:8x1:processes
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
 and M micro-batches; the plain TF run uses one micro-batch as its batch.
@@ -34,12 +35,24 @@ EPL row of the same layout after it is compared with it.
 ':grappler=default|fast|off' picks EPL's `optimizer.grappler` preset, or
 turns Grappler off in the user's session config; without it, EPL's default
 preset (and TensorFlow's own for plain TF and MirroredStrategy).
-':accumulation=loop|copies' picks pipeline.accumulation (default copies;
-loop runs the micro-batches as a while-loop); an EPL row with M > 1
+':accumulation=loop|copies' picks pipeline.accumulation (default loop,
+the micro-batches as a while-loop; copies, a copy per micro-batch); an EPL row with M > 1
 after an EPL Rx1 row of the same R is compared with it.
+':processes' runs R x M as R processes of one logical CPU device each
+(`epl-launch --processes_per_worker R`, in a private network namespace when
+one can be made), each building and timing its own replica: the row shows
+the slowest process's phases and ops, the CPU time and peak RSS summed over
+the processes; a line below gives each process's time to step 1 and CPU
+time, and the job's wall time including every process's Python and
+TensorFlow start. On a machine with fewer cores than R the processes
+compete for them: what stays flat as R grows is each process's graph and
+CPU time, not its seconds.
 """
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import resource
 import sys
 import time
@@ -50,10 +63,11 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import fresh_process  # pylint: disable=wrong-import-position
+from benchmarks import horovod_data_parallel  # pylint: disable=wrong-import-position
 from benchmarks import smoke  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
 
-SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:1x2:accumulation=loop",
+SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:2x2,tiny:2x1:processes",
          "--in_process"]
 
 
@@ -146,11 +160,55 @@ def _child(args, config, layout, plain, build_only, grappler="",
       in_process=measure if args.in_process else None)
 
 
+def measure_processes(args, config, layout, build_only, grappler=""):
+  """R x M (`layout`) as R processes of one device each, started by
+  epl-launch --processes_per_worker R; each process runs `measure` as one
+  replica of M micro-batches (answering as `--child` does). Returns the
+  slowest process's result with the CPU time and peak RSS summed over the
+  processes, "per_process" (each one's time to step 1) and "wall" (the
+  whole job's seconds, Python and TensorFlow start included)."""
+  replicas, micro_batches = (int(x) for x in layout.split("x"))
+  child = [config, 1, micro_batches, False, build_only, args.batch_size,
+           grappler, False]
+  command = horovod_data_parallel.isolated([
+      sys.executable, "-m", "epl.tools.launcher", "--num_workers", "1",
+      "--gpu_per_worker", str(replicas), "--processes_per_worker",
+      str(replicas), "--cpu", "--", sys.executable,
+      os.path.abspath(__file__), "--child", json.dumps(child)],
+                                              own_pids=True)
+  start = time.perf_counter()
+  done = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout,
+      check=False, env=dict(os.environ, PYTHONPATH=ROOT,
+                            TF_CPP_MIN_LOG_LEVEL="2"))
+  wall = time.perf_counter() - start
+  answers = {}
+  for line in done.stdout.splitlines():
+    prefix, _, rest = line.partition("] ")
+    if prefix.startswith("[worker ") and rest.startswith("{"):
+      answers[int(prefix.split()[1])] = json.loads(rest)
+  if done.returncode or len(answers) != replicas:
+    sys.stderr.write((done.stdout + done.stderr)[-4000:])
+    raise RuntimeError("%s:%s:processes failed (status %d, %d of %d "
+                       "processes answered)" % (config, layout,
+                                                done.returncode, len(answers),
+                                                replicas))
+  results = [answers[i] for i in range(replicas)]
+  result = dict(max(results, key=_total))
+  result["cpu"] = sum(r["cpu"] for r in results)
+  result["peak_rss_mib"] = sum(r["peak_rss_mib"] for r in results)
+  result["per_process"] = [_total(r) for r in results]
+  result["per_process_cpu"] = [r["cpu"] for r in results]
+  result["wall"] = wall
+  return result
+
+
 def _runs(text):
-  """[(config, build_only, [(layout, grappler, mirrored, accumulation)])]
+  """[(config, build_only, [(layout, grappler, mirrored, accumulation,
+  processes)])]
   from items such as 'tiny:8x4', 'tiny:8x4:grappler=off',
   'tiny:8x4:accumulation=copies', 'large:8x4:build', 'tiny:8x1:mirrored',
-  in the order given."""
+  'tiny:8x1:processes', in the order given."""
   runs = []
   for item in text.split(","):
     config, layout, *options = item.split(":")
@@ -160,15 +218,15 @@ def _runs(text):
         grappler = option.split("=", 1)[1]
       elif option.startswith("accumulation="):
         accumulation = option.split("=", 1)[1]
-      elif option not in ("build", "mirrored"):
+      elif option not in ("build", "mirrored", "processes"):
         raise SystemExit("--runs: unknown option %r in %r; use build, "
-                         "mirrored, grappler=default|fast|off or "
+                         "mirrored, processes, grappler=default|fast|off or "
                          "accumulation=loop|copies" % (option, item))
     key = (config, "build" in options)
     if not runs or runs[-1][:2] != key:
       runs.append(key + ([],))
     runs[-1][2].append((layout, grappler, "mirrored" in options,
-                        accumulation))
+                        accumulation, "processes" in options))
   return runs
 
 
@@ -186,16 +244,44 @@ def _row(label, result):
       result["peak_rss_mib"])
 
 
+def _print_processes(result, layout, plain, mirrored):
+  """The processes-per-device row of `layout`, its ratios to plain TF and
+  (when measured) MirroredStrategy, and each process's time to step 1."""
+  replicas = int(layout.split("x")[0])
+  print(_row("EPL %s, %d processes" % (layout, replicas), result),
+        flush=True)
+  print("%-22s to step 1 %.2fx plain (CPU time over all processes %.2fx), "
+        "ops per process %.1fx, peak RSS over all processes %.2fx" % (
+            "  ratio", _total(result) / _total(plain),
+            result["cpu"] / plain["cpu"], result["ops"] / plain["ops"],
+            result["peak_rss_mib"] / plain["peak_rss_mib"]), flush=True)
+  if mirrored is not None:
+    versus = _total(result) / _total(mirrored)
+    print("%-22s to step 1 %.2fx Mirrored with as many replicas (lower is "
+          "better): %s" % ("  vs Mirrored", versus, verdict.verdict(
+              versus, higher_is_better=False)), flush=True)
+  times = result["per_process"]
+  cpu = statistics.median(result["per_process_cpu"])
+  print("%-22s to step 1 per process min %.1f, median %.1f, max %.1f s; "
+        "CPU time per process median %.1f s (%.2fx plain); job %.1f s with "
+        "each process's Python and TensorFlow start (%d processes share %d "
+        "cores)" % (
+            "  processes", min(times), statistics.median(times), max(times),
+            cpu, cpu / plain["cpu"], result["wall"], replicas,
+            os.cpu_count()), flush=True)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
-      "--runs", default="tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:4x4,"
-      "tiny:8x4,tiny:8x4:accumulation=loop,tiny:8x4:grappler=default,"
-      "tiny:8x4:grappler=off,"
+      "--runs", default="tiny:1x1,tiny:8x1:mirrored,tiny:8x1,"
+      "tiny:8x1:processes,tiny:4x4,tiny:8x4,tiny:8x4:accumulation=copies,"
+      "tiny:8x4:grappler=default,tiny:8x4:grappler=off,"
       "base:1x1,base:4x4,base:8x4:build,large:8x4:build",
       help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
       "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB); "
       "':mirrored' = MirroredStrategy over R devices instead of EPL; "
+      "':processes' = EPL as R processes of one device each; "
       "':grappler=default|fast|off' = EPL's optimizer.grappler preset, or "
       "rewrite_options.disable_meta_optimizer in the session config; "
       "':accumulation=loop|copies' = pipeline.accumulation")
@@ -228,7 +314,12 @@ def main(argv=None):
     print(_row("plain TF", plain), flush=True)
     mirrored_results = {}
     single_micro_batch = {}
-    for layout, grappler, mirrored, accumulation in layouts:
+    for layout, grappler, mirrored, accumulation, processes in layouts:
+      if processes:
+        _print_processes(measure_processes(args, config, layout, build_only,
+                                           grappler), layout, plain,
+                         mirrored_results.get(layout))
+        continue
       if mirrored:
         mirrored_results[layout] = result = _child(
             args, config, layout, True, build_only, grappler, True)
@@ -247,7 +338,7 @@ def main(argv=None):
         single_micro_batch[replicas] = epl_result
       print(_row("EPL %s%s%s" % (
           layout, ", grappler " + grappler if grappler else "",
-          ", " + (accumulation or "copies") if micro_batches != "1" else ""),
+          ", " + (accumulation or "loop") if micro_batches != "1" else ""),
                  epl_result), flush=True)
       print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
             "plain build, ops %.1fx, peak RSS %.2fx" % (

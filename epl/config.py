@@ -259,8 +259,9 @@ _KEYS = (
     # auto
     _k("auto", "auto_parallel", _Bool(), False,
        "Let EPL choose the parallel strategy itself: data parallel, cut "
-       "into pipeline.num_stages stages balanced by FLOPs when that is > 1; "
-       "the model has no strategy scope.", built=True),
+       "into pipeline.num_stages stages balanced by FLOPs when that is > 1 "
+       "(num_stages x pipeline.virtual_stages, v per device, with "
+       "virtual_stages > 1); the model has no strategy scope.", built=True),
     # amp
     _k("amp", "level", _Choice(["", "O1"]), "",
        "Automatic mixed precision level; \"\" is off, \"O1\" runs "
@@ -289,7 +290,13 @@ _KEYS = (
        "ZeRO memory partitioning over data-parallel replicas; \"v0\" "
        "optimizer states, \"v1\" also gradients (reduced on their owner), "
        "\"v2\" also the micro-batch sums of gradients (on their owner "
-       "only); \"v3\" (weights) is not built and raises; \"\" is off.",
+       "only); \"v3\" also the weights (each replica stores one shard of "
+       "each, gathered just before use); \"\" is off.",
+       built=True),
+    _k("zero", "min_partition_size", _Int(minimum=0), 100000,
+       "zero.level \"v3\": variables with fewer elements stay whole on every "
+       "replica (their optimizer state and gradients partitioned as with "
+       "\"v2\"); DeepSpeed's stage3_param_persistence_threshold.",
        built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",
@@ -375,7 +382,9 @@ _KEYS = (
        built=True),
     _k("pipeline", "num_stages", _Int(minimum=1, special={-1: "auto"}), -1,
        "Number of pipeline stages: auto.auto_parallel cuts the model into "
-       "this many; with stage scopes written by hand, their count (-1: any).",
+       "this many (the devices of a pipeline: it cuts num_stages x "
+       "pipeline.virtual_stages); with stage scopes written by hand, their "
+       "count (-1: any).",
        built=True),
     _k("pipeline", "strategy",
        _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
@@ -391,7 +400,8 @@ _KEYS = (
        "Stages per pipeline device (v): with v > 1, the S stage scopes run "
        "on S / v devices per replica, stage s on device s mod (S / v), "
        "under Megatron-LM's interleaved 1F1B; needs pipeline.strategy "
-       "\"PreferBackward\" and num_micro_batch a multiple of S / v.",
+       "\"PreferBackward\" and num_micro_batch a multiple of S / v. Auto "
+       "parallel cuts S = pipeline.num_stages x v stages.",
        built=True),
     # log
     _k("log", "passes", _Bool(), False,

@@ -45,6 +45,8 @@ TF1_BEHAVIOUR_TESTS = (
     "test_split.py::test_checkpoints_hold_full_tensors_both_ways",
     "test_moe.py::test_split_experts_with_micro_batches",
     "test_memory_savers_zero.py::test_zero_matches_single_device",
+    "test_memory_savers_zero.py::test_zero_v3_matches_single_device",
+    "test_memory_savers_zero.py::test_zero_v3_devices_hold_their_shards_only",
     "test_memory_savers_zero.py::test_offload_matches_single_device",
     "test_memory_savers_combined.py::test_gc_zero_amp_equal_amp_alone",
     "test_auto_parallel.py::test_mlp_equals_single_device",

@@ -78,15 +78,16 @@ def launch(launcher_args, timeout=240, env=None):
 
 
 def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
-              limit=240, env=None, **options):
-  """Runs tests/workers/train_worker.py on `num_workers` workers (with
-  `env` added to their environment); returns (job, [each worker's result
-  dict or None])."""
+              limit=240, env=None, processes_per_worker=1, **options):
+  """Runs tests/workers/train_worker.py on `num_workers` workers of
+  `devices` devices, each worker as `processes_per_worker` processes (with
+  `env` added to their environment); returns (job, [each process's result
+  dict or None], in TF_CONFIG order)."""
   out = tmp_path / name
   out.mkdir()
   args = ["--num_workers", str(num_workers), "--gpu_per_worker",
-          str(devices), "--cpu"] + list(launcher) + [
-              WORKER_SCRIPT, "--out", str(out)]
+          str(devices), "--processes_per_worker", str(processes_per_worker),
+          "--cpu"] + list(launcher) + [WORKER_SCRIPT, "--out", str(out)]
   for key, value in options.items():
     if value is True:
       args.append("--" + key)
@@ -94,7 +95,7 @@ def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
       args += ["--" + key, str(value)]
   job = launch(args, timeout=limit, env=env)
   results = []
-  for worker in range(num_workers):
+  for worker in range(num_workers * processes_per_worker):
     path = out / ("worker_%d.json" % worker)
     results.append(json.loads(path.read_text()) if path.exists() else None)
   return job, results

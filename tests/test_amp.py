@@ -10,7 +10,6 @@ import tensorflow as tf
 import epl
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
-from epl.passes import loss_scale
 from epl.ir import names
 from epl.passes import loss_scale
 from tests import tolerance

@@ -97,6 +97,42 @@ def test_mlp_equals_single_device(mlp_single_device, num_stages, devices):
   assert choice.flops_ratio <= {2: 1.3, 4: 1.6}[stages], choice.flops_ratio
 
 
+@pytest.mark.parametrize("devices", [2, 4])
+def test_mlp_interleaved_cuts_num_stages_times_virtual_stages(
+    mlp_single_device, devices):
+  # pipeline.num_stages 2 devices per pipeline, 2 stages on each: 4 stages
+  # cut, stage s on pipeline device s mod 2 of its replica.
+  replicas, micro_batches = devices // 2, 2
+  config = dict(_auto_config(2, devices, micro_batches),
+                **{"pipeline.virtual_stages": 2})
+  values, _, graph = training.train(
+      mlp, steps=STEPS, batch_size=GLOBAL_BATCH // (replicas * micro_batches),
+      config=config, default_strategy=False)
+  training.assert_close(values, mlp_single_device)
+  plan = engine.ensure_rewritten(graph).plan
+  assert (plan.num_stages, plan.virtual_stages, plan.num_replicas) == (
+      4, 2, replicas)
+  choice = auto.stages_of(graph)
+  assert len(choice.stages) == 4
+  assert all(re.fullmatch(r"dense_\d+/MatMul", cut) for cut in choice.cuts), (
+      choice.cuts)
+  for replica in range(replicas):
+    prefix = "EPL_REPLICA_%d/" % replica if replica else ""
+    for stage in choice.stages:
+      matmuls = [name for name in stage.ops if name.endswith("/MatMul")]
+      assert matmuls, stage
+      for name in matmuls:
+        device = graph.get_operation_by_name(prefix + name).device
+        assert device.endswith("CPU:%d" % (2 * replica + stage.index % 2)), (
+            name, device)
+
+
+def test_interleaved_needs_several_devices_per_pipeline():
+  with pytest.raises(ValueError, match="virtual_stages 2 needs "
+                     "pipeline.num_stages > 1"):
+    _build_only(mlp, -1, 2, **{"pipeline.virtual_stages": 2})
+
+
 def _train_keras(batch_size, config=None):
   """The MLP under a Keras optimizer (minimize with a callable: the
   gradients come from a GradientTape, and the optimizer makes its step
@@ -127,10 +163,10 @@ def test_keras_optimizer_through_a_gradient_tape(num_stages):
   training.assert_close(actual, expected)
 
 
-def _build_only(model, num_stages, devices):
-  """Builds `model`'s training step under auto parallel (no session);
-  returns (graph, AutoStages)."""
-  epl.init(epl.Config(_auto_config(num_stages, devices)))
+def _build_only(model, num_stages, devices, **extra):
+  """Builds `model`'s training step under auto parallel (no session),
+  with config keys `extra` too; returns (graph, AutoStages)."""
+  epl.init(epl.Config(dict(_auto_config(num_stages, devices), **extra)))
   graph = tf.Graph()
   with graph.as_default():
     x, y = training.input_batch(8)

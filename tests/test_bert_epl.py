@@ -250,3 +250,27 @@ def test_equals_single_device_on_the_same_global_batch(
   moved = {n: np.abs(expected[n] - initial[n]).max() for n in initial}
   still = sorted(n for n, m in moved.items() if m < 1e-3)
   assert all(n.endswith("/attention/self/key/bias") for n in still), still
+
+
+def test_interleaved_equals_single_device(monkeypatch):
+  # 4 encoder layers in 4 stages, two per device on 2 devices (stages 0
+  # and 2 on one, 1 and 3 on the other). The gradient of each layer's
+  # output is summed with the next stage's (residual connections), and
+  # tf.gradients gates it with the layer's own gradients: without lifting
+  # that gate across stages, interleaved 1F1B waits in a cycle.
+  expected, expected_losses, _, _ = _train_exact(num_layers=4)
+  monkeypatch.setenv("EPL_PIPELINE_VIRTUAL_STAGES", "2")
+
+  def check(graph, handles):
+    plan = engine.ensure_rewritten(graph).plan
+    assert (plan.num_stages, plan.virtual_stages, plan.num_replicas) == (
+        4, 2, 1)
+    layer = "bert/encoder/layer_%d/output/dense/kernel"
+    for index in range(4):
+      assert _device_of(graph, layer % index).endswith("CPU:%d" % (index % 2))
+
+  values, losses, _, _ = _train_exact(
+      "pipeline", batch_size=GLOBAL_BATCH // 2, check=check,
+      num_cpu_devices=2, num_micro_batch=2, num_stages=4, num_layers=4)
+  tolerance.assert_equivalent(losses, expected_losses)
+  training.assert_close(values, expected, atol=1e-5)

@@ -239,6 +239,18 @@ def test_epl_annotations_with_stand_in(monkeypatch):
 # input pipelines
 
 
+@pytest.mark.parametrize("parallel, num_stages, virtual_stages, replicas", [
+    ("pipeline_data", 4, 0, 2), ("pipeline_data", 4, 2, 4),
+    ("auto", 2, 2, 4), ("data", 0, 2, 8)])
+def test_replicas_count_devices_per_replica(parallel, num_stages,
+                                            virtual_stages, replicas):
+  """Interleaved 1F1B puts two stage scopes on a device; auto parallel
+  cuts num_stages x virtual_stages stages onto num_stages devices."""
+  f = train.resolve_flags(dict(parallel=parallel, num_stages=num_stages,
+                               virtual_stages=virtual_stages))
+  assert train.num_replicas(f, total_devices=8) == replicas
+
+
 def test_synthetic_input_shapes_and_determinism():
   b, s, p, vocab = 4, 32, 5, 100
   with tf.Graph().as_default():

@@ -30,6 +30,7 @@ EXPECTED_DEFAULTS = {
     "io.unbalanced_io_slicing": False,
     "io.drop_last_files": False,
     "zero.level": "",
+    "zero.min_partition_size": 100000,
     "offload.level": "",
     "communication.num_communicators": 2,
     "communication.local_cpu_reduce": True,

@@ -94,7 +94,8 @@ def _arrays(values):
 
 @pytest.mark.parametrize("case", ["dense_momentum", "dense_adam",
                                   "sparse_momentum", "sparse_adam",
-                                  "pipeline", "zero_v1", "zero_v2"])
+                                  "pipeline", "zero_v1", "zero_v2",
+                                  "zero_v3"])
 def test_two_processes_match_single_device(job, case):
   results, _ = job
   plain, losses, labels = _plain_run(case)

@@ -21,7 +21,8 @@ _REPORT = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
 
 def _args(**kwargs):
   values = dict(num_workers=2, gpu_per_worker=1, base_port=None,
-                host="127.0.0.1", machine_list=None, machine_rank=None)
+                host="127.0.0.1", machine_list=None, machine_rank=None,
+                processes_per_worker=1)
   values.update(kwargs)
   return argparse.Namespace(**values)
 
@@ -40,6 +41,51 @@ def test_addresses_for_one_and_several_machines():
                                     machine_rank=0))
   with pytest.raises(ValueError, match="--machine_rank must be in"):
     launcher.worker_addresses(_args(machine_list="a,b"))
+
+
+def test_processes_per_worker_are_tasks_with_a_share_of_the_devices():
+  # 2 workers x 2 processes: 4 tasks, process p of worker w is task 2w + p.
+  args = _args(gpu_per_worker=4, processes_per_worker=2, base_port=7000)
+  addresses, mine = launcher.worker_addresses(args)
+  assert addresses == ["127.0.0.1:%d" % p for p in range(7000, 7004)]
+  assert mine == [0, 1, 2, 3]
+  for local, index in enumerate(mine):
+    gpu = launcher.worker_env(addresses, index, local, args, gpus=8)
+    assert json.loads(gpu["TF_CONFIG"]) == {
+        "cluster": {"worker": addresses},
+        "task": {"type": "worker", "index": index}}
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "%d,%d" % (2 * local, 2 * local + 1)
+    cpu = launcher.worker_env(addresses, index, local, args, gpus=0)
+    assert cpu["CUDA_VISIBLE_DEVICES"] == ""
+    assert cpu["EPL_CLUSTER_NUM_CPU_DEVICES"] == "2"
+  # On 2 machines each runs its worker's 2 processes, from its base port.
+  addresses, mine = launcher.worker_addresses(_args(
+      gpu_per_worker=2, processes_per_worker=2,
+      machine_list="10.0.0.1,10.0.0.2:9000", machine_rank=1))
+  assert addresses == ["10.0.0.1:23456", "10.0.0.1:23457", "10.0.0.2:9000",
+                       "10.0.0.2:9001"]
+  assert mine == [2, 3]
+  env = launcher.worker_env(addresses, 3, 1, _args(
+      gpu_per_worker=2, processes_per_worker=2), gpus=2)
+  assert env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_processes_per_worker_errors(capsys):
+  with pytest.raises(ValueError, match=(
+      r"--gpu_per_worker 3 is not a multiple of --processes_per_worker 2.*"
+      r"--processes_per_worker 3 gives one process per device")):
+    launcher.worker_addresses(_args(gpu_per_worker=3, processes_per_worker=2))
+  with pytest.raises(ValueError, match="--processes_per_worker must be at "
+                     "least 1, got 0"):
+    launcher.worker_addresses(_args(processes_per_worker=0))
+  with pytest.raises(SystemExit):
+    launcher.main(["--num_workers", "2", "--gpu_per_worker", "4",
+                   "--processes_per_worker", "4", "--backend", "horovod",
+                   "train.py"])
+  assert ("--processes_per_worker is for the collective backend: under "
+          "horovodrun each process is a worker of its own, so give "
+          "--num_workers 8 --gpu_per_worker 1 instead") in (
+              capsys.readouterr().err)
 
 
 def test_commands_by_kind():
@@ -64,6 +110,26 @@ def test_workers_get_tf_config_devices_and_prefixed_output(tmp_path):
     logged = (tmp_path / ("worker_%d.log" % worker)).read_text()
     assert logged == line + "\n"
   assert "[epl-launch] all 2 worker(s) succeeded" in job.output
+
+
+def test_processes_of_workers_get_tasks_devices_and_a_warning():
+  multiworker.require_namespaces()
+  job = multiworker.launch(
+      ["--num_workers", "2", "--gpu_per_worker", "2", "--cpu",
+       "--processes_per_worker", "2", "--", sys.executable, "-c", _REPORT],
+      timeout=60)
+  assert job.returncode == 0, job.output
+  assert ("[epl-launch] 2 worker(s) x 2 processes on this machine, 1 logical "
+          "CPU device(s) per process (CUDA_VISIBLE_DEVICES='', "
+          "EPL_CLUSTER_NUM_CPU_DEVICES=1): 4 EPL workers in TF_CONFIG") in (
+              job.output)
+  assert ("[epl-launch] WARNING --processes_per_worker 2: a pipeline replica "
+          "or split group needing more than 1 device(s) spans processes") in (
+              job.output)
+  for task in range(4):
+    line, = job.lines(task)
+    assert line.startswith("task %d 4 cpu 1 pid" % task)
+  assert "[epl-launch] all 4 worker(s) succeeded" in job.output
 
 
 def test_a_failed_worker_stops_the_others_and_the_job_fails():

@@ -1,6 +1,7 @@
 """ZeRO, offload and grouped apply train like single-device TensorFlow on
 the same global batch, with data parallelism, micro-batches and pipelines;
 where their state lives; checkpoints both ways; errors."""
+import contextlib
 import logging
 
 import numpy as np
@@ -15,6 +16,18 @@ from epl.ir.phase import Phase
 from tests import training
 
 MICRO = 8
+
+
+@contextlib.contextmanager
+def _epl_logs_caught(caplog):
+  """EPL's log records reach `caplog`, also from a first epl.init (which
+  stops the logger propagating)."""
+  logger = logging.getLogger("epl")
+  logger.addHandler(caplog.handler)
+  try:
+    yield
+  finally:
+    logger.removeHandler(caplog.handler)
 # Adam's update of a resource variable, and of a reference variable
 # (EPL_TEST_TF1_BEHAVIOUR=1).
 ADAM_UPDATE_TYPES = ("ResourceApplyAdam", "ApplyAdam")
@@ -110,6 +123,128 @@ def test_zero_matches_single_device(layout, level):
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
 def test_zero_v2_matches_single_device(layout, optimizer):
   _check(layout, optimizer, {"zero.level": "v2"})
+
+
+# zero.level v3 partitioning every variable of the small test models.
+V3 = {"zero.level": "v3", "zero.min_partition_size": 0}
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2", "pipe2x2"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_zero_v3_matches_single_device(layout, optimizer):
+  _check(layout, optimizer, V3)
+
+
+def _variable_shapes(graph):
+  """{device: {variable op name without replica prefix: shape}}."""
+  shapes = {}
+  for op in graph.get_operations():
+    if op.type in VARIABLE_TYPES and op.name != "global_step":
+      name = op.name.split("/", 1)[1] if op.name.startswith(
+          "EPL_REPLICA_") else op.name
+      shapes.setdefault(op.device, {})[name] = tf.TensorShape(
+          op.get_attr("shape")).as_list()
+  return shapes
+
+
+def test_zero_v3_devices_hold_their_shards_only():
+  """Each of 4 replicas holds rows [r * c, (r + 1) * c) of every weight
+  above zero.min_partition_size and of its Adam slots (c = ceil(rows / 4),
+  zero padding past the end); the variables below it stay whole, their
+  slots on one owner (v2); single-device values come back in full."""
+  graph = _check("dp4", "adam", {"zero.level": "v3",
+                                 "zero.min_partition_size": 16})
+  shapes = _variable_shapes(graph)
+  assert sorted(shapes) == ["/device:CPU:%d" % d for d in range(4)]
+  sharded = {"dense/kernel": [2, 16], "dense/bias": [4],
+             "dense_1/kernel": [4, 1]}
+  owned_slots = {}
+  for device, variables in shapes.items():
+    for weight, shard in sharded.items():
+      for name in (weight, weight + "/Adam", weight + "/Adam_1"):
+        assert variables[name] == shard, (device, name)
+    # One weight (dense_1/bias, 1 element) stays whole on every replica.
+    assert variables["dense_1/bias"] == [1]
+    for name in ("dense_1/bias/Adam", "dense_1/bias/Adam_1"):
+      if name in variables:
+        owned_slots.setdefault(name, []).append(device)
+    assert variables["beta1_power"] == [] and variables["beta2_power"] == []
+  assert [len(d) for d in owned_slots.values()] == [1, 1]
+  # The updates of each shard run with it, on shard-sized gradients.
+  updates = [op for op in graph.get_operations()
+             if op.type in ADAM_UPDATE_TYPES]
+  assert len(updates) == 4 * 3 + 1
+  for op in updates:
+    assert op.device == op.inputs[0].op.device, op.name
+
+
+def test_zero_v3_gathers_each_weight_just_before_use():
+  """Every forward and backward use of a partitioned weight reads a
+  concatenation of the 4 shards made for it, whose shard reads wait for
+  the op's other inputs; no replica's step reads its own shard alone."""
+  graph = _check("dp4", "momentum", V3)
+  kernel = "dense_1/kernel"
+  users = 0
+  for op in graph.get_operations():
+    if op.type != "MatMul":
+      continue
+    for tensor in op.inputs:
+      # The full weight: the shards concatenated, the padding sliced off.
+      if tensor.op.type != "Slice" or (
+          tensor.op.inputs[0].op.type != "ConcatV2"):
+        continue
+      # ReadVariableOps, or reference variables' Identity reads.
+      reads = [t.op for t in tensor.op.inputs[0].op.inputs[:-1]]
+      sources = sorted(r.inputs[0].op.name for r in reads)
+      if not sources[-1].endswith(kernel):
+        continue
+      users += 1
+      assert sources == sorted(
+          [kernel] + ["EPL_REPLICA_%d/%s" % (r, kernel) for r in (1, 2, 3)])
+      others = {t.op for t in op.inputs if t is not tensor}
+      for read in reads:
+        assert others <= set(read.control_inputs), op.name
+  # Forward, and the gradient of the input, in each of 4 replicas.
+  assert users == 4 * 2
+
+
+def test_zero_v3_whole_values_outside_the_step():
+  """Fetching a partitioned variable, or a slot, gives its whole value;
+  assigning a whole value writes every replica's slice; an assign_add of
+  a partitioned variable, and Variable.load (it feeds the initializer's
+  value, now replica 0's slice), are errors naming it."""
+  epl.init(epl.Config(dict(V3, **{"cluster.num_cpu_devices": 4})))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(MICRO)
+    loss = tf.reduce_mean(tf.square(training.get_variable_model(x) - y))
+    optimizer = training.OPTIMIZERS["momentum"]()
+    train_op = optimizer.minimize(loss)
+    w1 = [v for v in tf.compat.v1.global_variables() if v.op.name == "w1"][0]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      value = session.run(w1)
+      assert value.shape == (training.FEATURES, 16)
+      assert session.run(optimizer.get_slot(w1, "momentum")).shape == (
+          value.shape)
+      session.run(w1.assign(np.ones_like(value)))
+      np.testing.assert_array_equal(session.run(w1), np.ones_like(value))
+      shards = training.read_variables(session, graph, [
+          "EPL_REPLICA_%d/w1" % r for r in (1, 2, 3)])
+      assert {v.shape for v in shards.values()} == {(2, 16)}
+      assert all((v == 1).all() for v in shards.values())
+      with pytest.raises(ValueError) as raised:
+        w1.load(np.zeros_like(value), session)
+      assert "Variable.load" in str(raised.value)
+      assert "'w1'" in str(raised.value)
+      increment = w1.assign_add(np.ones_like(value))
+      with pytest.raises(ValueError) as raised:
+        session.run(increment)
+  for word in ("zero.level v3", increment.name.split(":")[0], "'w1'",
+               "zero.min_partition_size"):
+    assert word in str(raised.value)
 
 
 @pytest.mark.parametrize("level", ["v1", "v2"])
@@ -225,6 +360,7 @@ def _checkpoint(path):
 
 
 SAVERS = [{"zero.level": "v0"}, {"zero.level": "v1"}, {"zero.level": "v2"},
+          V3, {"zero.level": "v3", "zero.min_partition_size": 16},
           {"offload.level": "v0"},
           {"zero.level": "v1", "offload.level": "v0",
            "optimizer.num_apply_group": 2}]
@@ -287,12 +423,31 @@ def test_offload_matches_single_device(layout):
 
 
 @pytest.mark.parametrize("level, micro_batches", [
-    ("v0", 1), ("v1", 1), ("v2", 1), ("v1", 2), ("v2", 2)])
-def test_zero_with_sparse_gradients(level, micro_batches):
+    ("v0", 1), ("v1", 1), ("v2", 1), ("v1", 2), ("v2", 2), ("v3", 1),
+    ("v3", 2)])
+def test_zero_with_sparse_gradients(level, micro_batches, caplog):
   from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
   expected = _embedding_train(False, 4 * micro_batches * MICRO, "adam")
-  actual = _embedding_train(True, MICRO, "adam", {
-      "zero.level": level, "pipeline.num_micro_batch": micro_batches})
+  with _epl_logs_caught(caplog):
+    actual = _embedding_train(True, MICRO, "adam", {
+        "zero.level": level, "pipeline.num_micro_batch": micro_batches,
+        "zero.min_partition_size": 0})
+  training.assert_close(actual, expected)
+  # v3 keeps the embedding table (sparse gradients) whole, and says so.
+  assert bool([r for r in caplog.records if "table get sparse gradients"
+               in r.getMessage()]) == (level == "v3")
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_zero_v3_partitions_embeddings_with_dense_gradients(micro_batches):
+  """With communication.sparse_as_dense, v3 partitions the embedding
+  table too: each lookup gathers its rows from the gathered table."""
+  from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
+  settings = {"communication.sparse_as_dense": True}
+  expected = _embedding_train(True, 4 * micro_batches * MICRO, "momentum",
+                              dict(settings, **{"cluster.num_cpu_devices": 1}))
+  actual = _embedding_train(True, MICRO, "momentum", dict(
+      settings, **V3, **{"pipeline.num_micro_batch": micro_batches}))
   training.assert_close(actual, expected)
 
 
@@ -304,8 +459,6 @@ def test_zero_offload_and_grouped_apply_together(layout, level):
 
 
 @pytest.mark.parametrize("config, error, words", [
-    ({"zero.level": "v3"}, NotImplementedError,
-     ["zero.level", "v3", "not built", "v2"]),
     ({"zero.level": "v1", "communication.clip_after_allreduce": True},
      ValueError, ["zero.level", "communication.clip_after_allreduce"]),
     ({"zero.level": "v2", "communication.clip_after_allreduce": True},
@@ -317,6 +470,17 @@ def test_zero_settings_that_cannot_work(config, error, words):
                                         **config))
   for word in words:
     assert word in str(raised.value)
+
+
+def test_zero_v3_under_the_partition_size_warns_and_works_as_v2(caplog):
+  """The test model's largest variable has 128 elements, under the
+  default zero.min_partition_size: nothing is partitioned, v2 runs."""
+  with _epl_logs_caught(caplog):
+    graph = _check("dp4", "adam", {"zero.level": "v3"})
+  assert [r for r in caplog.records
+          if "partitions no variable" in r.getMessage() and
+          "zero.min_partition_size" in r.getMessage()]
+  assert len(_slots(graph)) == 8  # each slot once, on its owner (v2)
 
 
 def test_zero_with_one_replica_warns(caplog):

@@ -257,14 +257,17 @@ def test_monitored_training_sessions_save_once_and_resume(tmp_path):
 @pytest.mark.parametrize("savers, micro_batches", [
     ({"EPL_ZERO_LEVEL": "v0", "EPL_OFFLOAD_LEVEL": "v0"}, 1),
     ({"EPL_ZERO_LEVEL": "v1", "EPL_OPTIMIZER_NUM_APPLY_GROUP": "2"}, 1),
-    ({"EPL_ZERO_LEVEL": "v2"}, 2)])
+    ({"EPL_ZERO_LEVEL": "v2"}, 2),
+    ({"EPL_ZERO_LEVEL": "v3", "EPL_ZERO_MIN_PARTITION_SIZE": "0"}, 1),
+    ({"EPL_ZERO_LEVEL": "v3", "EPL_ZERO_MIN_PARTITION_SIZE": "0"}, 2)])
 def test_memory_savers_across_workers_match_single_device(
     tmp_path, monkeypatch, savers, micro_batches):
   """ZeRO: each worker partitions the optimizer state over its own
   replicas; v0 all-reduces gradients over every worker's replicas, v1
   reduces them on the owners, which then all-reduce across workers; v2
   (2 micro-batches of 4 rows) sums every micro-batch on the owners, which
-  then all-reduce across workers."""
+  then all-reduce across workers; v3 shards the weights within each
+  worker, and the same shard of each worker all-reduces its gradient."""
   for key, value in savers.items():
     monkeypatch.setenv(key, value)
   job, results = multiworker.train_job(
@@ -276,3 +279,25 @@ def test_memory_savers_across_workers_match_single_device(
     training.assert_close(_arrays(result["variables"]), plain)
     assert result["global_step"] == 5
   assert "ZeRO %s" % savers["EPL_ZERO_LEVEL"] in job.output
+
+
+@pytest.mark.parametrize("num_workers, processes", [(1, 2), (2, 2)])
+def test_one_process_per_device_matches_single_device(tmp_path, num_workers,
+                                                      processes):
+  # epl-launch --processes_per_worker: each worker of 2 logical CPU devices
+  # runs as 2 processes of 1 device, each an EPL worker building only its
+  # own replica; the global batch of 32 is split over all of them.
+  tasks = num_workers * processes
+  job, results = multiworker.train_job(
+      tmp_path, "per_device", num_workers=num_workers, devices=processes,
+      processes_per_worker=processes, steps=5, micro=GLOBAL_BATCH // tasks)
+  _assert_ok(job, results)
+  assert "WARNING --processes_per_worker %d" % processes in job.output
+  plain_losses, plain = _plain_run(5)
+  for task, result in enumerate(results):
+    assert result["worker"] == task
+    assert result["devices"]["dense/kernel"] == (
+        "/job:worker/replica:0/task:%d/device:CPU:0" % task)
+    training.assert_close(_arrays(result["variables"]), plain)
+    tolerance.assert_equivalent(result["merged"], plain_losses)
+    assert result["global_step"] == 5

@@ -22,12 +22,13 @@ TODAYS_ORDER = [
     "select_gradient_points", "check_grouped", "place_replica_zero",
     "convert_to_half", "scale_loss", "recompute_activations",
     "clone_micro_batches", "partition_updates", "clone_replicas",
-    "vary_random_seeds", "place_updates", "offload_variables",
+    "vary_random_seeds", "place_updates", "partition_weights",
+    "offload_variables",
     "order_input_reads", "lower_split", "split_fed_batches", "join_replicas",
     "order_shared_writes",
     "order_reference_updates", "average_forward_state_updates",
     "aggregate_gradients", "skip_nonfinite_updates", "schedule_pipeline",
-    "merge_global_objects", "sync_variables"]
+    "merge_global_objects", "sync_variables", "translate_whole_values"]
 
 
 # ------------------------------------------------------------ the manager

@@ -63,9 +63,11 @@ def test_two_stages_four_micro_batches(strategy, optimizer):
     assert clone.device.endswith("CPU:1")
 
 
-@pytest.mark.parametrize("strategy", ["PreferBackward", "ZeroBubble"])
-def test_four_stages_on_four_devices(strategy):
-  graph = _check_pipeline(4, 4, optimizer="adam", strategy=strategy)
+@pytest.mark.parametrize("strategy, optimizer", [
+    ("PreferBackward", "adam"), ("ZeroBubble", "adam"),
+    ("ZeroBubble", "momentum")])
+def test_four_stages_on_four_devices(strategy, optimizer):
+  graph = _check_pipeline(4, 4, optimizer=optimizer, strategy=strategy)
   for stage in range(4):
     kernel = graph.get_operation_by_name("layer_%d/kernel" % stage)
     assert kernel.device.endswith("CPU:%d" % stage)

@@ -163,24 +163,61 @@ def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
   assert "ended without building a training step" in err
 
 
-def _pipeline_rewrite(schedule="PreferBackward", static_batch=True):
-  """The rewrite result of a 2-stage MLP (8 -> 16 tanh -> 1, Adam), 2
-  micro-batches of 16 examples, on 2 logical CPU devices; the input's
-  batch dimension is static or not."""
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
-                       "pipeline.num_micro_batch": 2,
-                       "pipeline.strategy": schedule}))
+def _pipeline_rewrite(schedule="PreferBackward", static_batch=True,
+                      widths=(16, 1), micro_batches=2, **extra):
+  """The rewrite result of a staged MLP (8 -> 16 tanh -> 1 by default, one
+  stage per width, Adam), `micro_batches` micro-batches of 16 examples, on
+  2 logical CPU devices, with config keys `extra`; the input's batch
+  dimension is static or not."""
+  epl.init(epl.Config(dict({"cluster.num_cpu_devices": 2,
+                            "pipeline.num_micro_batch": micro_batches,
+                            "pipeline.strategy": schedule}, **extra)))
   graph = tf.Graph()
   with graph.as_default():
     x, y = training.dataset_arrays()
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
         16, drop_remainder=static_batch)
     x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
-    loss = tf.reduce_mean(tf.square(training.staged_model((16, 1))(x) - y))
+    loss = tf.reduce_mean(tf.square(training.staged_model(widths)(x) - y))
     tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
   return state_of(graph).rewrite_result
+
+
+def test_interleaved_estimate_holds_what_each_device_order_keeps():
+  # 4 stages (8 -> 16 -> 16 -> 16 -> 1), two per device (v = 2), 4
+  # micro-batches of 16.
+  result = _pipeline_rewrite(widths=(16, 16, 16, 1), micro_batches=4,
+                             **{"pipeline.virtual_stages": 2})
+  device_0, device_1 = memory_estimate.estimate(result)
+  assert (device_0.stages, device_1.stages) == ([0, 2], [1, 3])
+  float32 = 4
+  # What each stage's backward reads: its input and its tanh's output (the
+  # last stage: its input and prediction - y).
+  assert device_0.stage_activations == {0: (16 * 8 + 16 * 16) * float32,
+                                        2: 2 * 16 * 16 * float32}
+  assert device_1.stage_activations == {1: 2 * 16 * 16 * float32,
+                                        3: (16 * 16 + 16) * float32}
+  # Device 0 runs (D - 1) x 2 + (v - 1) x D = 4 forwards (stage 0 of
+  # micro-batches 0 and 1, stage 2 of the same), then stage 0's forward of
+  # micro-batch 2 before its first backward: 3 passes of stage 0 and 2 of
+  # stage 2 at its peak. Device 1: 2 forwards of stage 1 first, then one
+  # forward and one backward in turn; it peaks at 3 passes (two of stage
+  # 1 and one of stage 3, or three of stage 1).
+  stage = device_0.stage_activations
+  assert (device_0.in_flight, device_0.activations) == (
+      5, 3 * stage[0] + 2 * stage[2])
+  stage = device_1.stage_activations
+  assert (device_1.in_flight, device_1.activations) == (
+      3, max(2 * stage[1] + stage[3], 3 * stage[1]))
+  assert device_0.total == (device_0.persistent + 2 * device_0.gradients +
+                            device_0.activations + device_0.working)
+  text = dry_run.describe(result)
+  assert ("schedule PreferBackward (1F1B), interleaved: 2 device(s) per "
+          "replica, 2 stages on each") in text
+  # (D - 1) / (v M + D - 1) = 1 / 9 with F = B = W.
+  assert "pipeline bubble: 11.1% of a step (simulated with F = B = W)" in text
 
 
 @pytest.mark.parametrize("static_batch", [True, False])
@@ -328,15 +365,15 @@ def test_zero_formula_is_deepspeeds(bytes_per_parameter, expected):
           1000 * (8 + 12 / 8.0))
 
 
-@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2"])
+@pytest.mark.parametrize("zero_level", ["", "v0", "v1", "v2", "v3"])
 def test_estimate_matches_the_zero_formula(zero_level):
   """Four equal weights on 4 replicas, Adam: each device's weights,
   gradients and optimizer state are what the formula says (up to each
-  replica's own beta powers, 8 bytes)."""
+  replica's own beta powers, 8 bytes); v3 partitions every weight."""
   _, _, graph = training.train(
       model=training.four_equal_layers, optimizer="adam", steps=1,
       config={"cluster.num_cpu_devices": 4, "zero.level": zero_level,
-              "pipeline.num_micro_batch": 2})
+              "pipeline.num_micro_batch": 2, "zero.min_partition_size": 0})
   result = state_of(graph).rewrite_result
   (stage,) = memory_estimate.zero_parameters(result)
   assert stage.parameters == 4 * 8 * 8

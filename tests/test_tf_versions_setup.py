@@ -48,8 +48,8 @@ def test_make_test_latest_runs_the_suite_on_the_newest_tensorflow(tmp_path):
       check=True).stdout
   assert "-m venv %s" % (tmp_path / "v") in plan
   assert "-e '.[cpu-latest,test,plot]'" in plan
-  assert "TF_USE_LEGACY_KERAS=1 %s/bin/python -m pytest -q tests" % (
-      tmp_path / "v") in plan
+  assert ("TF_USE_LEGACY_KERAS=1 %s/bin/python -m pytest -q -n 2 "
+          "--dist loadfile tests" % (tmp_path / "v")) in plan
   # Horovod does not build against it.
   assert "horovod" not in plan.lower()
 

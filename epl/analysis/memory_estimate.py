@@ -8,7 +8,8 @@ Everything is counted from the rewritten graph itself (static shapes and
 dtypes of its tensors, the devices the rewrite placed its ops on), so the
 memory savers the rewrite applied are in the figures without a model of
 each: AMP's half-precision activations have half-precision dtypes, ZeRO's
-optimizer slots exist only on their owner, offloaded variables sit on the
+optimizer slots exist only on their owner (v3: a replica's variables and
+slots are its shards), offloaded variables sit on the
 host, gradient checkpointing leaves the backward pass reading recomputed
 tensors instead of the forward ones.
 
@@ -22,15 +23,20 @@ Per device:
   micro-batches), one set; two sets live when there are several
   micro-batches (the sum so far and the micro-batch's being added). With
   ZeRO v1 and v2 the update reads the gradient reduced on its owner, so a
-  device counts the gradients of its own share; with v1 and several
-  micro-batches every replica also sums its micro-batches in full first,
-  which counts too;
+  device counts the gradients of its own share (v3: its shard of each
+  partitioned weight's); with v1 and several micro-batches every replica
+  also sums its micro-batches in full first, which counts too;
 - activations: the forward tensors of one micro-batch that the backward
-  pass reads (buffers shared by views such as Reshape counted once), times
-  the micro-batches in flight on that stage: all M for GPipe
+  pass reads (buffers shared by views such as Reshape counted once), per
+  stage, held from a micro-batch's forward to the end of its backward
+  (its W under ZeroBubble): the most the device holds at once while it
+  runs its passes in the schedule's order (`pipeline_order.device_orders`,
+  the order the rewrite enforces). That is all M micro-batches for GPipe
   (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), one
-  more on every stage but the last for PreferBackwardOptimizer, M with
-  split TaskGraphs (no schedule orders their micro-batches);
+  more on every stage but the last for PreferBackwardOptimizer, min(stages,
+  M) on every stage for ZeroBubble; under interleaved 1F1B the passes of
+  the device's v stages in flight at its peak, each stage counting its own
+  bytes. M with split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -48,7 +54,7 @@ reported in `DeviceEstimate.unknown_tensors` rather than guessed.
 import collections
 import dataclasses
 import logging
-from typing import List
+from typing import Dict, List
 
 import tensorflow as tf
 
@@ -113,8 +119,14 @@ class DeviceEstimate:
   other_state: int = 0
   gradients: int = 0
   gradient_sets: int = 1
-  activations_per_micro_batch: int = 0
+  # Bytes of one micro-batch's activations per stage on this device.
+  stage_activations: Dict[int, int] = dataclasses.field(
+      default_factory=dict)
+  # The most (stage, micro-batch) passes whose activations the device
+  # holds at once (with one stage per device: micro-batches in flight).
   in_flight: int = 0
+  # Bytes of activations held at that peak.
+  activations: int = 0
   recomputed: int = 0
   working: int = 0
   unknown_tensors: int = 0
@@ -127,8 +139,9 @@ class DeviceEstimate:
     return self.parameters + self.optimizer_state + self.other_state
 
   @property
-  def activations(self):
-    return self.activations_per_micro_batch * self.in_flight
+  def activations_per_micro_batch(self):
+    """One micro-batch's activations over the device's stages."""
+    return sum(self.stage_activations.values())
 
   @property
   def total(self):
@@ -243,7 +256,19 @@ def trained_points(result):
   partition = result.zero_partition
   if partition is not None and partition.reduces_to_owners:
     points.extend(partition.points)
+  if partition is not None and partition.weights is not None:
+    points.extend(partition.weights.points)
   return points
+
+
+def _unsharded_elements(result, op):
+  """Elements of variable op `op` as the user built it: the whole
+  variable, also where ZeRO v3 made each replica's copy one shard."""
+  partition = result.zero_partition
+  weights = partition.weights if partition is not None else None
+  if weights is not None and op.name in weights.full_shapes:
+    return weights.full_shapes[op.name].num_elements()
+  return variable_elements(op)
 
 
 def _count_variables(result, devices):
@@ -289,8 +314,13 @@ def _count_gradients(result, devices, sizes):
   partition = result.zero_partition
   if partition is None or not partition.reduces_to_owners:
     return
-  for grad, variable in partition.points:
-    for tensor in partition.reduced[variable.name]:
+  reduced = dict(partition.reduced)
+  points = list(partition.points)
+  if partition.weights is not None:
+    reduced.update(partition.weights.reduced)
+    points.extend(partition.weights.points)
+  for grad, variable in points:
+    for tensor in reduced[variable.name]:
       count(tensor)
     if several and variable.name not in partition.accumulations:
       for local in replicas:
@@ -299,14 +329,17 @@ def _count_gradients(result, devices, sizes):
 
 
 def _kept_activations(result, devices, sizes):
-  """Per device, bytes of the forward tensors of micro-batch 0 that the
-  backward pass on that device reads."""
+  """Per device and stage, bytes of the forward tensors of micro-batch 0
+  that the stage's backward pass on that device reads (a tensor read by
+  the backward of several stages on one device counts once, with the
+  first of them)."""
   state = result.context.state
-  kept = collections.defaultdict(set)
+  kept = collections.defaultdict(dict)
   for op in result.context.graph.get_operations():
     if (state.phase_of(op) is not Phase.BACKWARD or
         op.type in SHAPE_READER_TYPES):
       continue
+    stage = state.taskgraph_index(op)
     for tensor in op.inputs:
       root = _root(tensor)
       producer = root.op
@@ -316,15 +349,56 @@ def _kept_activations(result, devices, sizes):
         continue
       # A tensor read on another device is kept there too (the copy
       # TensorFlow received).
-      kept[devices[op.device].device].add(root)
+      held = kept[devices[op.device].device]
+      held[root] = min(held.get(root, stage), stage)
   for device, tensors in kept.items():
     estimate = devices[device]
-    for tensor in tensors:
+    for tensor, stage in tensors.items():
       size = sizes(tensor)
       if size is None:
         estimate.unknown_tensors += 1
       else:
-        estimate.activations_per_micro_batch += size
+        estimate.stage_activations[stage] = (
+            estimate.stage_activations.get(stage, 0) + size)
+
+
+def _count_held(result, devices):
+  """Per pipeline device, the activations it holds at its peak: its
+  passes in the schedule's order (`pipeline_order.device_orders`), each
+  forward adding its stage's bytes of one micro-batch until the backward
+  pass that ends it (`pipeline_order.held_at_peak`). Split TaskGraphs
+  have no schedule: every micro-batch is held."""
+  plan = result.plan
+  if plan.has_split:
+    for replica in result.context.replicas:
+      estimate = devices[plan.devices[replica][0]]
+      estimate.in_flight = plan.num_micro_batch
+      estimate.activations = (estimate.activations_per_micro_batch *
+                              plan.num_micro_batch)
+    return
+  orders = pipeline_order.device_orders(
+      plan.schedule, plan.num_stages, plan.num_micro_batch,
+      plan.virtual_stages)
+  for replica in result.context.replicas:
+    for pipeline_device, order in enumerate(orders):
+      estimate = devices[plan.device(replica, pipeline_device)]
+      stages = {step.stage for step in order}
+      if not stages.issuperset(estimate.stage_activations):
+        # A backward op of a stage placed on another device: the rewrite
+        # places every op on its own stage's device, so this is a bug.
+        raise AssertionError(
+            "memory estimate: %s holds activations of stages %s but runs "
+            "the passes of stages %s" % (
+                estimate.device, sorted(estimate.stage_activations),
+                sorted(stages)))
+      estimate.in_flight = max(
+          estimate.in_flight, pipeline_order.held_at_peak(plan.schedule,
+                                                          order))
+      estimate.activations = max(
+          estimate.activations, pipeline_order.held_at_peak(
+              plan.schedule, order,
+              lambda stage, held=estimate.stage_activations:
+              held.get(stage, 0)))
 
 
 def _count_recomputed(result, devices, sizes):
@@ -425,16 +499,18 @@ def zero_parameters(result):
   for grad, variable in trained_points(result):
     trained.add(variable.name)
     stage = ctx.taskgraph_index(variable)
-    elements = variable_elements(variable)
+    elements = _unsharded_elements(result, variable)
     totals[stage][0] += elements
-    totals[stage][1] += variable_bytes(variable)
+    totals[stage][1] += tf.as_dtype(variable.get_attr("dtype")).size * (
+        elements)
     totals[stage][2] += tensors_of(grad)[0].dtype.base_dtype.size * elements
   for op in ctx.graph.get_operations():
     if (op.type in VARIABLE_TYPES and op.name not in trained and
         ctx.state.phase_of(op) is Phase.APPLY and
         not ctx.state.provenance.built_by_rewrite(op) and
         ctx.taskgraph_index(op) in totals):
-      totals[ctx.taskgraph_index(op)][3] += variable_bytes(op)
+      totals[ctx.taskgraph_index(op)][3] += tf.as_dtype(
+          op.get_attr("dtype")).size * _unsharded_elements(result, op)
   for stage in sorted(totals):
     parameters, weights, gradients, optimizer = totals[stage]
     by_stage[stage] = StageParameters(
@@ -456,16 +532,12 @@ def estimate(result):
     for stage in range(len(plan.devices[replica])):
       device = devices[plan.devices[replica][stage]]
       device.stages.append(stage)
-      in_flight = (plan.num_micro_batch if plan.has_split else
-                   in_flight_micro_batches(
-                       plan.schedule, len(plan.devices[replica]), stage,
-                       plan.num_micro_batch))
-      device.in_flight = max(device.in_flight, in_flight)
       order.append(device.device)
   _count_variables(result, devices)
   sizes = _TensorSizes(result)
   _count_gradients(result, devices, sizes)
   _kept_activations(result, devices, sizes)
+  _count_held(result, devices)
   _count_recomputed(result, devices, sizes)
   _count_working(result, devices, sizes)
   for device in devices.by_name.values():

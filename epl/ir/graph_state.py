@@ -75,6 +75,9 @@ class GraphState:
     # (the losses' gradients), for the loss scale.
     self.loss_seeds = set()
     self.split = SplitRecords()
+    # zero.level v3's partitioned variables, once the rewrite partitioned
+    # them (epl.passes.zero_weights.ShardedWeights), for the ops built after.
+    self.zero_weights = None
     # Where each op EPL built comes from (epl.ir.provenance).
     self.provenance = Provenance()
     # (what the plan was made from, or None once the rewrite uses it; the

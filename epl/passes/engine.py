@@ -24,6 +24,7 @@ from epl.passes.resolve import resolve_training_ops
 from epl.passes import grouped_apply
 from epl.plan import planner
 from epl.passes import zero
+from epl.passes import zero_weights
 from epl.passes.context import RewriteContext, StepGradients
 from epl.passes.fed_batches import split_fed_batches
 from epl.passes.forward_state import average_forward_state_updates
@@ -131,6 +132,11 @@ def _zero(config):
   return bool(config.zero.level)
 
 
+def _zero_v3(config):
+  """zero.level v3"""
+  return config.zero.level == "v3"
+
+
 def _offload(config):
   """offload.level v0"""
   return config.offload.level == "v0"
@@ -185,6 +191,10 @@ PASSES = (
          reads=("zero_partition", "captured_step", "subgraph", "tags", "plan",
                 "gradient_points", "copies"),
          writes=("gradient_points", "copies"), enabled=_zero),
+    Pass("partition_weights", zero_weights.partition_weights,
+         reads=("zero_partition", "subgraph", "tags", "plan",
+                "gradient_points", "copies"),
+         writes=("subgraph", "gradient_points"), enabled=_zero_v3),
     Pass("offload_variables", offload_variables,
          reads=("tags", "plan", "copies"), enabled=_offload),
     Pass("order_input_reads", order_input_reads,
@@ -218,6 +228,9 @@ PASSES = (
          reads=("captured_step", "subgraph", "tags", "provenance", "plan",
                 "copies", "substitutes"),
          writes=("variable_sync", "substitutes")),
+    Pass("translate_whole_values", zero_weights.translate_whole_values,
+         reads=("copies", "substitutes"), writes=("substitutes",),
+         enabled=_zero_v3),
 )
 
 
@@ -304,5 +317,7 @@ def before_run(graph):
         "sync_variables", graph):
       result.variable_sync.update()
       update_checkpoints(ctx, result.copies)
+      zero_weights.update_after_rewrite(ctx, result.copies,
+                                        result.substitutes)
     result.graph_version = graph.version
   return result.substitutes

@@ -129,6 +129,43 @@ def ungate_input_gradients(ctx, subgraph, copies):
               copy, [copies.op(local, i) for i in kept])
 
 
+def ungate_across_stages(ctx, subgraph, copies):
+  """Stops a backward op of one stage from waiting on a gate of another
+  stage's backward, in every local replica.
+
+  tf.gradients gates an op's gradients (gate_gradients=GATE_OP): each
+  output Identity waits for a NoOp that waits for all of them. When the
+  Identity is colocated with an op of the next stage (the gradient
+  arriving from it, summed there: BERT's residual connections between
+  layers of two stages), it belongs to that stage while its gate belongs
+  to this one, so the later stage's backward of a micro-batch would wait
+  for the earlier stage's backward of it. 1F1B only delays the later
+  stage; interleaved 1F1B, which runs a later stage's backward on a device
+  before an earlier one's, would wait in a cycle. Such a control input is
+  replaced by control inputs on the gate's inputs of the op's own block
+  (none, mostly): the gate still orders what the stage computes, and
+  values do not change (a gate computes nothing).
+  """
+  by_key = _replica_0_blocks(ctx, subgraph)
+  key_of = {op.name: key for key, ops in by_key.items() for op in ops}
+  for key, ops in by_key.items():
+    if key[1] is not Phase.BACKWARD:
+      continue
+    for op in ops:
+      for gate in op.control_inputs:
+        gate_key = key_of.get(gate.name)
+        if (gate.type != "NoOp" or gate_key is None or
+            gate_key[1] is not Phase.BACKWARD or gate_key[0] == key[0]):
+          continue
+        kept = [i for i in graph_editor.input_ops(gate)
+                if key_of.get(i.name) == key]
+        for local in range(len(ctx.replicas)):
+          copy = copies.op(local, op)
+          graph_editor.remove_control_input(copy, copies.op(local, gate))
+          graph_editor.add_control_inputs(
+              copy, [copies.op(local, i) for i in kept])
+
+
 def split_backward(by_key):
   """Splits each backward block of {(stage, phase, micro-batch): [ops]}
   into its input-gradient part B and its weight-gradient part W; returns
@@ -215,15 +252,17 @@ def schedule_pipeline(ctx, subgraph, copies):
   `EPL_SCHEDULE/...` on the device waits for the last ops of a block, and
   the first ops of the next block wait for the NoOp, so that no op of a
   block starts before the previous block has finished. Only control edges
-  are added; with one micro-batch nothing changes (a stage's backward
-  already follows its forward), nor with split TaskGraphs (they share the
-  data-parallel part's devices: no stages), nor when the micro-batches run
-  as a loop (its iterations run one after another).
+  change (tf.gradients' gates across stages are lifted first,
+  `ungate_across_stages`); with one micro-batch nothing changes (a stage's
+  backward already follows its forward), nor with split TaskGraphs (they
+  share the data-parallel part's devices: no stages), nor when the
+  micro-batches run as a loop (its iterations run one after another).
   """
   plan = ctx.plan
   if plan.num_micro_batch == 1 or plan.has_split or (
       copies.loop_values is not None):
     return
+  ungate_across_stages(ctx, subgraph, copies)
   if pipeline_order.splits_backward(plan.schedule):
     ungate_input_gradients(ctx, subgraph, copies)
   # Replicas are copies with the same edges inside each block: the blocks

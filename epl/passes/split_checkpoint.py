@@ -24,15 +24,34 @@ def _restored_value(assign):
   return tensor if tensor.op.type == "RestoreV2" else None
 
 
-def _shard_slice(full, info, shard, rank):
-  """Shard `shard` of the full tensor, zero-padded past its end."""
+def shard_slice(full, info, shard, rank):
+  """Shard `shard` (ShardedVariable `info`) of `full`, a tensor of rank
+  `rank` and the unsharded shape: its `info.columns` entries of axis
+  `info.axis`, zeros past the end of the full tensor (the last shards'
+  padding). Slices only the entries it keeps (no padded copy of the whole
+  tensor)."""
+  begin = shard * info.columns
+  kept = max(0, min(info.columns, info.full_size - begin))
+  starts = [0] * rank
+  starts[info.axis] = min(begin, info.full_size)
+  sizes = [-1] * rank
+  sizes[info.axis] = kept
+  part = tf.slice(full, starts, sizes)
+  if kept == info.columns:
+    return part
   padding = [[0, 0] for _ in range(rank)]
-  padding[info.axis][1] = info.columns * info.group_size - info.full_size
-  begin = [0] * rank
-  begin[info.axis] = shard * info.columns
-  size = [-1] * rank
-  size[info.axis] = info.columns
-  return tf.slice(tf.pad(full, padding), begin, size)
+  padding[info.axis][1] = info.columns - kept
+  return tf.pad(part, padding)
+
+
+def joined_shards(shards, info):
+  """The full tensor of ShardedVariable `info` from its `shards` in shard
+  order: concatenated along `info.axis`, the padding cut off. Built on the
+  current device."""
+  full = tf.concat(shards, info.axis)
+  size = [-1] * full.shape.rank
+  size[info.axis] = info.full_size
+  return tf.slice(full, [0] * full.shape.rank, size)
 
 
 def _save_full_tensor(ctx, copies, save, sharded):
@@ -53,34 +72,41 @@ def _save_full_tensor(ctx, copies, save, sharded):
     shards = [read_value(copies.op(ctx.replicas.index(r), variable))
               for r in group_zero]
     with tf.device(save.device):
-      full = tf.concat(shards, info.axis)
-      size = [-1] * full.shape.rank
-      size[info.axis] = info.full_size
-      full = tf.slice(full, [0] * full.shape.rank, size)
+      full = joined_shards(shards, info)
     # The Saver's tensors carry the shard's shape where the full tensor
     # now flows.
     graph_edit.update_input(save, index,
                             graph_editor.with_unknown_sizes(full))
 
 
-def _restore_shards(ctx, copies, assign, info, shard_of):
+def write_shards(ctx, copies, assign, info, shard_of):
+  """Makes `assign`, a write of the full value into the user's (replica
+  0's) copy of a sharded variable, write replica 0's shard instead, and
+  adds a write of its own shard into every other local replica's copy.
+  The ops that group `assign` (an init op, a Saver's restore_all) also
+  wait for those writes. Returns the writes added."""
   variable = assign.inputs[0].op
   rank = len(variable.get_attr("shape").dim)
   with tf.device(assign.device):
     full = graph_editor.with_unknown_sizes(assign.inputs[1])
   groups = [op for op in ctx.graph.get_operations()
             if assign in op.control_inputs]
+  def shard(local):
+    # Where the variable was built whole (ZeRO v3), TensorFlow still knows
+    # it by its full static shape.
+    return graph_editor.with_unknown_sizes(
+        shard_slice(full, info, shard_of(local, info.group_size), rank))
+
   with tf.device(assign.device):
-    graph_edit.update_input(
-        assign, 1, _shard_slice(full, info, shard_of(0, info.group_size), rank))
+    graph_edit.update_input(assign, 1, shard(0))
+  writes = []
   for local in range(1, len(ctx.replicas)):
     copy = copies.op(local, variable)
     with tf.device(copy.device):
-      write = assign_value(
-          copy, _shard_slice(full, info, shard_of(local, info.group_size),
-                             rank), name=None)
-    for group in groups:
-      graph_editor.add_control_inputs(group, [write])
+      writes.append(assign_value(copy, shard(local), name=None))
+  for group in groups:
+    graph_editor.add_control_inputs(group, writes)
+  return writes
 
 
 def full_tensor_checkpoints(ctx, copies, sharded, shard_of):
@@ -101,5 +127,4 @@ def full_tensor_checkpoints(ctx, copies, sharded, shard_of):
       _save_full_tensor(ctx, copies, op, sharded)
     elif op.type in VARIABLE_ASSIGN_TYPES and (
         op.inputs[0].op.name in sharded) and _restored_value(op) is not None:
-      _restore_shards(ctx, copies, op, sharded[op.inputs[0].op.name],
-                      shard_of)
+      write_shards(ctx, copies, op, sharded[op.inputs[0].op.name], shard_of)

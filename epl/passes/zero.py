@@ -30,10 +30,13 @@ checkpoints hold each slot once under its own name, and restore both ways.
   them, so a replica holds the running sum of its own share only. The
   per-replica sums `clone_micro_batches` built for those gradients are
   taken out of the cloned part (and out of the pipeline schedule).
-- v3 (partitioned weights) is not built and raises.
+- v3: as v2, and the weights themselves partitioned: each replica stores
+  one shard of every variable large enough (and its slots), gathered
+  just before use; see `epl.passes.zero_weights`. Variables it leaves whole
+  are dealt to owners as v2 does.
 
 Replicas partitioned are those of one worker: a multi-worker job keeps a
-full set of slots on every worker, and with v1 and v2 the owners of the
+full set of slots on every worker, and with v1, v2 and v3 the owners of the
 same share on each worker (the k-th replica of each) all-reduce their local
 sums. Optimizer values shared by every variable (Adam's beta powers,
 scalars) stay one per replica.
@@ -41,7 +44,7 @@ scalars) stay one per replica.
 import collections
 import dataclasses
 import logging
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -52,6 +55,7 @@ from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES
 from epl.ir.phase import Phase
 from epl.passes import across_workers
+from epl.passes import zero_weights
 from epl.passes.context import Accumulation
 from epl.passes.variable_sync import assign_value, read_value
 from epl.plan.balance import balanced_partition, variable_size
@@ -71,7 +75,9 @@ class Partition:
   the (gradient, variable) pairs of the partitioned variables;
   `accumulations[v]` (v2) the micro-batch sum of v's gradient that its
   owner builds instead of every replica; `reduced[v]` the tensors of v's
-  gradient reduced on its owner (v1 and v2; filled by `place_updates`).
+  gradient reduced on its owner (v1 and v2; filled by `place_updates`);
+  `weights` (v3) the variables partitioned into shards, whose updates
+  every replica keeps for its shard (not in `updates` nor `points`).
   """
   level: str
   owner: Dict[str, int]
@@ -81,11 +87,12 @@ class Partition:
   accumulations: Dict[str, Accumulation] = dataclasses.field(
       default_factory=dict)
   reduced: Dict[str, list] = dataclasses.field(default_factory=dict)
+  weights: Optional[zero_weights.ShardedWeights] = None
 
   @property
   def reduces_to_owners(self):
-    """Whether gradients are reduced on their owner only (v1, v2)."""
-    return self.level in ("v1", "v2")
+    """Whether gradients are reduced on their owner only (v1, v2, v3)."""
+    return self.level in ("v1", "v2", "v3")
 
 
 def _tensors(grad):
@@ -99,12 +106,7 @@ def _check_level(ctx):
   level = ctx.config.zero.level
   if not level:
     return None
-  if level == "v3":
-    raise NotImplementedError(
-        "zero.level 'v3' (partitioned weights, gathered before use) is not "
-        "built yet; use 'v2' (optimizer states and gradients partitioned, "
-        "micro-batch sums on their owner only), 'v1' or 'v0'.")
-  reduces = level in ("v1", "v2")
+  reduces = level in ("v1", "v2", "v3")
   if reduces and ctx.config.communication.clip_after_allreduce:
     raise ValueError(
         "zero.level %r keeps each reduced gradient on its owner only, so "
@@ -164,9 +166,10 @@ def _labels(apply_ops, gradient_owner, trained):
 
 
 def _owner_accumulations(ctx, subgraph, copies, points, updates):
-  """v2: {variable name: Accumulation} of the partitioned gradients summed
-  over micro-batches that only their update reads, so that their owner
-  can sum the micro-batches instead of every replica.
+  """v2 and v3: {variable name: Accumulation} of the partitioned gradients
+  summed over micro-batches that only their update reads, so that their
+  owner (v3: each shard's replica) can sum the micro-batches instead of
+  every replica.
 
   Warns for a gradient whose micro-batches cannot be summed on its owner:
   one post-processed per replica after the sum (clipping), or a sum
@@ -191,10 +194,11 @@ def _owner_accumulations(ctx, subgraph, copies, points, updates):
     kept.append(var.name)
   if kept:
     logger.warning(
-        "zero.level v2: the micro-batch sum of the gradient of %s is read "
+        "zero.level %s: the micro-batch sum of the gradient of %s is read "
         "by more than its update (post-processing per replica, such as "
         "clipping); every replica sums those micro-batches in full before "
-        "reducing to the owner, as v1 does.", ", ".join(sorted(kept)))
+        "reducing to the owner, as v1 does.", ctx.config.zero.level,
+        ", ".join(sorted(kept)))
   return taken
 
 
@@ -203,9 +207,11 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   the cloned part (before the replicas are cloned).
 
   Hands on the Partition (`zero_partition`, None when this worker holds
-  one replica) and the subgraph without each update's ops and slots (v2:
-  nor the micro-batch sums that the owners build instead); changes nothing
-  in the graph.
+  one replica) and the subgraph without each update's ops and slots (v2,
+  v3: nor the micro-batch sums that the owners build instead); v3 first
+  chooses the variables partitioned into shards
+  (`zero_weights.choose_sharded`), whose updates every replica keeps.
+  Changes nothing in the graph.
   """
   level = _check_level(ctx)
   if level is None:
@@ -232,7 +238,12 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "zero.level %s: the update of %s is built together with other "
         "variables' (one op for several); its optimizer state stays on every "
         "replica.", level, ", ".join(mixed))
-  owned = [name for name in variables if updates[name]]
+  weights = (zero_weights.choose_sharded(
+      ctx, points, {n: ops for n, ops in updates.items() if ops})
+              if level == "v3" else None)
+  sharded = set(weights.updates) if weights else set()
+  owned = [name for name in variables
+           if updates[name] and name not in sharded]
   owner = {}
   by_taskgraph = {}
   for name in owned:
@@ -250,9 +261,10 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
   owned_points = [(g, v) for g, v in points if v.name in owner]
-  accumulations = (_owner_accumulations(ctx, subgraph, copies, owned_points,
-                                        updates)
-                   if level == "v2" else {})
+  accumulations = (_owner_accumulations(
+      ctx, subgraph, copies,
+      owned_points + (weights.points if weights else []), updates)
+                   if level in ("v2", "v3") else {})
   removed = {op.name for name in owned for op in updates[name]}
   removed.update(op.name for accumulation in accumulations.values()
                  for op in accumulation.ops)
@@ -261,7 +273,7 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
               level=level, owner=owner,
               updates={n: updates[n] for n in owned},
               variables=variables, points=owned_points,
-              accumulations=accumulations)}
+              accumulations=accumulations, weights=weights)}
 
 
 def _remap_colocation(op, local, subgraph, copies):

@@ -2,13 +2,15 @@
 
 The user's script has no strategy annotation. At the first `tf.gradients`
 (or `GradientTape.gradient`) of a graph, when the forward pass is built and
-its backward is not yet, the forward ops are put into
-`pipeline.num_stages` = K TaskGraphs `auto_stage_0` ... (`epl.replicate(1)`
-each; one TaskGraph when K is 1 or -1: data parallel over every device).
-The backward ops `tf.gradients` then builds follow their forward ops, and
-the rest of EPL (plan, micro-batches, schedule, gradient aggregation) runs
-as if the user had written the K scopes: K devices per model replica,
-devices / K replicas.
+its backward is not yet, the forward ops are put into S = K x v
+TaskGraphs `auto_stage_0` ... (`epl.replicate(1)` each), K
+`pipeline.num_stages` and v `pipeline.virtual_stages`; one TaskGraph when
+K is 1 or -1: data parallel over every device. The backward ops
+`tf.gradients` then builds follow their forward ops, and the rest of EPL
+(plan, micro-batches, schedule, gradient aggregation) runs as if the user
+had written the S scopes: K devices per model replica (with v > 1 each
+holds v stages, s, s + K, ..., under interleaved 1F1B), devices / K
+replicas.
 
 How the forward pass is cut:
 
@@ -149,8 +151,18 @@ def before_gradients(env, targets):
         "from epl.set_default_strategy): remove it, or set "
         "auto.auto_parallel to False to annotate the model by hand." %
         ", ".join(repr(t.strategy) for t in state.taskgraphs))
-  num_stages = max(env.config.pipeline.num_stages, 1)
-  _check_devices(env.cluster.total_devices, num_stages)
+  devices_per_replica = max(env.config.pipeline.num_stages, 1)
+  _check_devices(env.cluster.total_devices, devices_per_replica)
+  if devices_per_replica == 1 and env.config.pipeline.virtual_stages > 1:
+    raise ValueError(
+        "auto.auto_parallel with pipeline.virtual_stages %d needs "
+        "pipeline.num_stages > 1 (the devices of a pipeline, each holding "
+        "%d stages); it is %d. Set pipeline.num_stages, or "
+        "pipeline.virtual_stages to 1 for data parallelism." % (
+            env.config.pipeline.virtual_stages,
+            env.config.pipeline.virtual_stages,
+            env.config.pipeline.num_stages))
+  num_stages = cut_stages(env.config)
   untagged = [op for op in graph.get_operations()
               if state.phase_of(op) is Phase.FORWARD and
               state.taskgraph_of(op) is None]
@@ -169,7 +181,15 @@ def before_gradients(env, targets):
   for op, stage in _stages_of_all(untagged, stage_of).items():
     state.tag(op, taskgraphs[stage], Phase.FORWARD)
   _choices[state] = choice
-  _log(choice, env.cluster.total_devices // num_stages)
+  _log(choice, env.cluster.total_devices // devices_per_replica,
+       devices_per_replica)
+
+
+def cut_stages(config):
+  """The stages auto parallel cuts: pipeline.num_stages (K devices per
+  replica, 1 when it is -1) times pipeline.virtual_stages (v stages per
+  device)."""
+  return max(config.pipeline.num_stages, 1) * config.pipeline.virtual_stages
 
 
 def _check_devices(total, num_stages):
@@ -427,14 +447,15 @@ def _cleanest_cuts(prefix, allowed, weights, num_stages, cap, floor=0.0):
   return sorted(cuts)[1:]
 
 
-def _log(choice, replicas):
+def _log(choice, replicas, devices_per_replica):
   if len(choice.stages) == 1:
     logger.info("Auto parallel: data parallel, %d replica(s) of the whole "
                 "model", replicas)
   else:
     logger.info(
-        "Auto parallel: %d stages x %d replica(s), cut at %s%s; most/fewest "
-        "stage FLOPs %.2f", len(choice.stages), replicas, choice.method,
+        "Auto parallel: %d stages on %d device(s) x %d replica(s), cut at "
+        "%s%s; most/fewest stage FLOPs %.2f", len(choice.stages),
+        devices_per_replica, replicas, choice.method,
         " (%d repeated blocks: %s)" % (len(choice.blocks), ", ".join(
             choice.blocks[:3] + ["..."] * (len(choice.blocks) > 3)))
         if choice.blocks else "", choice.flops_ratio)

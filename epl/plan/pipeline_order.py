@@ -64,18 +64,35 @@ def warm_up(schedule, num_stages, stage, num_micro_batch):
 
 
 def in_flight(schedule, num_stages, stage, num_micro_batch):
-  """The most micro-batches whose activations stage `stage` holds at once:
-  a micro-batch's activations are freed by its last backward pass (its W
-  under ZeroBubble).
+  """The most micro-batches whose activations stage `stage` holds at once,
+  counted from its order (`held_at_peak`).
 
   GPipe and the 1F1B schedules: the warm-up forwards. ZeroBubble: stage s
   defers s weight passes, so every stage holds min(num_stages, M), the
   most 1F1B holds on any stage (its first): ZB-H1's peak memory is
   1F1B's peak.
   """
-  if schedule == ZERO_BUBBLE:
-    return min(num_stages, num_micro_batch)
-  return warm_up(schedule, num_stages, stage, num_micro_batch)
+  order = [Pass(kind, stage, m) for kind, m in stage_order(
+      schedule, num_stages, stage, num_micro_batch)]
+  return held_at_peak(schedule, order)
+
+
+def held_at_peak(schedule, order, size=None):
+  """The most activations a device running `order` ([Pass], in order)
+  holds at once: each forward of a stage adds `size(stage)` (1 by
+  default: then the count of (stage, micro-batch) pairs in flight), which
+  the pass that ends that micro-batch's backward of the stage frees (its
+  W when `schedule` splits the backward, else its B)."""
+  last = WEIGHT if splits_backward(schedule) else BACKWARD
+  live = peak = 0
+  for step in order:
+    amount = 1 if size is None else size(step.stage)
+    if step.kind == FORWARD:
+      live += amount
+      peak = max(peak, live)
+    elif step.kind == last:
+      live -= amount
+  return peak
 
 
 def stage_order(schedule, num_stages, stage, num_micro_batch):

@@ -10,9 +10,8 @@ import tensorflow as tf
 
 from epl.cluster import VirtualDevice
 from epl.env import Env
-from epl.ir.graph_state import state_of
-from epl.env import Env
 from epl.ir import graph_state
+from epl.plan import auto
 from epl.plan import pipeline_order
 from epl.strategies.strategy import Replicate, Split
 
@@ -144,6 +143,8 @@ def make_plan(cluster, taskgraphs, config):
   if any(isinstance(t.strategy, Split) for t in taskgraphs):
     return cluster.check_plan(_split_plan(cluster, taskgraphs, config))
   wanted_stages = config.pipeline.num_stages
+  if wanted_stages != -1 and config.auto.auto_parallel:
+    wanted_stages = auto.cut_stages(config)
   if wanted_stages != -1 and wanted_stages != len(taskgraphs):
     raise ValueError(
         "pipeline.num_stages is %d but the model has %d stage scope(s) (%s). "
@@ -289,7 +290,7 @@ def planned_virtual_devices(cluster):
   """The VirtualDevices of the model built so far in the default graph on
   `cluster`: its rewrite's plan, or the plan it would get now; None
   before any strategy scope (`Cluster.virtual_devices`)."""
-  state = state_of(tf.compat.v1.get_default_graph())
+  state = graph_state.state_of(tf.compat.v1.get_default_graph())
   if state is None or not state.taskgraphs:
     return None
   env = Env.get()

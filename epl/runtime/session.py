@@ -19,6 +19,7 @@ from epl.capture import io_slicing
 from epl.ir.graph_state import state_of
 from epl.passes import engine
 from epl.passes import fed_batches
+from epl.passes import zero_weights
 from epl.runtime import coverage
 from epl.runtime import grappler
 from epl.runtime import server as epl_server
@@ -68,24 +69,30 @@ def session_settings(env, target, config, graph=None):
   return target, merged
 
 
-def _substitute(fetch, substitutes):
+def _substitute(fetch, substitutes, graph):
   """`fetch` with merged tensors swapped in, keeping its structure.
 
   Session.run accepts nested lists, tuples, namedtuples and dicts (whose
   keys may be any object, e.g. MonitoredSession's hooks), so this walks
-  them itself rather than with tf.nest, which sorts dict keys.
+  them itself rather than with tf.nest, which sorts dict keys. Other
+  objects that stand for a tensor (a variable) are looked up by the tensor
+  they stand for (`Graph.as_graph_element`), and kept when none is
+  substituted.
   """
   if isinstance(fetch, (tf.Tensor, tf.Operation, str)):
     name = fetch if isinstance(fetch, str) else fetch.name
     return substitutes.get(name, fetch)
   if isinstance(fetch, dict):
-    return type(fetch)((k, _substitute(v, substitutes))
+    return type(fetch)((k, _substitute(v, substitutes, graph))
                        for k, v in fetch.items())
   if isinstance(fetch, list):
-    return [_substitute(f, substitutes) for f in fetch]
+    return [_substitute(f, substitutes, graph) for f in fetch]
   if isinstance(fetch, tuple):
-    items = [_substitute(f, substitutes) for f in fetch]
+    items = [_substitute(f, substitutes, graph) for f in fetch]
     return type(fetch)(*items) if hasattr(fetch, "_fields") else tuple(items)
+  if isinstance(fetch, tf.Variable):
+    element = graph.as_graph_element(fetch)
+    return substitutes.get(element.name, fetch)
   return fetch
 
 
@@ -97,7 +104,8 @@ def before_run(graph, fetches, feed_dict=None):
   state = state_of(graph)
   if state is not None:
     fed_batches.check_fed_rows(state, feed_dict)
+    zero_weights.check_feeds(state, feed_dict)
   coverage.check_run(graph, fetches)
   if not substitutes:
     return fetches
-  return _substitute(fetches, substitutes)
+  return _substitute(fetches, substitutes, graph)

@@ -149,7 +149,18 @@ def _communication_line(result, gradient_bytes):
   name, unit = _unit(ring * size)
   text += ("; as a ring all-reduce, about %.2f %s per device and step" %
            (ring * size / unit, name))
-  return text
+  return text + _ZERO_COMMUNICATION.get(result.context.config.zero.level, "")
+
+
+# What ZeRO changes in the communication line.
+_ZERO_COMMUNICATION = {
+    "v1": "; zero.level v1: gradients reduced on their owner instead",
+    "v2": "; zero.level v2: gradients reduced on their owner instead",
+    "v3": ("; zero.level v3: gradients of partitioned weights "
+           "reduce-scattered to their shards instead, and each weight "
+           "gathered from its shards before every use (about 1.5x the "
+           "traffic)"),
+}
 
 
 def _table(rows):
@@ -189,14 +200,22 @@ def _zero_lines(result):
   return lines
 
 
-def _memory_lines(estimates):
+def _memory_lines(estimates, interleaved=False):
   unit_name, unit = _unit(max([e.total for e in estimates] or [0]))
 
   def size(value):
     return "%.2f" % (value / unit)
+
+  def activations(e):
+    if interleaved:
+      return "%s in %d" % (size(e.activations), e.in_flight)
+    return "%s x %d" % (size(e.activations_per_micro_batch), e.in_flight)
   lines = ["  estimated memory per device at the step's peak (%s; gradients: "
            "one set x sets live while micro-batches are summed; "
-           "activations: per micro-batch x in flight):" % unit_name]
+           "activations: %s):" % (
+               unit_name, "held at the peak in that many (stage, "
+               "micro-batch) passes in flight, over the device's stages"
+               if interleaved else "per micro-batch x in flight")]
   header = ("device", "stages", "params", "optimizer", "other", "gradients",
             "activations", "recomputed", "working", "total")
   rows = [header]
@@ -205,8 +224,7 @@ def _memory_lines(estimates):
                  size(e.parameters), size(e.optimizer_state),
                  size(e.other_state),
                  "%s x %d" % (size(e.gradients), e.gradient_sets),
-                 "%s x %d" % (size(e.activations_per_micro_batch),
-                              e.in_flight),
+                 activations(e),
                  size(e.recomputed), size(e.working), size(e.total)))
   lines.extend(_table(rows))
   if estimates and estimates[0].batch_size_assumed:
@@ -233,11 +251,16 @@ def describe(result, estimates=None):
                cluster.worker_num, cluster.devices_per_worker,
                cluster.device_type),
            "  model replicas (data parallel): %d" % plan.num_replicas]
+  interleaved = plan.virtual_stages > 1
   if stages > 1:
     lines.append("  pipeline: %d stage(s), %d micro-batch(es) per step, "
                  "schedule %s (%s)" % (
                      stages, plan.num_micro_batch, plan.schedule,
                      _SCHEDULE_NAMES.get(plan.schedule, "?")))
+    if interleaved:
+      lines[-1] += (", interleaved: %d device(s) per replica, %d stages "
+                    "on each" % (stages // plan.virtual_stages,
+                                 plan.virtual_stages))
   elif plan.num_micro_batch > 1:
     lines.append("  micro-batches: %d per step (gradient accumulation, no "
                  "pipeline)" % plan.num_micro_batch)
@@ -247,9 +270,11 @@ def describe(result, estimates=None):
                      micro_batch,
                      micro_batch * plan.num_micro_batch * plan.num_replicas,
                      plan.num_replicas, plan.num_micro_batch, micro_batch))
-  if stages > 1 and pipeline_order.splits_backward(plan.schedule):
+  if stages > 1 and (interleaved or
+                     pipeline_order.splits_backward(plan.schedule)):
     bubble = schedule_simulator.simulate(
-        plan.schedule, stages, plan.num_micro_batch).bubble_fraction
+        plan.schedule, stages, plan.num_micro_batch,
+        plan.virtual_stages).bubble_fraction
     lines.append("  pipeline bubble: %.1f%% of a step (simulated with "
                  "F = B = W)" % (100.0 * bubble))
   elif stages > 1:
@@ -264,7 +289,7 @@ def describe(result, estimates=None):
   lines.append("  communication:")
   gradient_bytes = max([e.gradients for e in estimates] or [0])
   lines.append(_communication_line(result, gradient_bytes))
-  lines.extend(_memory_lines(estimates))
+  lines.extend(_memory_lines(estimates, interleaved))
   lines.extend(_zero_lines(result))
   return "\n".join(lines)
 

@@ -4,6 +4,8 @@
     epl-launch --num_workers 2 --gpu_per_worker 2 train.py --steps 100
     epl-launch --num_workers 4 --gpu_per_worker 8 \\
         --machine_list 10.0.0.1,10.0.0.2 --machine_rank 0 train.sh
+    epl-launch --num_workers 1 --gpu_per_worker 8 --processes_per_worker 8 \\
+        train.py
 
 Starts this machine's workers, each with `TF_CONFIG` (one `worker` job,
 worker 0 first) and its devices: `--gpu_per_worker` GPUs through
@@ -25,6 +27,21 @@ this terminal (for pdb) and writes to it unprefixed. `--task_label LABEL`
 (also the original's) writes the workers' output under
 `experiments/<date>_<W>w<G>g_<script>_<LABEL>/` when `--log_dir` is not
 given.
+
+`--processes_per_worker N` runs each worker as N processes, each owning
+`gpu_per_worker / N` of its devices (N must divide `--gpu_per_worker`):
+TF_CONFIG then lists num_workers x N tasks, task w * N + p being process p
+of worker w, and every process is an EPL worker of its own (output prefixed
+`[worker <task>]`, EPL's `worker_index`). Each process builds only its own
+replicas and joins the others through EPL's multi-worker path (collectives
+over gRPC, NCCL on GPUs), so for data parallelism each process's graph and
+time to its first step do not grow with the number of devices. A pipeline
+replica or split group that needs more devices than one process owns spans
+processes: a pipeline then runs in-graph from the process holding its first
+stage (activations and gradients cross processes through gRPC, the others
+only serve their devices), a split group's collectives go between
+processes; ZeRO partitions within a process only. The launcher says so when
+it starts (docs/multi_worker.md).
 
 `--backend horovod` runs the job with horovodrun instead
 (`epl.tools.horovod_launch`).
@@ -57,8 +74,14 @@ def _parser():
   parser.add_argument("--gpu_per_worker", type=int, default=1,
                       help="GPUs per worker; logical CPU devices per worker "
                            "on a machine without GPUs (default 1)")
+  parser.add_argument("--processes_per_worker", type=int, default=1,
+                      help="processes per worker, each owning gpu_per_worker "
+                           "/ N of its devices and building only its own "
+                           "replicas (one process per device with N = "
+                           "gpu_per_worker); TF_CONFIG lists num_workers x N "
+                           "tasks (default 1)")
   parser.add_argument("--base_port", type=int, default=None,
-                      help="worker i of a machine listens on base_port + i "
+                      help="process i of a machine listens on base_port + i "
                            "(default: free ports on one machine, 23456 with "
                            "--machine_list)")
   parser.add_argument("--host", default="127.0.0.1",
@@ -137,20 +160,39 @@ def _free_ports(host, count):
   return ports
 
 
+def devices_per_process(args):
+  """GPUs (or logical CPU devices) each process owns: gpu_per_worker /
+  processes_per_worker."""
+  processes = args.processes_per_worker
+  if processes < 1:
+    raise ValueError("--processes_per_worker must be at least 1, got %d" %
+                     processes)
+  if args.gpu_per_worker % processes:
+    raise ValueError(
+        "--gpu_per_worker %d is not a multiple of --processes_per_worker %d: "
+        "each process owns gpu_per_worker / processes_per_worker devices "
+        "(--processes_per_worker %d gives one process per device)" % (
+            args.gpu_per_worker, processes, args.gpu_per_worker))
+  return args.gpu_per_worker // processes
+
+
 def worker_addresses(args):
-  """(every worker's host:port, indices of the workers of this machine)."""
+  """(every process's host:port in TF_CONFIG order, indices of the
+  processes of this machine): num_workers x processes_per_worker tasks,
+  process p of worker w being task w * processes_per_worker + p."""
   if args.num_workers < 1:
     raise ValueError("--num_workers must be at least 1, got %d" %
                      args.num_workers)
+  devices_per_process(args)
+  tasks = args.num_workers * args.processes_per_worker
   if not args.machine_list:
     if args.machine_rank not in (None, 0):
       raise ValueError("--machine_rank needs --machine_list")
     if args.base_port is None:
-      ports = _free_ports(args.host, args.num_workers)
+      ports = _free_ports(args.host, tasks)
     else:
-      ports = [args.base_port + i for i in range(args.num_workers)]
-    return (["%s:%d" % (args.host, p) for p in ports],
-            list(range(args.num_workers)))
+      ports = [args.base_port + i for i in range(tasks)]
+    return ["%s:%d" % (args.host, p) for p in ports], list(range(tasks))
   machines = [m.strip() for m in args.machine_list.split(",") if m.strip()]
   if args.machine_rank is None or not 0 <= args.machine_rank < len(machines):
     raise ValueError("--machine_rank must be in [0, %d) for a --machine_list "
@@ -158,7 +200,7 @@ def worker_addresses(args):
   if args.num_workers % len(machines):
     raise ValueError("--num_workers %d is not a multiple of the %d machines "
                      "in --machine_list" % (args.num_workers, len(machines)))
-  per_machine = args.num_workers // len(machines)
+  per_machine = tasks // len(machines)
   addresses = []
   for machine in machines:
     host, _, port = machine.rpartition(":") if ":" in machine else (
@@ -197,18 +239,20 @@ def command_line(command):
 
 
 def worker_env(addresses, index, local, args, gpus):
+  """The environment of task `index`, the `local`-th process of this
+  machine: TF_CONFIG and its share of the devices."""
   env = dict(os.environ)
   env["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": addresses},
       "task": {"type": "worker", "index": index}})
   env["PYTHONUNBUFFERED"] = "1"
+  devices = devices_per_process(args)
   if gpus:
-    first = local * args.gpu_per_worker
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
-        str(first + i) for i in range(args.gpu_per_worker))
+        str(local * devices + i) for i in range(devices))
   else:
     env["CUDA_VISIBLE_DEVICES"] = ""
-    env["EPL_CLUSTER_NUM_CPU_DEVICES"] = str(args.gpu_per_worker)
+    env["EPL_CLUSTER_NUM_CPU_DEVICES"] = str(devices)
   return env
 
 
@@ -264,6 +308,31 @@ class _Worker:
       self._log.close()
 
 
+def _processes_text(args, local_processes, devices, kind):
+  """What the launcher says when it starts a worker as several processes:
+  the layout, and what it means for pipelines, split and ZeRO."""
+  processes = args.processes_per_worker
+  return (
+      "%d worker(s) x %d processes on this machine, %d %s(s) per process "
+      "(%s): %d EPL workers in TF_CONFIG, each building only its own "
+      "replicas.\n"
+      "%sWARNING --processes_per_worker %d: a pipeline replica or split "
+      "group needing more than %d device(s) spans processes. Such a pipeline "
+      "replica is built and run in-graph by the process of its first stage "
+      "(no start-up gain; the processes of its other stages only serve "
+      "their devices; activations and gradients cross processes through "
+      "gRPC); a split group's collectives run between processes (gRPC, "
+      "NCCL on GPUs); ZeRO partitions only within a process (nothing with "
+      "one device per process). Keep a replica's stages and each split "
+      "group within %d device(s) per process, or lower "
+      "--processes_per_worker (docs/multi_worker.md)." % (
+          local_processes // processes, processes, devices, kind,
+          "CUDA_VISIBLE_DEVICES" if kind == "GPU" else
+          "CUDA_VISIBLE_DEVICES='', EPL_CLUSTER_NUM_CPU_DEVICES=%d" % devices,
+          args.num_workers * processes, _PREFIX, processes, devices,
+          devices))
+
+
 def _status_text(code):
   return "signal %d" % -code if code < 0 else "status %d" % code
 
@@ -276,11 +345,12 @@ class Launcher:
     self.addresses, self.indices = worker_addresses(args)
     self.command = command_line(args.command)
     gpus = 0 if args.cpu else gpu_count()
-    need = len(self.indices) * args.gpu_per_worker
+    workers = len(self.indices) // args.processes_per_worker
+    need = workers * args.gpu_per_worker
     if gpus and gpus < need:
       raise ValueError("%d worker(s) x %d GPU(s) need %d GPUs; this machine "
                        "has %d (use --cpu for logical CPU devices)" % (
-                           len(self.indices), args.gpu_per_worker, need, gpus))
+                           workers, args.gpu_per_worker, need, gpus))
     self.gpus = gpus
     self.workers = []
     self._stop_reason = None
@@ -306,7 +376,11 @@ class Launcher:
     directory = log_dir(args)
     if directory:
       os.makedirs(directory, exist_ok=True)
-    if self.gpus:
+    devices = devices_per_process(args)
+    if args.processes_per_worker > 1:
+      _log(_processes_text(args, len(self.indices), devices,
+                           "GPU" if self.gpus else "logical CPU device"))
+    elif self.gpus:
       _log("%d worker(s) on this machine, %d GPU(s) each (CUDA_VISIBLE_"
            "DEVICES)" % (len(self.indices), args.gpu_per_worker))
     else:
@@ -374,6 +448,13 @@ def main(argv=None):
   args = _parser().parse_args(argv)
   if args.backend == "horovod":
     try:
+      if args.processes_per_worker != 1:
+        raise ValueError(
+            "--processes_per_worker is for the collective backend: under "
+            "horovodrun each process is a worker of its own, so give "
+            "--num_workers %d --gpu_per_worker %s instead" % (
+                args.num_workers * args.processes_per_worker,
+                devices_per_process(args)))
       command = command_line(args.command)
       horovod_launch.horovodrun_command(args, command)
     except ValueError as error:

@@ -95,16 +95,8 @@ class Simulation:
     """The most micro-batches (over the device's stages) whose
     activations device `device` holds at once: from a forward to the
     pass that ends its backward (W when the schedule splits it)."""
-    last = WEIGHT if pipeline_order.splits_backward(self.schedule) \
-        else BACKWARD
-    live = peak = 0
-    for timed in self.devices[device]:
-      if timed.step.kind == FORWARD:
-        live += 1
-        peak = max(peak, live)
-      elif timed.step.kind == last:
-        live -= 1
-    return peak
+    return pipeline_order.held_at_peak(
+        self.schedule, [timed.step for timed in self.devices[device]])
 
 
 def _needs(step, num_stages):

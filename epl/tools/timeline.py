@@ -28,6 +28,9 @@ from epl.passes import schedule
 
 _COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868",
            "apply": "#8c8c8c"}
+# Hatching of the passes of a device's first, second, ... stage in a
+# Gantt chart by device.
+_HATCHES = (None, "//", "xx", "..")
 
 
 @dataclasses.dataclass
@@ -196,8 +199,11 @@ class PipelineTrace:
       json.dump(self.chrome_trace(), out, indent=1)
     return path
 
-  def save_gantt(self, path, title=None):
-    """Draws the step as a Gantt chart (one row per stage) into `path`."""
+  def save_gantt(self, path, title=None, by_device=False):
+    """Draws the step as a Gantt chart into `path`: one row per stage, or
+    with `by_device` one per device of each replica, its stages' passes
+    told apart by hatching (plain: the device's first stage, then "//",
+    "xx", ...), as interleaved 1F1B runs several stages on a device."""
     try:
       import matplotlib  # pylint: disable=import-outside-toplevel
       matplotlib.use("Agg")
@@ -205,21 +211,23 @@ class PipelineTrace:
     except ImportError as error:
       raise ImportError("save_gantt needs matplotlib: pip install "
                         "'epl[plot]' (%s)" % error)
-    figure, axes = pyplot.subplots(
-        figsize=(10, 0.6 * len(self.rows) + 1.2))
+    labels, line_of, hatch_of = self._gantt_lines(by_device)
+    figure, axes = pyplot.subplots(figsize=(10, 0.6 * len(labels) + 1.2))
     for piece in self.slices:
       start, width = piece.start / 1e3, (piece.end - piece.start) / 1e3
+      line = line_of[piece.row]
       # The update may start while the last backward ends: a thin bar.
-      band = (piece.row + 0.15, 0.25) if piece.micro_batch is None else (
-          piece.row - 0.4, 0.8)
+      band = (line + 0.15, 0.25) if piece.micro_batch is None else (
+          line - 0.4, 0.8)
       axes.broken_barh([(start, width)], band,
-                       facecolors=_COLORS[piece.phase], edgecolor="white")
+                       facecolors=_COLORS[piece.phase], edgecolor="white",
+                       hatch=hatch_of[piece.row])
       if piece.micro_batch is not None:
-        axes.text(start + width / 2, piece.row, "%s%d" % (
+        axes.text(start + width / 2, line, "%s%d" % (
             piece.phase[0].upper(), piece.micro_batch), ha="center",
                   va="center", color="white", fontsize=8)
-    axes.set_yticks(range(len(self.rows)))
-    axes.set_yticklabels([row.label for row in self.rows])
+    axes.set_yticks(range(len(labels)))
+    axes.set_yticklabels(labels)
     axes.invert_yaxis()
     axes.set_xlabel("time (ms)")
     drawn = {piece.phase for piece in self.slices}
@@ -233,6 +241,26 @@ class PipelineTrace:
     figure.savefig(path, dpi=100)
     pyplot.close(figure)
     return path
+
+  def _gantt_lines(self, by_device):
+    """(line labels, line of each row, hatch of each row) of the Gantt
+    chart: a line per row, or per (replica, device) with `by_device`."""
+    if not by_device:
+      return ([row.label for row in self.rows], list(range(len(self.rows))),
+              [None] * len(self.rows))
+    keys = list(dict.fromkeys((row.replica, row.device) for row in self.rows))
+    stages = {key: [row.stage for row in self.rows
+                    if (row.replica, row.device) == key] for key in keys}
+    labels = ["%s (replica %d): stages %s" % (
+        device, replica, ", ".join(str(s) for s in stages[(replica, device)]))
+              for replica, device in keys]
+    line_of, hatch_of = [], []
+    for row in self.rows:
+      key = (row.replica, row.device)
+      line_of.append(keys.index(key))
+      chunk = stages[key].index(row.stage)
+      hatch_of.append(_HATCHES[chunk % len(_HATCHES)])
+    return labels, line_of, hatch_of
 
 
 def trace_step(session, fetches, feed_dict=None):

@@ -42,7 +42,9 @@ except ImportError:  # run as a script
 
 PARALLEL_MODES = ("none", "data", "pipeline", "pipeline_data", "auto")
 DEFAULT_STAGES = 2
-SCHEDULES = ("PreferBackward", "PreferForward")
+# EPL's pipeline.strategy values (and their aliases 1F1B and GPipe).
+SCHEDULES = ("PreferBackward", "PreferForward", "ZeroBubble",
+             "PreferBackwardOptimizer", "1F1B", "GPipe")
 
 # Every option of the driver with its default.  0 means "derive it" for
 # seq_length, max_predictions_per_seq, num_layers and vocab_size.
@@ -64,7 +66,8 @@ DEFAULTS = dict(
     parallel="none",           # none | data | pipeline | pipeline_data
     num_stages=0,              # 0: EPL config (pipeline.num_stages), else 2
     num_micro_batch=0,         # 0: EPL config (pipeline.num_micro_batch), else 1
-    schedule="",               # "": EPL config (pipeline.strategy); PreferBackward | PreferForward
+    schedule="",               # "": EPL config (pipeline.strategy); PreferBackward | PreferForward | ZeroBubble
+    virtual_stages=0,          # 0: EPL config (pipeline.virtual_stages), else 1
     num_cpu_devices=0,         # > 0: EPL runs on that many logical CPU devices
     seed=12345,
     num_layers=0,              # > 0: override the preset's layer count
@@ -95,8 +98,14 @@ _FLAG_HELP = dict(
     num_micro_batch="micro-batches per step (EPL modes; 0: take "
                     "pipeline.num_micro_batch from the EPL config, e.g. "
                     "EPL_PIPELINE_NUM_MICRO_BATCH, default 1)",
-    schedule="pipeline schedule: PreferBackward (1F1B) or PreferForward "
-             "(GPipe); empty: take pipeline.strategy from the EPL config",
+    schedule="pipeline schedule: PreferBackward (1F1B), PreferForward "
+             "(GPipe) or ZeroBubble (ZB-H1); empty: take pipeline.strategy "
+             "from the EPL config",
+    virtual_stages="stages per pipeline device, interleaved 1F1B (pipeline "
+                   "mode: num_stages stages on num_stages / virtual_stages "
+                   "devices; auto: num_stages x virtual_stages stages on "
+                   "num_stages devices); 0: take pipeline.virtual_stages "
+                   "from the EPL config, default 1",
     num_cpu_devices="number of logical CPU devices for EPL (0: GPUs, or the "
                     "EPL config's cluster.num_cpu_devices)",
     seed="random seed (initialisation and synthetic data)",
@@ -142,7 +151,7 @@ def resolve_flags(flags_like):
   if f.schedule and f.schedule not in SCHEDULES:
     raise ValueError("--schedule must be one of %s (or empty), got %r"
                      % (SCHEDULES, f.schedule))
-  for name in ("num_micro_batch", "num_stages"):
+  for name in ("num_micro_batch", "num_stages", "virtual_stages"):
     if getattr(f, name) < 0:
       raise ValueError("--%s must be >= 0, got %d" % (name, getattr(f, name)))
   if isinstance(f.input_files, (list, tuple)):
@@ -246,7 +255,13 @@ def num_replicas(f, total_devices=None):
     return 1
   if total_devices is None:
     total_devices = _total_devices(f)
-  per_replica = (f.num_stages or DEFAULT_STAGES) if _staged(f) else 1
+  per_replica = 1
+  if _staged(f):
+    per_replica = f.num_stages or DEFAULT_STAGES
+    if f.parallel != "auto":
+      # Stage scopes share devices under interleaved 1F1B; auto parallel
+      # cuts num_stages x virtual_stages stages onto num_stages devices.
+      per_replica //= max(1, f.virtual_stages)
   return max(1, total_devices // per_replica)
 
 
@@ -268,6 +283,8 @@ def _epl_config(f):
     values["pipeline.num_micro_batch"] = f.num_micro_batch
   if f.schedule:
     values["pipeline.strategy"] = f.schedule
+  if f.virtual_stages:
+    values["pipeline.virtual_stages"] = f.virtual_stages
   if f.parallel == "auto":
     values["auto.auto_parallel"] = True
   if f.num_stages and _staged(f):
@@ -279,8 +296,8 @@ def _epl_config(f):
 
 
 def _start_epl(f):
-  """epl.init from the flags; fills f.num_micro_batch, f.schedule and
-  f.num_stages with the values EPL settled on. Returns (epl module, EPL's
+  """epl.init from the flags; fills f.num_micro_batch, f.schedule,
+  f.virtual_stages and f.num_stages with the values EPL settled on. Returns (epl module, EPL's
   cluster or None)."""
   import epl  # pylint: disable=g-import-not-at-top
   config = epl.Config(_epl_config(f))
@@ -289,6 +306,7 @@ def _start_epl(f):
   if pipeline_config is not None:
     f.num_micro_batch = f.num_micro_batch or pipeline_config.num_micro_batch
     f.schedule = f.schedule or pipeline_config.strategy
+    f.virtual_stages = f.virtual_stages or pipeline_config.virtual_stages
     if _staged(f) and pipeline_config.num_stages > 0:
       f.num_stages = f.num_stages or pipeline_config.num_stages
   return epl, getattr(env, "cluster", None)

@@ -55,6 +55,11 @@ CASES = {
     # ZeRO v2: each micro-batch's gradients summed on their owners.
     "zero_v2": ("dense", "adam", {"zero.level": "v2",
                                   "pipeline.num_micro_batch": 2}),
+    # ZeRO v3: weights sharded in each process; each shard's gradient
+    # all-reduced with the same shard of the other process.
+    "zero_v3": ("dense", "adam", {"zero.level": "v3",
+                                  "zero.min_partition_size": 0,
+                                  "pipeline.num_micro_batch": 2}),
 }
 
 
