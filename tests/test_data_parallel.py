@@ -28,11 +28,14 @@ def test_reference_variable_updates_wait_for_their_reads():
   # A VariableV2 is read without a copy: the backward op that reads w2 (the
   # gradient of the hidden layer) must run before w2's update, which
   # tf.gradients + apply_gradients does not order (plain TF races; its
-  # GATE_OP compute_gradients is the reference).
+  # GATE_OP compute_gradients is the reference). As copies, whose
+  # micro-batch 1 is its own ops (the loop's ordering is tested in
+  # test_loop_accumulation).
   expected, _ = training.reference_variable_training(REPLICAS * MICRO, False)
   actual, graph = training.reference_variable_training(
       MICRO // 2, True, {"cluster.num_cpu_devices": REPLICAS,
-                         "pipeline.num_micro_batch": 2})
+                         "pipeline.num_micro_batch": 2,
+                         "pipeline.accumulation": "copies"})
   training.assert_close(actual, expected)
   for replica in ("", "EPL_REPLICA_1/"):
     update = graph.get_operation_by_name(

@@ -22,8 +22,9 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.op_types import (INPUT_READ_TYPES, PLACEHOLDER_TYPES,
-                             VARIABLE_READ_TYPES, VARIABLE_TYPES)
+from epl.ir.op_types import (FUNCTION_BODY_TYPES, INPUT_READ_TYPES,
+                             PLACEHOLDER_TYPES, VARIABLE_READ_TYPES,
+                             VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.passes.fed_batches import is_fed_batch
 from epl.passes.forward_state import forward_writes
@@ -168,6 +169,10 @@ class _Layout:
       if op.type in SEED_INPUT_TYPES:
         return (op.name, "is a stateless random op, which would draw the "
                          "same numbers in every iteration")
+      if op.type in FUNCTION_BODY_TYPES:
+        return (op.name, "runs a function body (a tf.function call or TF2 "
+                         "control flow), which EPL does not put in its "
+                         "loop yet")
     for name, grad in self.points:
       if tensors_of(grad)[0].op.name not in self.moved_names:
         return (tensors_of(grad)[0].op.name,
