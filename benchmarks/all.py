@@ -179,10 +179,12 @@ examples/s over the hand-annotated run's, higher is better**."""),
     _section(
         "startup", "Start-up time",
         ["--runs", "tiny:1x1,tiny:8x1:mirrored,tiny:8x1,tiny:8x1:processes,"
-         "tiny:8x4,tiny:8x4:grappler=off,large:8x4:build"], "to step 1", """
+         "tiny:8x4,tiny:8x4:accumulation=copies,tiny:8x4:grappler=off,"
+         "large:8x4:build"], "to step 1", """
 Time from an empty graph to the end of the first training step, each row
 a fresh process: plain TF, MirroredStrategy with 8 replicas, EPL with 8
-replicas (and 8 x 4 micro-batches, also without grappler), EPL as 8
+replicas (and 8 x 4 micro-batches as a loop, the default, as copies, and
+without grappler), EPL as 8
 processes of one device each (`epl-launch --processes_per_worker 8`: the
 slowest process's phases and graph, CPU time and RSS summed over the
 processes; on fewer than 8 cores they compete for them, so what stays

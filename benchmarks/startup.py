@@ -24,6 +24,7 @@ graph handed to TF and the process's peak RSS.
     python benchmarks/startup.py --runs large:8x4:build
     python benchmarks/startup.py --runs tiny:8x4,tiny:8x4:grappler=default,tiny:8x4:grappler=off
     python benchmarks/startup.py --runs tiny:8x1,tiny:8x1:mirrored
+    python benchmarks/startup.py --runs tiny:8x1,tiny:8x4,tiny:8x4:accumulation=copies
     python benchmarks/startup.py --runs tiny:8x1:mirrored,tiny:8x1:processes
 
 A layout RxM runs R replicas (data parallel, one logical CPU device each)
@@ -34,6 +35,9 @@ EPL row of the same layout after it is compared with it.
 ':grappler=default|fast|off' picks EPL's `optimizer.grappler` preset, or
 turns Grappler off in the user's session config; without it, EPL's default
 preset (and TensorFlow's own for plain TF and MirroredStrategy).
+':accumulation=loop|copies' picks pipeline.accumulation (default loop,
+the micro-batches as a while-loop; copies, a copy per micro-batch); an EPL row with M > 1
+after an EPL Rx1 row of the same R is compared with it.
 ':processes' runs R x M as R processes of one logical CPU device each
 (`epl-launch --processes_per_worker R`, in a private network namespace when
 one can be made), each building and timing its own replica: the row shows
@@ -63,7 +67,7 @@ from benchmarks import horovod_data_parallel  # pylint: disable=wrong-import-pos
 from benchmarks import smoke  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
 
-SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:2x1:processes",
+SMOKE = ["--runs", "tiny:2x1:mirrored,tiny:2x1,tiny:2x2,tiny:2x1:processes",
          "--in_process"]
 
 
@@ -72,11 +76,12 @@ def _rss_mib():
 
 
 def measure(config, replicas, micro_batches, plain, build_only, batch_size,
-            grappler="", mirrored=False):
+            grappler="", mirrored=False, accumulation=""):
   """One run in this process; returns a dict of seconds, op counts, RSS.
   `grappler`: "" (the default), an EPL preset ("default", "fast"), or "off"
   (the session config turns TF's graph optimiser off); with `mirrored` the
-  model is built under MirroredStrategy (plain TF)."""
+  model is built under MirroredStrategy (plain TF); `accumulation`: ""
+  (EPL's default), "loop" or "copies" (pipeline.accumulation)."""
   import logging  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   from examples.bert_large import train  # pylint: disable=g-import-not-at-top
@@ -85,6 +90,9 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
   os.environ.pop("EPL_OPTIMIZER_GRAPPLER", None)
   if grappler in ("default", "fast"):
     os.environ["EPL_OPTIMIZER_GRAPPLER"] = grappler
+  os.environ.pop("EPL_PIPELINE_ACCUMULATION", None)
+  if accumulation:
+    os.environ["EPL_PIPELINE_ACCUMULATION"] = accumulation
   flags = train.make_flags(
       config=config, parallel="none" if plain else "data",
       num_cpu_devices=0 if plain else replicas,
@@ -140,7 +148,7 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
 
 
 def _child(args, config, layout, plain, build_only, grappler="",
-           mirrored=False):
+           mirrored=False, accumulation=""):
   replicas, micro_batches = (int(x) for x in layout.split("x"))
   if mirrored and micro_batches != 1:
     raise SystemExit("--runs: MirroredStrategy has no micro-batches; use "
@@ -148,7 +156,7 @@ def _child(args, config, layout, plain, build_only, grappler="",
   return fresh_process.measure_in_child(
       os.path.abspath(__file__),
       [config, replicas, micro_batches, plain, build_only, args.batch_size,
-       grappler, mirrored], args.timeout,
+       grappler, mirrored, accumulation], args.timeout,
       in_process=measure if args.in_process else None)
 
 
@@ -196,25 +204,29 @@ def measure_processes(args, config, layout, build_only, grappler=""):
 
 
 def _runs(text):
-  """[(config, build_only, [(layout, grappler, mirrored)])] from items
-  such as 'tiny:8x4', 'tiny:8x4:grappler=off', 'large:8x4:build',
-  'tiny:8x1:mirrored', in the order given."""
+  """[(config, build_only, [(layout, grappler, mirrored, accumulation,
+  processes)])]
+  from items such as 'tiny:8x4', 'tiny:8x4:grappler=off',
+  'tiny:8x4:accumulation=copies', 'large:8x4:build', 'tiny:8x1:mirrored',
+  'tiny:8x1:processes', in the order given."""
   runs = []
   for item in text.split(","):
     config, layout, *options = item.split(":")
-    grappler = ""
+    grappler = accumulation = ""
     for option in options:
       if option.startswith("grappler="):
         grappler = option.split("=", 1)[1]
+      elif option.startswith("accumulation="):
+        accumulation = option.split("=", 1)[1]
       elif option not in ("build", "mirrored", "processes"):
         raise SystemExit("--runs: unknown option %r in %r; use build, "
-                         "mirrored, processes or grappler=default|fast|off"
-                         % (option, item))
+                         "mirrored, processes, grappler=default|fast|off or "
+                         "accumulation=loop|copies" % (option, item))
     key = (config, "build" in options)
     if not runs or runs[-1][:2] != key:
       runs.append(key + ([],))
     runs[-1][2].append((layout, grappler, "mirrored" in options,
-                        "processes" in options))
+                        accumulation, "processes" in options))
   return runs
 
 
@@ -263,15 +275,16 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
       "--runs", default="tiny:1x1,tiny:8x1:mirrored,tiny:8x1,"
-      "tiny:8x1:processes,tiny:4x4,"
-      "tiny:8x4,tiny:8x4:grappler=default,tiny:8x4:grappler=off,"
+      "tiny:8x1:processes,tiny:4x4,tiny:8x4,tiny:8x4:accumulation=copies,"
+      "tiny:8x4:grappler=default,tiny:8x4:grappler=off,"
       "base:1x1,base:4x4,base:8x4:build,large:8x4:build",
       help="config:RxM items; ':build' = build and rewrite only (BERT-Base "
       "8x4 trains 8 copies of 110M parameters with Adam: 10+ GiB); "
       "':mirrored' = MirroredStrategy over R devices instead of EPL; "
       "':processes' = EPL as R processes of one device each; "
       "':grappler=default|fast|off' = EPL's optimizer.grappler preset, or "
-      "rewrite_options.disable_meta_optimizer in the session config")
+      "rewrite_options.disable_meta_optimizer in the session config; "
+      "':accumulation=loop|copies' = pipeline.accumulation")
   parser.add_argument("--batch_size", type=int, default=2,
                       help="micro-batch per replica (and plain TF's batch)")
   parser.add_argument("--timeout", type=int, default=3600)
@@ -300,7 +313,8 @@ def main(argv=None):
     plain = _child(args, config, "1x1", True, build_only)
     print(_row("plain TF", plain), flush=True)
     mirrored_results = {}
-    for layout, grappler, mirrored, processes in layouts:
+    single_micro_batch = {}
+    for layout, grappler, mirrored, accumulation, processes in layouts:
       if processes:
         _print_processes(measure_processes(args, config, layout, build_only,
                                            grappler), layout, plain,
@@ -317,9 +331,14 @@ def main(argv=None):
                   result["peak_rss_mib"] / plain["peak_rss_mib"]),
               flush=True)
         continue
-      epl_result = _child(args, config, layout, False, build_only, grappler)
-      print(_row("EPL %s%s" % (layout, ", grappler " + grappler
-                               if grappler else ""),
+      epl_result = _child(args, config, layout, False, build_only, grappler,
+                          accumulation=accumulation)
+      replicas, micro_batches = layout.split("x")
+      if micro_batches == "1" and not grappler:
+        single_micro_batch[replicas] = epl_result
+      print(_row("EPL %s%s%s" % (
+          layout, ", grappler " + grappler if grappler else "",
+          ", " + (accumulation or "loop") if micro_batches != "1" else ""),
                  epl_result), flush=True)
       print("%-22s to step 1 %.2fx plain (CPU time %.2fx), EPL rewrite %.2fx "
             "plain build, ops %.1fx, peak RSS %.2fx" % (
@@ -329,6 +348,11 @@ def main(argv=None):
                 epl_result["ops"] / plain["ops"],
                 epl_result["peak_rss_mib"] / plain["peak_rss_mib"]),
             flush=True)
+      one = single_micro_batch.get(replicas)
+      if micro_batches != "1" and one is not None:
+        print("%-22s to step 1 %.2fx EPL %sx1, ops %.2fx" % (
+            "  vs 1 micro-batch", _total(epl_result) / _total(one),
+            replicas, epl_result["ops"] / one["ops"]), flush=True)
       mirrored = mirrored_results.get(layout)
       if mirrored is not None:
         versus = _total(epl_result) / _total(mirrored)

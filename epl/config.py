@@ -373,6 +373,13 @@ _KEYS = (
     _k("pipeline", "num_micro_batch", _Int(minimum=1), 1,
        "Micro-batches per step in pipeline parallelism (gradient "
        "accumulation without pipeline).", built=True),
+    _k("pipeline", "accumulation", _Choice(["copies", "loop"]), "loop",
+       "How a single stage runs its num_micro_batch micro-batches: "
+       "\"loop\", a while-loop over one copy of the forward and backward "
+       "pass (the graph does not grow with the micro-batches; what cannot "
+       "run in the loop runs as copies, with a warning saying why), or "
+       "\"copies\", one copy per micro-batch. Pipelines always copy.",
+       built=True),
     _k("pipeline", "num_stages", _Int(minimum=1, special={-1: "auto"}), -1,
        "Number of pipeline stages: auto.auto_parallel cuts the model into "
        "this many (the devices of a pipeline: it cuts num_stages x "

@@ -27,6 +27,10 @@ else:
 TF1_BEHAVIOUR_TESTS = (
     "test_data_parallel.py::test_mean_matches_single_device",
     "test_data_parallel.py::test_reference_variable_updates_wait_for_their_reads",
+    "test_loop_accumulation.py::test_loop_matches_single_device",
+    "test_loop_accumulation.py::test_reference_variables_in_the_loop_match_single_device",
+    "test_loop_accumulation.py::test_clipping_in_loop_keeps_its_semantics",
+    "test_loop_accumulation.py::test_several_gradient_calls_accumulate_each",
     "test_data_parallel.py::test_sparse_gradients_with_different_row_counts_per_replica",
     "test_sessions_and_checkpoints.py::test_monitored_training_session_with_hooks",
     "test_sessions_and_checkpoints.py::test_data_parallel_checkpoint_restores_into_single_device",

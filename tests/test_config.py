@@ -52,6 +52,7 @@ EXPECTED_DEFAULTS = {
     "gradient_checkpoint.end_taskgraph": -1,
     "gradient_checkpoint.check_gradients": False,
     "pipeline.num_micro_batch": 1,
+    "pipeline.accumulation": "loop",
     "pipeline.num_stages": -1,
     "pipeline.strategy": "PreferBackward",
     "pipeline.virtual_stages": 1,
@@ -453,7 +454,8 @@ def test_repr_is_readable():
                   "optimizer", "cluster", "gradient_checkpoint"):
     assert "\n  %s(" % section in text
   assert repr(Config().pipeline) == (
-      "pipeline(num_micro_batch=1, num_stages=-1, strategy='PreferBackward', "
+      "pipeline(num_micro_batch=1, accumulation='loop', num_stages=-1, "
+      "strategy='PreferBackward', "
       "virtual_stages=1)")
 
 

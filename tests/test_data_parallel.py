@@ -24,31 +24,18 @@ def test_mean_matches_single_device(model, optimizer):
   assert actual["global_step"] == 5
 
 
-def _reference_variable_training(batch_size, use_tf_gradients, config=None):
-  """ref_variable_model trained by Adam from tf.gradients (ungated) or
-  compute_gradients (GATE_OP); returns (weights, graph)."""
-  if config:
-    epl.init(epl.Config(config))
-    epl.set_default_strategy(epl.replicate(device_count=1))
-  graph = tf.Graph()
-  with graph.as_default():
-    x, y = training.input_batch(batch_size)
-    loss = tf.reduce_mean(tf.square(training.ref_variable_model(x) - y))
-    optimizer = training.OPTIMIZERS["adam"]()
-    train_op = optimizer.apply_gradients(
-        training.gradient_pairs(optimizer, loss, use_tf_gradients))
-  return training.run_steps(graph, train_op, 5), graph
-
-
 def test_reference_variable_updates_wait_for_their_reads():
   # A VariableV2 is read without a copy: the backward op that reads w2 (the
   # gradient of the hidden layer) must run before w2's update, which
   # tf.gradients + apply_gradients does not order (plain TF races; its
-  # GATE_OP compute_gradients is the reference).
-  expected, _ = _reference_variable_training(REPLICAS * MICRO, False)
-  actual, graph = _reference_variable_training(
+  # GATE_OP compute_gradients is the reference). As copies, whose
+  # micro-batch 1 is its own ops (the loop's ordering is tested in
+  # test_loop_accumulation).
+  expected, _ = training.reference_variable_training(REPLICAS * MICRO, False)
+  actual, graph = training.reference_variable_training(
       MICRO // 2, True, {"cluster.num_cpu_devices": REPLICAS,
-                         "pipeline.num_micro_batch": 2})
+                         "pipeline.num_micro_batch": 2,
+                         "pipeline.accumulation": "copies"})
   training.assert_close(actual, expected)
   for replica in ("", "EPL_REPLICA_1/"):
     update = graph.get_operation_by_name(

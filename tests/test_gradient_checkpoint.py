@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.passes import gradient_checkpoint
@@ -90,16 +91,21 @@ def test_four_replicas():
       "EPL_REPLICA_3/" + gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/Tanh")
 
 
-def test_micro_batches_and_replicas():
+@pytest.mark.parametrize("accumulation", ["copies", "loop"])
+def test_micro_batches_and_replicas(accumulation):
   expected, _, _ = training.train(checkpointed_model, "adam", batch_size=64,
                                   with_epl=False)
   actual, _, graph = training.train(
       checkpointed_model, "adam", batch_size=16,
-      config=_gc("collection", 2, **{"pipeline.num_micro_batch": 2}))
+      config=_gc("collection", 2, **{"pipeline.num_micro_batch": 2,
+                                     "pipeline.accumulation": accumulation}))
   training.assert_close(actual, expected)
-  assert graph.get_operation_by_name(
-      "EPL_MICRO_BATCH_1/" + gradient_checkpoint.RECOMPUTE_PREFIX +
-      "dense0/Tanh")
+  recomputed = gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/Tanh"
+  if accumulation == "copies":
+    assert graph.get_operation_by_name("EPL_MICRO_BATCH_1/" + recomputed)
+  else:
+    # One recomputation, in the micro-batch loop.
+    assert control_flow.in_loop(graph.get_operation_by_name(recomputed))
 
 
 @pytest.mark.parametrize("kind", ["collection", "auto"])

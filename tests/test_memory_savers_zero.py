@@ -251,8 +251,10 @@ def test_zero_v3_whole_values_outside_the_step():
 def test_zero_v2_sums_micro_batches_on_the_owner_only(level):
   """With 2 micro-batches v1 has every replica sum its micro-batches'
   gradients (a full set per replica) before the owner reduces the sums; v2
-  sends each micro-batch's gradient to its owner, which alone sums them."""
-  graph = _check("dp4_micro2", "momentum", {"zero.level": level})
+  sends each micro-batch's gradient to its owner, which alone sums them.
+  (v1 as copies, to compare the same structure; v2 always copies.)"""
+  graph = _check("dp4_micro2", "momentum",
+                 {"zero.level": level, "pipeline.accumulation": "copies"})
   step = graph_editor.ancestors([graph.get_operation_by_name("Momentum")])
   sums = [op for op in step
           if op.name.split("/")[-1].startswith("add_") and

@@ -171,7 +171,8 @@ def test_passes_are_not_logged_by_default(caplog):
 
 def test_provenance_names_the_pass_source_replica_and_micro_batch():
   graph, _ = _rewrite({"cluster.num_cpu_devices": 2,
-                       "pipeline.num_micro_batch": 2})
+                       "pipeline.num_micro_batch": 2,
+                       "pipeline.accumulation": "copies"})
   origins = state_of(graph).provenance
   name = "dense/MatMul"
   micro_batch = names.micro_batch_prefix(1) + name

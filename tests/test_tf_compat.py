@@ -269,6 +269,31 @@ def test_building_in_context_enters_a_loop(control_flow_v1):
       graph.get_operation_by_name("Const_1")) is None
 
 
+def test_existing_ops_join_a_v1_loop_built_under_control_flow_v2():
+  graph = tf.Graph()
+  with graph.as_default():
+    outside = tf.constant(2.0)
+    existing = tf.multiply(tf.constant(3.0), tf.constant(1.0))
+    with graph_edit.building_v1_control_flow():
+      def body(index, total):
+        context = graph_edit.control_flow_context(index.op)
+        graph_edit.join_while_context(existing.op, context)
+        for position, tensor in enumerate(existing.op.inputs):
+          graph_edit.update_input(
+              existing.op, position,
+              graph_edit.enter_while_context(context, tensor))
+        assert graph_edit.while_control_pivot(context).type == "Identity"
+        return index + 1, total + existing * outside
+      _, total = tf.compat.v1.while_loop(
+          lambda index, _: index < 3, body,
+          (tf.constant(0), tf.constant(0.0)))
+    assert {op.type for op in graph.get_operations()} >= {"Enter", "Exit"}
+    assert existing.op.inputs[0].op.type == "Enter"
+    assert not graph.is_fetchable(existing.op)
+    with tf.compat.v1.Session() as session:
+      assert session.run(total) == 18.0
+
+
 # --------------------------------------------------------------- importer
 
 

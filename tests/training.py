@@ -204,3 +204,19 @@ def gradient_pairs(optimizer, loss, use_tf_gradients):
     variables = tf.compat.v1.trainable_variables()
     return list(zip(tf.gradients(loss, variables), variables))
   return optimizer.compute_gradients(loss)
+
+
+def reference_variable_training(batch_size, use_tf_gradients, config=None):
+  """ref_variable_model trained by Adam from tf.gradients (ungated) or
+  compute_gradients (GATE_OP); returns (weights, graph)."""
+  if config:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = input_batch(batch_size)
+    loss = tf.reduce_mean(tf.square(ref_variable_model(x) - y))
+    optimizer = OPTIMIZERS["adam"]()
+    train_op = optimizer.apply_gradients(
+        gradient_pairs(optimizer, loss, use_tf_gradients))
+  return run_steps(graph, train_op, 5), graph

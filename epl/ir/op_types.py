@@ -36,6 +36,9 @@ PLACEHOLDER_TYPES = frozenset(
     ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
 # Calls of a function of the graph's library.
 FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
+# Ops that run function bodies: calls and TF2 control flow.
+FUNCTION_BODY_TYPES = FUNCTION_CALL_TYPES | frozenset([
+    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"])
 # Ops that read only the shape of their input: they keep nothing alive.
 SHAPE_READER_TYPES = frozenset(["Shape", "ShapeN", "Size", "Rank"])
 # Lookup tables are initialised once by the user's tables_initializer and

@@ -104,12 +104,19 @@ class Copies:
   replica 0 (the constants every micro-batch shares map to themselves).
   `accumulations` maps the name of the first tensor of each gradient
   summed over micro-batches (replica 0's) to its `Accumulation`.
+
+  When the micro-batches run as a loop (`accumulation_loop`),
+  `micro_batches[m]` (m > 0) holds only micro-batch m's input reads, and
+  `loop_values` maps the name of each tensor of the loop that the step
+  hands out to its value in every micro-batch (replica 0's, read after the
+  loop); it is None when the micro-batches are copies.
   """
 
   def __init__(self, clones, micro_batches=None):
     self.clones = clones
     self.micro_batches = micro_batches or []
     self.accumulations = {}
+    self.loop_values = None
     # replica_op_names cache: local -> (size of clones[local], names).
     self._op_names = {}
 
@@ -124,11 +131,16 @@ class Copies:
     """`op` in every micro-batch of replica 0; [op] when it is not part
     of a micro-batch."""
     copies = [clones.get(op.name) for clones in self.micro_batches]
-    return [op] if not copies or copies[0] is None else copies
+    if not copies or copies[0] is None:
+      return [op]
+    # In a loop, only the input reads have a copy per micro-batch.
+    return [copy for copy in copies if copy is not None]
 
   def micro_batch_tensors(self, tensor):
     """`tensor` in every micro-batch of replica 0; [tensor] when it is not
     part of a micro-batch."""
+    if self.loop_values and tensor.name in self.loop_values:
+      return list(self.loop_values[tensor.name])
     return [op.outputs[tensor.value_index]
             for op in self.micro_batch_ops(tensor.op)]
 

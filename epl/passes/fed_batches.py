@@ -17,7 +17,7 @@ logger = logging.getLogger("epl")
 FED_BATCH_SCOPE = "EPL_FED_BATCH"
 
 
-def _is_batch(placeholder):
+def is_fed_batch(placeholder):
   """A placeholder with an unknown first dimension: a fed batch."""
   shape = placeholder.outputs[0].shape
   return shape.rank is not None and shape.rank >= 1 and (
@@ -44,7 +44,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
   if parts == 1:
     return
   placeholders = [op for op in captured_step.shared
-                  if op.type in PLACEHOLDER_TYPES and _is_batch(op)]
+                  if op.type in PLACEHOLDER_TYPES and is_fed_batch(op)]
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       FED_BATCH_SCOPE), ctx.graph.control_dependencies(None):
     for placeholder in placeholders:

@@ -18,7 +18,7 @@ FORWARD_STATE_SCOPE = "EPL_FORWARD_STATE"
 _CHAIN = "forward_state"
 
 
-def _forward_writes(ctx, subgraph):
+def forward_writes(ctx, subgraph):
   """The user's writes of replicated variables in the forward pass."""
   replicated = {v.name for v in subgraph.variables}
   return [op for op in subgraph.cloned
@@ -43,7 +43,7 @@ def average_forward_state_updates(ctx, captured_step, subgraph, copies):
   schedule, and the user's write waits for its replicas' copies, so
   fetching `UPDATE_OPS` runs all of them. Nothing else changes.
   """
-  writes = _forward_writes(ctx, subgraph)
+  writes = forward_writes(ctx, subgraph)
   if not writes:
     return
   replicas = range(len(ctx.replicas))

@@ -30,9 +30,16 @@ def merge_global_objects(ctx, copies):
   merged tensor, which a session fetch returns in its place, and summary ops
   (`tf.compat.v1.summary.scalar`, ...) of the tensor record the merged
   value, so TensorBoard shows what the script prints. The user's tensor
-  itself is unchanged.
+  itself is unchanged. When the micro-batches run as a loop, a fetch of
+  one of the loop's tensors that the step hands out (the loss, ...)
+  returns its value in micro-batch 0 of replica 0.
   """
   substitutes = {}
+  for name, values in (copies.loop_values or {}).items():
+    # A tensor in the micro-batch loop's frame cannot be fetched: its
+    # fetch returns its value in micro-batch 0, as the user's op (micro-
+    # batch 0) returns it when the micro-batches are copies.
+    substitutes[name] = values[0]
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_MERGED_OUTPUTS"), ctx.graph.control_dependencies(None):
     for key, merge in MERGES.items():

@@ -1,6 +1,7 @@
 """Micro-batches: each step runs the forward and backward pass once per
 micro-batch and applies the gradients, accumulated, once."""
 import collections
+import logging
 
 import tensorflow as tf
 
@@ -9,10 +10,12 @@ from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
+from epl.passes import accumulation_loop
 from epl.passes.context import Accumulation
 from epl.passes.training_subgraph import tensors_of
 
 ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
+logger = logging.getLogger("epl")
 
 
 def _creates_state(op):
@@ -116,6 +119,54 @@ def _copy_of(grad, clones):
   return tensor(grad)
 
 
+def _copies_per_micro_batch(ctx, ops, user_devices):
+  """[{name: copy}] of `ops` (in replica 0) for micro-batches 1..M-1,
+  named `EPL_MICRO_BATCH_<m>/<name>` on the same devices, with the tags,
+  provenance and user devices of their originals."""
+  state = ctx.state
+  cloner = graph_editor.Cloner(ctx.graph, ops)
+  result = []
+  for micro_batch in range(1, ctx.plan.num_micro_batch):
+    prefix = names.micro_batch_prefix(micro_batch)
+    clones = cloner.clone(prefix, lambda op: op.device,
+                          provenance=state.provenance,
+                          replica=ctx.replicas[0], micro_batch=micro_batch)
+    state.copy_tags_to_copies(clones, prefix, micro_batch)
+    for name in clones:
+      user_devices[prefix + name] = user_devices.get(name, "")
+    result.append(clones)
+  return result
+
+
+def _with_accumulated(gradient_points, accumulated):
+  """`gradient_points` with each gradient of `accumulated` ({name of its
+  first tensor: sum}) replaced by its sum."""
+  return [[(accumulated.get(tensors_of(grad)[0].name, grad), var)
+           for grad, var in record_points]
+          for record_points in gradient_points]
+
+
+def _loop_wanted(ctx):
+  """pipeline.accumulation "loop", and a single stage (a pipeline keeps
+  one copy per micro-batch for its schedule)."""
+  return (ctx.config.pipeline.accumulation == "loop" and
+          ctx.plan.num_stages == 1 and not ctx.plan.has_split)
+
+
+def _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points, result):
+  with capture.suspended(), ctx.graph.as_default(), \
+      ctx.graph.control_dependencies(None):
+    read_copies = _copies_per_micro_batch(ctx, loop_layout.reads,
+                                          result["user_devices"])
+    built, accumulated = accumulation_loop.run_as_loop(
+        ctx, loop_layout, result["copies"], read_copies)
+    built = [op for clones in read_copies for op in clones.values()] + built
+  result["copies"].clones[0].update({op.name: op for op in built})
+  result["subgraph"] = subgraph.adding(built)
+  result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
+  return result
+
+
 def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
                         user_devices):
   """Makes replica 0 run pipeline.num_micro_batch (M) micro-batches a step.
@@ -134,6 +185,12 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   records each sum's parts and ops. The new ops join the
   cloned subgraph, so that every replica gets them; the copies are
   recorded in the provenance.
+
+  With pipeline.accumulation "loop" and a single stage,
+  the micro-batches run as a loop instead of copies
+  (`epl.passes.accumulation_loop`): only the input reads get M - 1
+  copies, and the gradients handed on are the loop's sums. What cannot run
+  in the loop falls back to copies with a warning naming the op.
 
   Tags each op of a micro-batch with its index (the user's ops are
   micro-batch 0; input reads become FORWARD), also when M is 1, which
@@ -158,19 +215,24 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
             "copies": copies, "user_devices": user_devices}
   if count == 1:
     return result
+  if _loop_wanted(ctx):
+    loop_layout = accumulation_loop.layout(ctx, subgraph, selected, points)
+    reason = loop_layout.reason_for_copies(ctx)
+    if reason is None:
+      return _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points,
+                                 result)
+    logger.warning(
+        "EPL: the %d micro-batches of a step run as %d copies of the "
+        "forward and backward pass, not as a loop (pipeline.accumulation "
+        "\"loop\"): %s %s. Set pipeline.accumulation to \"copies\" to "
+        "choose copies.", count, count,
+        ("op %r" % reason[0]) if reason[0] else "the step", reason[1])
   selected_names = {op.name for op in selected}
   constants = shared_constants(selected)
-  cloner = graph_editor.Cloner(
-      ctx.graph, [op for op in selected if op.name not in constants])
   built = []
-  for micro_batch in range(1, count):
-    prefix = names.micro_batch_prefix(micro_batch)
-    clones = cloner.clone(prefix, lambda op: op.device,
-                          provenance=state.provenance,
-                          replica=ctx.replicas[0], micro_batch=micro_batch)
-    state.copy_tags_to_copies(clones, prefix, micro_batch)
-    for name in clones:
-      user_devices[prefix + name] = user_devices.get(name, "")
+  for clones in _copies_per_micro_batch(
+      ctx, [op for op in selected if op.name not in constants],
+      user_devices):
     built.extend(clones.values())
     clones.update(constants)
     copies.micro_batches.append(clones)
@@ -194,8 +256,5 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
       accumulated[name] = total
   copies.clones[0].update({op.name: op for op in built})
   result["subgraph"] = subgraph.adding(built)
-  result["gradient_points"] = [
-      [(accumulated.get(tensors_of(grad)[0].name, grad), var)
-       for grad, var in record_points]
-      for record_points in gradient_points]
+  result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
   return result

@@ -8,7 +8,7 @@ from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
 from epl.capture import capture
-from epl.ir.op_types import FUNCTION_CALL_TYPES
+from epl.ir.op_types import FUNCTION_BODY_TYPES
 from epl.tf_compat import graph_edit
 
 # Stateful random ops seeded by their `seed` and `seed2` attributes.
@@ -33,8 +33,6 @@ GENERATOR_TYPES = frozenset([
     "StatefulStandardNormal", "StatefulStandardNormalV2",
     "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngSkip",
     "RngReadAndSkip"])
-_CONTROL_FLOW_CALLS = FUNCTION_CALL_TYPES | frozenset([
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"])
 
 
 def _function_names(op):
@@ -65,7 +63,7 @@ def _seeded_random_in_functions(graph, op, seen=None):
       if node.op in SEED_INPUT_TYPES:
         return "%s/%s" % (name, node.name)
       inner = _seeded_random_in_functions(graph, node, seen) if (
-          node.op in _CONTROL_FLOW_CALLS) else None
+          node.op in FUNCTION_BODY_TYPES) else None
       if inner:
         return inner
   return None
@@ -116,7 +114,7 @@ def vary_random_seeds(ctx, subgraph, copies):
           "replica copies from replica 0: all replicas would draw the same "
           "numbers. Use tf.random ops with a graph-level seed (dropout, "
           "tf.random.uniform) or stateless ops instead." % (op.name, op.type))
-    if op.type in _CONTROL_FLOW_CALLS:
+    if op.type in FUNCTION_BODY_TYPES:
       inner = _seeded_random_in_functions(ctx.graph, op)
       if inner:
         raise ValueError(

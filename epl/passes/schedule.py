@@ -255,10 +255,12 @@ def schedule_pipeline(ctx, subgraph, copies):
   change (tf.gradients' gates across stages are lifted first,
   `ungate_across_stages`); with one micro-batch nothing changes (a stage's
   backward already follows its forward), nor with split TaskGraphs (they
-  share the data-parallel part's devices: no stages).
+  share the data-parallel part's devices: no stages), nor when the
+  micro-batches run as a loop (its iterations run one after another).
   """
   plan = ctx.plan
-  if plan.num_micro_batch == 1 or plan.has_split:
+  if plan.num_micro_batch == 1 or plan.has_split or (
+      copies.loop_values is not None):
     return
   ungate_across_stages(ctx, subgraph, copies)
   if pipeline_order.splits_backward(plan.schedule):

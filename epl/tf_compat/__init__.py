@@ -57,6 +57,8 @@ VERSIONS = {
     "control_flow_ops.from_control_flow_context_def; "
     "control_flow_util.GetContainingWhileContext":
         Support(_ALL_TF, _ANY_KERAS),
+    "control_flow_util.ENABLE_CONTROL_FLOW_V2; WhileContext._values, "
+    "AddValue, GetControlPivot": Support(_ALL_TF, _ANY_KERAS),
     # importer
     "importer._PopulateTFImportGraphDefOptions": Support(_ALL_TF,
                                                          _ANY_KERAS),

@@ -164,3 +164,39 @@ def set_control_flow_context(op, context):
   """`op` belongs to the v1 control-flow `context` (what tf.gradients and
   op creation read), as if it had been built in it."""
   op._set_control_flow_context(context)
+
+
+@contextlib.contextmanager
+def building_v1_control_flow():
+  """`tf.compat.v1.while_loop` and `tf.TensorArray` built in this block
+  are v1 (Enter/Merge/Switch/Exit frames, TensorArrayV3), whatever
+  control flow v2 says: ops that already exist can join a v1 loop's
+  frame, never a v2 loop's function."""
+  enabled = control_flow_util.ENABLE_CONTROL_FLOW_V2
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+  try:
+    yield
+  finally:
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = enabled
+
+
+def join_while_context(op, context):
+  """Makes the existing `op` part of the v1 WhileContext `context`, as if
+  its body had built it: its outputs are values of the loop (a reader
+  built in the body takes them without an Enter) and cannot be fetched.
+  Its inputs are left as they are (see `enter_while_context`)."""
+  op._set_control_flow_context(context)
+  context._values.update(t.name for t in op.outputs)
+  op.graph.prevent_fetching(op)
+
+
+def enter_while_context(context, tensor):
+  """`tensor`, built outside the v1 WhileContext `context`, as its
+  iterations read it (through an Enter op, one per tensor)."""
+  return context.AddValue(tensor)
+
+
+def while_control_pivot(context):
+  """The op of the v1 WhileContext `context` that an op of its body
+  without inputs waits for, so that it runs in every iteration."""
+  return context.GetControlPivot().op
