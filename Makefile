@@ -62,7 +62,8 @@ tools:
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist), a test file
 # per process at a time, so a file's module fixtures are built once: most
 # of a test's time is single-threaded graph building and rewriting, so two
-# processes on 2 cores take about half the time of one. PYTEST_WORKERS=0
+# processes on 2 cores take little more than half the time of one (TF 2.15:
+# 489 s against 860 s on a fresh clone). PYTEST_WORKERS=0
 # runs in this process (for pdb); on a GPU machine each process takes GPU
 # memory, so use as many as the GPUs can hold.
 PYTEST_WORKERS ?= 2
@@ -73,8 +74,8 @@ test: venv horovod tools
 
 # The equivalence tests once more as ported TF1 scripts run them, under
 # `tf.compat.v1.disable_v2_behavior()` (reference variables, v1 control
-# flow): the subset TF1_BEHAVIOUR_TESTS of tests/conftest.py, about 4
-# minutes on 2 cores. EPL_TEST_TF1_BEHAVIOUR=1 runs any test file so.
+# flow): the subset TF1_BEHAVIOUR_TESTS of tests/conftest.py, under a
+# minute on 2 cores. EPL_TEST_TF1_BEHAVIOUR=1 runs any test file so.
 test-tf1: venv
 	EPL_TEST_TF1_BEHAVIOUR=1 $(VENV_PY) $(PYTEST) -m tf1_behaviour tests
 
