@@ -255,9 +255,7 @@ def trained_points(result):
   points = [p for points in result.gradient_points for p in points]
   partition = result.zero_partition
   if partition is not None and partition.reduces_to_owners:
-    points.extend(partition.points)
-  if partition is not None and partition.weights is not None:
-    points.extend(partition.weights.points)
+    points.extend(partition.reduced_points)
   return points
 
 
@@ -314,12 +312,8 @@ def _count_gradients(result, devices, sizes):
   partition = result.zero_partition
   if partition is None or not partition.reduces_to_owners:
     return
-  reduced = dict(partition.reduced)
-  points = list(partition.points)
-  if partition.weights is not None:
-    reduced.update(partition.weights.reduced)
-    points.extend(partition.weights.points)
-  for grad, variable in points:
+  reduced = partition.reduced_gradients
+  for grad, variable in partition.reduced_points:
     for tensor in reduced[variable.name]:
       count(tensor)
     if several and variable.name not in partition.accumulations:

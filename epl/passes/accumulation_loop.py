@@ -4,8 +4,11 @@ forward and backward ops instead of as M copies of them, so that the
 graph, and TensorFlow's start-up work on it, do not grow with M.
 
 The loop (`EPL_MICRO_BATCH_LOOP/while`, one iteration per micro-batch, one
-at a time) takes the user's ops of one micro-batch into its frame; what
-they read from outside enters it. The input reads stay outside: the M
+at a time) takes into its frame the user's ops of one micro-batch that
+differ between micro-batches (those that depend on the batch or on a
+stateful op); the rest of the micro-batch (variable reads, values of
+shared state) runs once before it, and what the loop reads from outside
+enters it. The input reads stay outside: the M
 reads of a step (the user's and M - 1 copies, as without the loop) fill a
 TensorArray that iteration i reads its batch from, so batches still go to
 micro-batch m of replica r in the order `tf.data` hands them out. Each

@@ -64,6 +64,8 @@ from epl.tf_compat import graph_edit
 logger = logging.getLogger("epl")
 
 ZERO_SCOPE = "EPL_ZERO"
+# The levels whose gradients are reduced on their owner only.
+_OWNER_REDUCING_LEVELS = ("v1", "v2", "v3")
 
 
 @dataclasses.dataclass
@@ -92,7 +94,20 @@ class Partition:
   @property
   def reduces_to_owners(self):
     """Whether gradients are reduced on their owner only (v1, v2, v3)."""
-    return self.level in ("v1", "v2", "v3")
+    return self.level in _OWNER_REDUCING_LEVELS
+
+  @property
+  def reduced_points(self):
+    """The (gradient, variable) pairs reduced on one replica: the owned
+    variables' (`points`) and, v3, the partitioned weights' (each shard on
+    its replica)."""
+    return self.points + (self.weights.points if self.weights else [])
+
+  @property
+  def reduced_gradients(self):
+    """{variable name: its reduced gradient tensors} of `reduced_points`."""
+    return dict(self.reduced, **(self.weights.reduced if self.weights
+                                 else {}))
 
 
 def _tensors(grad):
@@ -106,7 +121,7 @@ def _check_level(ctx):
   level = ctx.config.zero.level
   if not level:
     return None
-  reduces = level in ("v1", "v2", "v3")
+  reduces = level in _OWNER_REDUCING_LEVELS
   if reduces and ctx.config.communication.clip_after_allreduce:
     raise ValueError(
         "zero.level %r keeps each reduced gradient on its owner only, so "

@@ -53,7 +53,7 @@ from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
-                             VARIABLE_TYPES)
+                             VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.ops.split_lowering import ShardedVariable
 from epl.passes import across_workers
 from epl.passes.split_checkpoint import (full_tensor_checkpoints,
@@ -80,7 +80,6 @@ _ELEMENTWISE_UPDATE_TYPES = frozenset(
      "Sqrt", "Rsqrt", "Square", "Pow", "Abs", "Sign", "Exp", "Log",
      "Reciprocal", "Maximum", "Minimum", "Select", "SelectV2", "ZerosLike",
      "OnesLike"])
-_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 
 
 @dataclasses.dataclass
@@ -278,7 +277,7 @@ def _gather_reads(ctx, copies, weights, name):
     for reader in list(dict.fromkeys(copy.outputs[0].consumers())):
       if reader.name not in replica_names or reader.name in update_names:
         continue
-      if reader.type in _READ_TYPES:
+      if reader.type in VARIABLE_READ_TYPES:
         _gather_read(ctx, copies, variable, info, shape, reader.outputs[0])
       elif reader.type == "VariableShape":
         _read_constant(reader, shape)
@@ -424,7 +423,7 @@ def _reads_outside_the_step(ctx, copies, weights):
   for name in weights.shards:
     variable = ctx.graph.get_operation_by_name(name)
     reads = [op.outputs[0] for op in variable.outputs[0].consumers()
-             if op.type in _READ_TYPES and op.name not in step and
+             if op.type in VARIABLE_READ_TYPES and op.name not in step and
              not ctx.state.provenance.built_by_rewrite(op)]
     if graph_edit.is_ref_dtype(variable.outputs[0].dtype):
       reads.append(variable.outputs[0])
