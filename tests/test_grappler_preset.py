@@ -1,5 +1,9 @@
 """optimizer.grappler: the Grappler preset EPL hands every session, and the
 user's own session settings winning over it."""
+import os
+import subprocess
+import sys
+
 import pytest
 import tensorflow as tf
 
@@ -24,9 +28,56 @@ def _fast_value(field):
 
 def test_fast_preset_sets_every_field_of_the_preset():
   options = _rewrite_options({"optimizer.grappler": "fast"})
-  for field in grappler.FAST:
+  for field in grappler.preset_fields("fast"):
     assert getattr(options, field) == _fast_value(field), field
   assert not options.disable_meta_optimizer
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_fast_preset_keeps_the_arithmetic_pass_where_onednn_runs(
+    monkeypatch, onednn):
+  monkeypatch.setattr(grappler.ops, "onednn_graph_rewrites", lambda: onednn)
+  options = _rewrite_options({"optimizer.grappler": "fast"})
+  if onednn:
+    assert options.arithmetic_optimization == RewriterConfig.DEFAULT
+    assert set(grappler.preset_fields("fast")) == (
+        set(grappler.FAST) - set(grappler.ONEDNN_UNSAFE))
+  else:
+    assert options.arithmetic_optimization == RewriterConfig.OFF
+    assert grappler.preset_fields("fast") == grappler.FAST
+
+
+# Tiny BERT with recomputation on 2 replicas: the graph whose first step
+# aborted TensorFlow 2.15 (`FindInstanceNorm`, "key not found: value",
+# segfault) on CPUs with oneDNN rewrites while the preset turned the
+# arithmetic pass off. Run in its own process, which the crash would kill.
+_RECOMPUTED_LAYER_NORM_STEP = """
+import os, sys
+sys.path.insert(0, %r)
+os.environ["EPL_GRADIENT_CHECKPOINT_TYPE"] = "auto"
+os.environ["EPL_OPTIMIZER_GRAPPLER"] = "fast"
+import tensorflow as tf
+from examples.bert_large import train
+with tf.Graph().as_default():
+  built = train.build_graph(train.make_flags(
+      config="tiny", num_layers=1, parallel="data", num_cpu_devices=2,
+      batch_size=1, seq_length=8, dropout=False, steps=10))
+  with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    print("loss", session.run([built["train_op"], built["loss"]])[1])
+"""
+
+
+@pytest.mark.timeout(300)
+def test_fast_preset_keeps_onednn_graphs_safe():
+  # Fails (exit -11) without the oneDNN exception of the preset on CPUs
+  # where TensorFlow runs its oneDNN rewrites; passes anywhere else.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+      [sys.executable, "-c", _RECOMPUTED_LAYER_NORM_STEP % root],
+      capture_output=True, text=True, timeout=280, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "loss" in done.stdout
 
 
 def test_default_preset_leaves_tensorflows_settings():
@@ -98,7 +149,7 @@ def test_an_epl_session_runs_with_the_preset(monkeypatch):
           sess.run(train)
         results[preset] = sess.run(w)
   fast, default = handed
-  for field in grappler.FAST:
+  for field in grappler.preset_fields("fast"):
     assert getattr(fast, field) == _fast_value(field), field
   assert default == RewriterConfig()
   assert results["fast"] == pytest.approx(results["default"], abs=1e-6)

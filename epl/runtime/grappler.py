@@ -9,11 +9,25 @@ of the time to the first step while buying little step time on it
 switches off the passes that cost the most for what they buy; "default"
 leaves TensorFlow's own.
 
+Where TensorFlow runs its oneDNN rewrites (x86 CPUs, unless
+TF_ENABLE_ONEDNN_OPTS=0), the preset leaves the arithmetic optimizer on.
+Without it, TF 2.15's remapper aborts the process on graphs EPL makes with
+recomputation (BERT's layer norms recomputed by gradient_checkpoint
+"auto"): its oneDNN instance-norm match (`FindInstanceNorm`, seen in the
+backtrace) reads the `value` attribute of a node of a layer-norm pattern
+that is no constant (`libprotobuf FATAL ... key not found: value`, then a
+segmentation fault in Session.run). TensorFlow's default arithmetic pass
+rewrites those patterns before the remapper sees them, which is the path
+plain TensorFlow always takes; keeping TensorFlow's default there stops
+the crash (tests/test_grappler_preset.py, which fails without this on such
+CPUs).
+
 EPL never overrides what the user chose: a field of the session's
 RewriterConfig the user set to anything but its default keeps the user's
 value, and a session config that turns the meta-optimizer off or lists its
 optimizers by name (`rewrite_options.optimizers`) is left as it is.
 """
+from epl.tf_compat import ops
 
 # RewriterConfig field -> the name of its value under the "fast" preset.
 # Chosen from benchmarks/grappler.py on tiny BERT, 8 replicas x 4
@@ -33,6 +47,21 @@ FAST = {
     "disable_tfg_optimizer": True,
 }
 
+# Fields of FAST that stay at TensorFlow's default while its oneDNN
+# rewrites run (see the module docstring).
+ONEDNN_UNSAFE = ("arithmetic_optimization",)
+
+
+def preset_fields(preset):
+  """{field: value name} that `preset` sets in this process."""
+  if preset == "default":
+    return {}
+  if ops.onednn_graph_rewrites():
+    return {field: name for field, name in FAST.items()
+            if field not in ONEDNN_UNSAFE}
+  return dict(FAST)
+
+
 def _value(rewrite_options, field, name):
   """The number of enum value `name` of `field`, or `name` for a scalar."""
   enum = rewrite_options.DESCRIPTOR.fields_by_name[field].enum_type
@@ -50,7 +79,7 @@ def apply_preset(preset, rewrite_options):
       rewrite_options.optimizers):
     return []
   changed = []
-  for field, name in FAST.items():
+  for field, name in preset_fields(preset).items():
     default = rewrite_options.DESCRIPTOR.fields_by_name[field].default_value
     if getattr(rewrite_options, field) == default:
       setattr(rewrite_options, field, _value(rewrite_options, field, name))

@@ -73,6 +73,7 @@ VERSIONS = {
     "tensor_util, control_flow_ops.switch, resource_variable_ops":
         Support(_ALL_TF, _ANY_KERAS),
     "ops.gradient_registry": Support(_ALL_TF, _ANY_KERAS),
+    "_pywrap_util_port.IsMklEnabled": Support(_ALL_TF, _ANY_KERAS),
     # stats
     "ops.RegisterStatistics, flops_registry": Support(_ALL_TF, _ANY_KERAS),
     # targets: the hooks epl.hooks installs

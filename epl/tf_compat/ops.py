@@ -4,8 +4,9 @@ The public API has no equivalent for these: the V2 collectives with
 explicit group and instance keys (`collective_ops`), the generated op
 wrappers whose Python names EPL hooks or calls (`gen_*`), the v1 `switch`
 (`control_flow_ops`), constant folding of a tensor (`tensor_util`), and the
-resource-variable check (`resource_variable_ops`). EPL's modules import
-them from here, never from `tensorflow.python`.
+resource-variable check (`resource_variable_ops`), and whether this
+process runs TensorFlow's oneDNN graph rewrites (`_pywrap_util_port`).
+EPL's modules import them from here, never from `tensorflow.python`.
 """
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.framework import tensor_util
@@ -16,6 +17,7 @@ from tensorflow.python.ops import gen_nn_ops
 from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.ops import gen_state_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.util import _pywrap_util_port
 
 # The type of a tensor made eagerly (a value, not a graph tensor).
 EagerTensor = _framework_ops.EagerTensor
@@ -23,7 +25,8 @@ EagerTensor = _framework_ops.EagerTensor
 __all__ = [
     "EagerTensor", "collective_ops", "control_flow_ops", "gen_math_ops",
     "gen_nn_ops", "gen_resource_variable_ops", "gen_state_ops",
-    "gradient_registered", "resource_variable_ops", "tensor_util",
+    "gradient_registered", "onednn_graph_rewrites", "resource_variable_ops",
+    "tensor_util",
 ]
 
 
@@ -34,3 +37,10 @@ def gradient_registered(op_type):
   except LookupError:
     return False
   return True
+
+
+def onednn_graph_rewrites():
+  """Whether TensorFlow's oneDNN (MKL) graph rewrites and the oneDNN
+  patterns of Grappler's remapper run in this process: on x86 Linux builds
+  unless TF_ENABLE_ONEDNN_OPTS=0 (read by TensorFlow at start)."""
+  return bool(_pywrap_util_port.IsMklEnabled())
