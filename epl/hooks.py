@@ -203,8 +203,13 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   serving.maybe_serve(env, session.graph)
   if _rewrite(session.graph) is None and dry_run.enabled():
     dry_run.refuse_run()
-  fetches = epl_session.before_run(session.graph, fetches, feed_dict)
+  fetches, beside = epl_session.before_run(
+      session.graph, fetches, feed_dict,
+      one_worker=not env.cluster.is_distributed)
   try:
+    if beside:
+      return original(session, [fetches, beside], feed_dict, options,
+                      run_metadata)[0]
     return original(session, fetches, feed_dict, options, run_metadata)
   except tf.errors.OpError as error:
     clear = failures.explain(env, error)

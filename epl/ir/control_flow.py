@@ -62,6 +62,16 @@ def value_in_loop(tensor):
   return in_loop(op)
 
 
+def outermost_loop_exit(op):
+  """An Exit of the outermost v1 while-loop around `op`: fetching it runs
+  the whole loop (ops inside a loop cannot be fetched)."""
+  context = while_context(op)
+  while graph_edit.containing_while_context_of(
+      context.outer_context) is not None:
+    context = graph_edit.containing_while_context_of(context.outer_context)
+  return context.loop_exits[0].op
+
+
 def loop_name(op):
   """The name of the innermost v1 while-loop around `op` (its frame)."""
   return while_context(op).name

@@ -47,7 +47,8 @@ class SplitRecords:
   graph (epl/ops/split_lowering.py), and what the rewrite sharded."""
   # Tensor name -> ShardedLogits of each split dense output.
   logits: dict = dataclasses.field(default_factory=dict)
-  # Tensor name -> group size of each split argmax's predictions.
+  # Tensor name -> ShardedLogits of the logits of each split argmax's
+  # (or top_k's) predictions.
   predictions: dict = dataclasses.field(default_factory=dict)
   # Variable op name -> ShardedVariable of each variable built sharded.
   variables: dict = dataclasses.field(default_factory=dict)

@@ -34,6 +34,11 @@ INPUT_READ_TYPES = frozenset([
     "QueueDequeueV2", "QueueDequeueManyV2", "QueueDequeueUpToV2"])
 PLACEHOLDER_TYPES = frozenset(
     ["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+# TensorFlow's V2 collectives: keys are inputs, one op per group member.
+COLLECTIVE_TYPES = frozenset([
+    "CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2",
+    "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
+    "CollectiveReduceScatterV2"])
 # Calls of a function of the graph's library.
 FUNCTION_CALL_TYPES = frozenset(["PartitionedCall", "StatefulPartitionedCall"])
 # Ops that run function bodies: calls and TF2 control flow.

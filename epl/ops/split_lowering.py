@@ -55,16 +55,31 @@ class ShardedLogits:
   group_size: int
   start: object      # int32 scalar tensor: the shard's first class
   valid: object      # bool [columns]: the columns that are real classes
+  strategy: Split    # the split scope that built the layer
   # Ops that read the logits and know they are sharded (built here).
   lowered_consumers: set = dataclasses.field(default_factory=set)
 
 
 @contextlib.contextmanager
+def _in_split_scope(info):
+  """Ops built inside belong to the split scope that built the layer of
+  `info`, also when the script calls tf.argmax or tf.equal on the split
+  outputs after leaving that scope (an accuracy): they are part of the
+  layer's sharded computation, and every replica needs their collectives."""
+  if Env.get().active_strategy is not None:
+    yield
+    return
+  with info.strategy:
+    yield
+
+
+@contextlib.contextmanager
 def _lowering(logits, info):
   """Ops built inside that read `logits` are lowerings: they know it is
-  sharded."""
+  sharded, and belong to the layer's split scope."""
   before = {op.name for op in logits.consumers()}
-  yield
+  with _in_split_scope(info):
+    yield
   info.lowered_consumers.update(
       op.name for op in logits.consumers() if op.name not in before)
 
@@ -308,7 +323,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
       valid = tf.range(columns) + start < units
   logger.debug("split dense %s: %d classes over %d shards of %d columns",
                scope.name, units, group_size, columns)
-  info = ShardedLogits(units, columns, group_size, start, valid)
+  info = ShardedLogits(units, columns, group_size, start, valid, strategy)
   _records(create=True).logits[logits.name] = info
   return logits
 
@@ -410,8 +425,8 @@ def nn_sparse_softmax_cross_entropy_with_logits(original, labels=None,
     return _row_losses(labels, logits, info)
 
 
-def _prediction(tensor, group_size):
-  _records(create=True).predictions[tensor.name] = group_size
+def _prediction(tensor, info):
+  _records(create=True).predictions[tensor.name] = info
   return tensor
 
 
@@ -437,7 +452,7 @@ def arg_max(original, input, dimension, output_type=tf.int64, name=None):  # pyl
     winner = original(bests, 0, output_type=tf.int32)
     result = tf.gather(tf.transpose(classes), tf.expand_dims(winner, 1),
                        batch_dims=1)[:, 0]
-  return _prediction(result, info.group_size)
+  return _prediction(result, info)
 
 
 TopK = collections.namedtuple("TopKV2", ["values", "indices"])
@@ -463,7 +478,7 @@ def top_kv2(original, input, k, sorted=True, index_type=tf.int32, name=None):  #
     ids = tf.reshape(tf.transpose(ids, [1, 0, 2]), [-1, info.group_size * k])
     best = original(values, k, sorted=sorted)
     indices = tf.cast(tf.gather(ids, best.indices, batch_dims=1), index_type)
-  return TopK(best.values, _prediction(indices, info.group_size))
+  return TopK(best.values, _prediction(indices, info))
 
 
 def equal(original, x, y, incompatible_shape_error=True, name=None):
@@ -474,9 +489,10 @@ def equal(original, x, y, incompatible_shape_error=True, name=None):
   if not any(n in graph_predictions for n in names):
     return original(x, y, incompatible_shape_error=incompatible_shape_error,
                     name=name)
-  group_size = graph_predictions[names[0] if names[0] in graph_predictions
-                                 else names[1]]
-  x, y = [t if n in graph_predictions else
-          all_gather(tf.convert_to_tensor(t), group_size)
-          for t, n in zip((x, y), names)]
-  return original(x, tf.cast(y, x.dtype), name=name)
+  info = graph_predictions[names[0] if names[0] in graph_predictions
+                           else names[1]]
+  with _in_split_scope(info):
+    x, y = [t if n in graph_predictions else
+            all_gather(tf.convert_to_tensor(t), info.group_size)
+            for t, n in zip((x, y), names)]
+    return original(x, tf.cast(y, x.dtype), name=name)

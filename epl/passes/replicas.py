@@ -2,7 +2,7 @@
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names
-from epl.ir.op_types import INPUT_READ_TYPES
+from epl.ir.op_types import COLLECTIVE_TYPES, INPUT_READ_TYPES
 from epl.passes.context import Copies
 
 
@@ -122,7 +122,8 @@ def join_replicas(ctx, captured_step, subgraph, copies):
   then runs the update of every replica. A cloned op that ends the step
   (no op of the step reads it, such as the variable increment a Keras
   optimizer returns as its train op) gets control edges from its own
-  copies. Data edges are kept. Ops in a TF1 while-loop neither get nor
+  copies (a collective excepted: its copies complete together). Data
+  edges are kept. Ops in a TF1 while-loop neither get nor
   give such edges (frames), nor do ops in a cond branch give them to ops
   outside it (control_flow.conditional_op_names): their loop or cond runs
   with the ops around it.
@@ -144,7 +145,11 @@ def join_replicas(ctx, captured_step, subgraph, copies):
       graph_editor.add_control_inputs(op,
                                       [copies.op(local, i) for i in inputs])
   for op in subgraph.cloned:
-    if op.name in conditional:
+    # A collective's copies are one group: each waits for the others, so
+    # none may wait for the others to finish first (a split head's argmax,
+    # which nothing of the step reads). Runs that reach one run all
+    # (epl.runtime.collective_groups).
+    if op.name in conditional or op.type in COLLECTIVE_TYPES:
       continue
     if not any(c.name in cloned for c in graph_editor.output_ops(op)):
       graph_editor.add_control_inputs(

@@ -15,6 +15,7 @@ from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
 from epl.ir import provenance
+from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.ir.phase import Phase
 from epl.ops import split_lowering
 from epl.passes.split_checkpoint import full_tensor_checkpoints
@@ -25,14 +26,12 @@ from epl.tf_compat.ops import tensor_util
 logger = logging.getLogger("epl")
 
 SPLIT_SCOPE = "EPL_SPLIT"
-_COLLECTIVE_TYPES = frozenset(
-    ["CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2"])
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
 
 
 def _is_lowered_collective(op, origins):
-  return op.type in _COLLECTIVE_TYPES and (
+  return op.type in COLLECTIVE_TYPES and (
       origins.role_of(op) == provenance.SPLIT_COLLECTIVE)
 
 

@@ -26,6 +26,30 @@ def _is_variable_or_read(op):
       op.inputs[0].op.type in VARIABLE_TYPES)
 
 
+def _outside_message(state, op, stage_input):
+  """What to do with `op`, built outside every scope, which reads
+  `stage_input` of a scope."""
+  taskgraph = state.taskgraph_of(stage_input)
+  if taskgraph is not None and taskgraph.strategy.kind == "split":
+    return (
+        "Op %r (%s) computes on %r, an output of split scope %r, but was "
+        "built outside every scope, and no default strategy is set; each "
+        "replica holds one shard group's part of it. Build %r inside the "
+        "`with epl.split(...)` block that computes %r (a split head's "
+        "metrics, such as its accuracy, belong to its scope), or call "
+        "epl.set_default_strategy(...) before building it." % (
+            op.name, op.type, stage_input.name, taskgraph.name, op.name,
+            stage_input.name))
+  return (
+      "Op %r (%s) computes on %r but was built outside every stage scope, "
+      "and no default strategy is set. Build it inside a stage scope "
+      "(with epl.replicate(device_count=1, name=...)) or call "
+      "epl.set_default_strategy(...) before building it. Only the input "
+      "pipeline (datasets, iterators, get_next) may be built outside the "
+      "stages; it goes to the first stage that reads it." %
+      (op.name, op.type, stage_input.name))
+
+
 def _outside_every_stage(state, step, subgraph):
   """Raises for a compute op or trained variable built outside every scope."""
   cloned = subgraph.cloned_names
@@ -34,14 +58,7 @@ def _outside_every_stage(state, step, subgraph):
       continue
     stage_inputs = [i for i in graph_editor.input_ops(op) if i.name in cloned]
     if stage_inputs:
-      raise ValueError(
-          "Op %r (%s) computes on %r but was built outside every stage scope, "
-          "and no default strategy is set. Build it inside a stage scope "
-          "(with epl.replicate(device_count=1, name=...)) or call "
-          "epl.set_default_strategy(...) before building it. Only the input "
-          "pipeline (datasets, iterators, get_next) may be built outside the "
-          "stages; it goes to the first stage that reads it." %
-          (op.name, op.type, stage_inputs[0].name))
+      raise ValueError(_outside_message(state, op, stage_inputs[0]))
     if op.type in VARIABLE_TYPES and op.name not in step.global_steps and (
         any(op in written_variables(u) for u in step.updates)):
       raise ValueError(

@@ -6,7 +6,7 @@ and the ops downstream of them that write variables (the updates:
 `tf.compat.v1.train` and Keras optimizers, subclasses that override
 `apply_gradients`, hand-written `assign_sub`s). The training subgraph is
 everything the updates, and the ops that wait for them, depend on (plus the
-tensors merged over replicas). Within it, each op is one of:
+tensors merged over replicas and the collectives of split parts). Within it, each op is one of:
 
 - cloned: per-replica compute, including the variables training writes;
 - shared: read by every replica as it is: the input pipeline's datasets and
@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import provenance
 from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
                              PLACEHOLDER_TYPES,
                              REFERENCE_KEEPING_TYPES,
@@ -209,7 +210,13 @@ def select_training_subgraph(graph, state):
       for u in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)]
   forward_updates = [op for op in forward_updates
                      if state.phase_of(op) is Phase.FORWARD]
-  roots = after_updates + merged + forward_updates
+  # Every split part's collective, on the training path or not (an
+  # argmax for the accuracy): each replica needs its copy, or a run that
+  # fetches replica 0's could never complete its group.
+  split_collectives = [op for op in graph.get_operations()
+                       if state.provenance.role_of(op) == (
+                           provenance.SPLIT_COLLECTIVE)]
+  roots = after_updates + merged + forward_updates + split_collectives
   training_ops = graph_editor.ancestors(roots)
   # The pivots of TF1 conds and loops, which a copy of them needs.
   training_ops = graph_editor.ancestors(

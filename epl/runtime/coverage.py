@@ -18,14 +18,14 @@ from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
 from epl.passes.training_subgraph import written_variables
 
 
-def _fetched_ops(fetch, graph, result):
+def fetched_ops(fetch, graph, result):
   """Appends the ops of `fetch` (any Session.run fetch structure)."""
   if isinstance(fetch, (list, tuple)):
     for item in fetch:
-      _fetched_ops(item, graph, result)
+      fetched_ops(item, graph, result)
   elif isinstance(fetch, dict):
     for item in fetch.values():
-      _fetched_ops(item, graph, result)
+      fetched_ops(item, graph, result)
   elif isinstance(fetch, tf.Operation):
     result.append(fetch)
   elif isinstance(fetch, str):
@@ -33,9 +33,9 @@ def _fetched_ops(fetch, graph, result):
       element = graph.as_graph_element(fetch)
     except (KeyError, ValueError, TypeError):
       return
-    _fetched_ops(element, graph, result)
+    fetched_ops(element, graph, result)
   elif isinstance(fetch, tf.IndexedSlices):
-    _fetched_ops([fetch.values, fetch.indices], graph, result)
+    fetched_ops([fetch.values, fetch.indices], graph, result)
   elif hasattr(fetch, "op") and isinstance(fetch.op, tf.Operation):
     result.append(fetch.op)
 
@@ -97,7 +97,7 @@ def check_run(graph, fetches):
   if state is None or not state.taskgraphs:
     return
   ops = []
-  _fetched_ops(fetches, graph, ops)
+  fetched_ops(fetches, graph, ops)
   key = frozenset(op.name for op in ops)
   if key in state.checked_fetches:
     return

@@ -8,8 +8,18 @@ errors as `WorkerFailureError`, naming the worker, the timeout and what to
 do. It is not an AbortedError or UnavailableError, so that
 MonitoredTrainingSession does not try to "recover" by re-creating its
 session (its init would wait for the dead peer once more).
+
+On one worker, where `epl.runtime.collective_groups` already put every
+member of each group in the run, a collective can still time out when a
+member it waits for is stopped by something else (a cond branch not
+taken, a blocked input); `CollectiveTimeoutError` then names the
+collective, its group and the devices of its members, and speaks of no
+other worker.
 """
 import tensorflow as tf
+
+from epl.ir.op_types import COLLECTIVE_TYPES
+from epl.runtime import collective_groups
 
 _PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
                 tf.errors.AbortedError, tf.errors.CancelledError)
@@ -45,11 +55,43 @@ def _cause(message):
   return lines[0] if lines else ""
 
 
-def explain(env, error):
-  """A WorkerFailureError for `error` when it means a lost peer, else None."""
-  cluster = env.cluster
-  if not cluster.is_distributed or not isinstance(error, tf.errors.OpError):
+class CollectiveTimeoutError(tf.errors.DeadlineExceededError):
+  """A collective of a one-worker job did not complete in time."""
+
+
+def _collective_timeout(env, error):
+  """A CollectiveTimeoutError for a one-worker collective that timed out,
+  else None."""
+  op = error.op
+  if (not isinstance(error, tf.errors.DeadlineExceededError) or op is None or
+      op.type not in COLLECTIVE_TYPES):
     return None
+  group_key, instance_key = collective_groups.instance_of(op)
+  members = collective_groups.members_of(op)
+  message = (
+      "EPL: collective %r (%s, group key %s, instance key %s, %s members) "
+      "did not complete within cluster.collective_timeout_seconds=%g: not "
+      "every member of its group ran in this step. Members: %s. A member "
+      "that waits on a cond branch not taken, a blocked input or a "
+      "collective of another order never joins; every member must run "
+      "in every step that runs one. TensorFlow said: %s" % (
+          op.name, op.type, group_key, instance_key,
+          collective_groups.group_size_of(op),
+          env.config.cluster.collective_timeout_seconds,
+          ", ".join("%r on %s" % (m.name, m.device or "no device")
+                    for m in members), _cause(str(error.message))))
+  return CollectiveTimeoutError(error.node_def, op, message)
+
+
+def explain(env, error):
+  """A WorkerFailureError for `error` when it means a lost peer, a
+  CollectiveTimeoutError for a collective that timed out on one worker,
+  else None."""
+  cluster = env.cluster
+  if not isinstance(error, tf.errors.OpError):
+    return None
+  if not cluster.is_distributed:
+    return _collective_timeout(env, error)
   if not is_peer_failure(error):
     return None
   cause = _cause(str(error.message))

@@ -20,6 +20,7 @@ from epl.ir.graph_state import state_of
 from epl.passes import engine
 from epl.passes import fed_batches
 from epl.passes import zero_weights
+from epl.runtime import collective_groups
 from epl.runtime import coverage
 from epl.runtime import grappler
 from epl.runtime import server as epl_server
@@ -96,9 +97,10 @@ def _substitute(fetch, substitutes, graph):
   return fetch
 
 
-def before_run(graph, fetches, feed_dict=None):
+def before_run(graph, fetches, feed_dict=None, one_worker=True):
   """Rewrites the graph if needed and checks the fed batches; returns the
-  fetches to really run."""
+  fetches to really run and the ops to run beside them (the members of
+  the collective groups the fetches reach, `collective_groups`)."""
   substitutes = engine.before_run(graph)
   io_slicing.check_rewritten(graph)
   state = state_of(graph)
@@ -106,6 +108,11 @@ def before_run(graph, fetches, feed_dict=None):
     fed_batches.check_fed_rows(state, feed_dict)
     zero_weights.check_feeds(state, feed_dict)
   coverage.check_run(graph, fetches)
-  if not substitutes:
-    return fetches
-  return _substitute(fetches, substitutes, graph)
+  if substitutes:
+    fetches = _substitute(fetches, substitutes, graph)
+  if state is None or state.rewrite_result is None:
+    return fetches, []
+  fetched = []
+  coverage.fetched_ops(fetches, graph, fetched)
+  return fetches, collective_groups.extra_targets(graph, fetched,
+                                                  one_worker)
