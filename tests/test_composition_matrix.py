@@ -21,6 +21,10 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import names
+from epl.ir.op_types import VARIABLE_TYPES
+from epl.passes import gradient_checkpoint
+from epl.passes import zero
 from examples.moe import model as moe
 from tests import sharding
 from tests import test_moe
@@ -70,11 +74,12 @@ def _layers(stages):
 
 
 def _split_head(batch_size, with_epl):
-  """tests/test_split.py's model: a data-parallel backbone (a checkpoint)
-  and a classification head split over every device."""
+  """tests/test_split.py's head, split over every device, after a
+  data-parallel backbone of 2 layers (the second one's output a
+  checkpoint: the first one's is recomputed)."""
   x, labels = test_split._classification_batch(batch_size, 10)
   with epl.replicate(DEVICES) if with_epl else contextlib.nullcontext():
-    hidden = _dense(x, 16, 0)
+    hidden = _dense(_dense(x, 16, 0), 16, 1)
     tf.compat.v1.add_to_collection(CHECKPOINTS, hidden)
   with epl.split(DEVICES) if with_epl else contextlib.nullcontext():
     loss, _ = test_split._head(hidden, labels, 10, "losses")
@@ -148,34 +153,60 @@ LAYOUTS = {
                   DEVICES, {"experts/": 0}),
 }
 
-# Every variable is large enough for v3 to partition.
-_V3 = {"zero.level": "v3", "zero.min_partition_size": 1}
+def _has_op(graph, test):
+  return any(test(op) for op in graph.get_operations())
+
+
+def _variables_on_host(graph):
+  variables = [op for op in graph.get_operations()
+               if op.type in VARIABLE_TYPES]
+  return all(op.device.endswith("CPU:0") for op in variables)
 
 
 @dataclasses.dataclass(frozen=True)
 class Saver:
+  """A memory saver's config; `built(graph)` says whether the rewritten
+  graph holds what it builds (a cell must not pass with the saver off)."""
   title: str
   config: dict
+  built: Callable = lambda graph: True
   # Half-precision compute: compared within that dtype's tolerance.
   half: Optional[str] = None
 
 
+def _zero(config):
+  return Saver("ZeRO " + config["zero.level"], config, lambda graph: (
+      _has_op(graph, lambda op: op.name.startswith(zero.ZERO_SCOPE))))
+
+
+def _gc(kind):
+  return Saver("GC " + kind, {"gradient_checkpoint.type": kind},
+               lambda graph: _has_op(graph, lambda op: op.name.startswith(
+                   gradient_checkpoint.RECOMPUTE_PREFIX)))
+
+
+def _amp(dtype, **extra):
+  return Saver("AMP O1 " + dtype,
+               dict({"amp.level": "O1", "amp.dtype": dtype}, **extra),
+               lambda graph: _has_op(graph, lambda op: op.name.endswith(
+                   names.half_precision("", dtype))), dtype)
+
+
 SAVERS = {
-    "zero_v0": Saver("ZeRO v0", {"zero.level": "v0"}),
-    "zero_v1": Saver("ZeRO v1", {"zero.level": "v1"}),
-    "zero_v2": Saver("ZeRO v2", {"zero.level": "v2"}),
-    "zero_v3": Saver("ZeRO v3", _V3),
-    "gc_collection": Saver("GC collection",
-                           {"gradient_checkpoint.type": "collection"}),
-    "gc_auto": Saver("GC auto", {"gradient_checkpoint.type": "auto"}),
-    "amp_fp16": Saver("AMP O1 float16",
-                      {"amp.level": "O1", "amp.dtype": "float16",
-                       "amp.loss_scale": 128}, "float16"),
-    "amp_bf16": Saver("AMP O1 bfloat16",
-                      {"amp.level": "O1", "amp.dtype": "bfloat16"},
-                      "bfloat16"),
-    "offload": Saver("offload v0", {"offload.level": "v0"}),
-    "grouped": Saver("grouped apply", {"optimizer.num_apply_group": 2}),
+    "zero_v0": _zero({"zero.level": "v0"}),
+    "zero_v1": _zero({"zero.level": "v1"}),
+    "zero_v2": _zero({"zero.level": "v2"}),
+    # Every variable is large enough for v3 to partition.
+    "zero_v3": _zero({"zero.level": "v3", "zero.min_partition_size": 1}),
+    "gc_collection": _gc("collection"),
+    "gc_auto": _gc("auto"),
+    "amp_fp16": _amp("float16", **{"amp.loss_scale": 128}),
+    "amp_bf16": _amp("bfloat16"),
+    "offload": Saver("offload v0", {"offload.level": "v0"},
+                     _variables_on_host),
+    "grouped": Saver("grouped apply", {"optimizer.num_apply_group": 2},
+                     lambda graph: _has_op(
+                         graph, lambda op: "_group_0/" in op.name)),
 }
 # Not a saver: a communication setting that documented triples combine
 # with ZeRO.
@@ -221,7 +252,7 @@ def _savers(names):
 def _train(layout, savers=None, steps=STEPS):
   """Trains `layout`'s model `steps` steps, under EPL with `savers`
   (a list of Saver) or, None, plain TF on the global batch; returns the
-  trainable variables by name, split ones whole."""
+  trainable variables by name, split ones whole, and the graph."""
   with_epl = savers is not None
   if with_epl:
     config = dict(layout.config)
@@ -246,13 +277,13 @@ def _train(layout, savers=None, steps=STEPS):
             if name.startswith(prefix):
               values[name] = sharding.full_variable(
                   session, graph, name, devices, DEVICES, axis)
-  return values
+  return values, graph
 
 
 @functools.lru_cache(maxsize=None)
 def _single_device(layout_name):
   epl.shutdown()
-  return _train(LAYOUTS[layout_name])
+  return _train(LAYOUTS[layout_name])[0]
 
 
 def check(layout_name, saver_names, outcome):
@@ -268,7 +299,9 @@ def check(layout_name, saver_names, outcome):
   expected = _single_device(layout_name)
   epl.shutdown()
   tf.compat.v1.reset_default_graph()
-  actual = _train(layout, savers)
+  actual, graph = _train(layout, savers)
+  off = [saver.title for saver in savers if not saver.built(graph)]
+  assert not off, "%s built nothing in the graph" % off
   half = [s.half for s in savers if s.half]
   atol = (tolerance.AMP_TOLERANCE[half[0]] if half
           else tolerance.EQUIVALENCE_TOLERANCE["atol"])
