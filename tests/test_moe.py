@@ -28,12 +28,15 @@ def _batch(batch_size):
 
 
 def run(split_count=None, optimizer="adam", steps=5, experts=EXPERTS,
-        save_to=None, micro_batches=1):
+        save_to=None, micro_batches=1, config=None):
+  """Trains the MoE layer (its experts split over `split_count` devices,
+  under EPL with `config` added); returns the trained variables by name."""
   with_epl = split_count is not None
   if with_epl:
-    epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
-                         "cluster.colocate_split_and_replicate": True,
-                         "pipeline.num_micro_batch": micro_batches}))
+    epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES,
+                              "cluster.colocate_split_and_replicate": True,
+                              "pipeline.num_micro_batch": micro_batches},
+                             **(config or {}))))
     epl.set_default_strategy(epl.replicate(DEVICES))
   graph = tf.Graph()
   with graph.as_default():
@@ -128,6 +131,18 @@ def test_split_experts_with_micro_batches():
   # groups as one batch of 4.
   expected = run()
   actual = run(2, micro_batches=2)
+  training.assert_close(actual, expected)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("zero", [{"zero.level": "v1"},
+                                  {"zero.level": "v3",
+                                   "zero.min_partition_size": 1}],
+                         ids=["v1", "v3"])
+def test_split_experts_with_zero(zero):
+  # ZeRO partitions the replicated gate; the experts are the split's.
+  expected = run()
+  actual = run(DEVICES, config=zero)
   training.assert_close(actual, expected)
 
 

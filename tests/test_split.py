@@ -1,6 +1,7 @@
 """epl.split: a sharded dense + softmax cross-entropy head next to a
 data-parallel backbone trains to the weights of single-device TF."""
 import gc
+import logging
 import weakref
 
 import numpy as np
@@ -296,14 +297,15 @@ def test_split_is_not_a_default_strategy_and_does_not_nest():
 
 
 def _checkpoint_run(split_count, classes, restore_from=None, save_to=None,
-                    steps=2, late_saver=False):
-  """Builds the model (split head when `split_count`), restores or
-  initialises, trains `steps` steps, saves; returns the full variables,
-  Momentum slots included."""
+                    steps=2, late_saver=False, config=None):
+  """Builds the model (split head when `split_count`, under EPL with
+  `config` added), restores or initialises, trains `steps` steps, saves;
+  returns the full variables, Momentum slots included."""
   with_epl = split_count is not None
   if with_epl:
-    epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
-                         "cluster.colocate_split_and_replicate": True}))
+    epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES,
+                              "cluster.colocate_split_and_replicate": True},
+                             **(config or {}))))
   graph = tf.Graph()
   with graph.as_default():
     x, labels = _classification_batch(
@@ -361,6 +363,46 @@ def test_checkpoints_hold_full_tensors_both_ways(tmp_path, classes,
   expected = _checkpoint_run(None, classes, restore_from=plain_path)
   actual = _checkpoint_run(DEVICES, classes, restore_from=plain_path)
   training.assert_close(actual, expected)
+
+
+# v3 with every variable large enough to partition: the backbone's weights
+# are sharded by ZeRO, the head's by the split.
+ZERO_LEVELS = {"v0": {"zero.level": "v0"}, "v1": {"zero.level": "v1"},
+               "v2": {"zero.level": "v2"},
+               "v3": {"zero.level": "v3", "zero.min_partition_size": 1}}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("level", sorted(ZERO_LEVELS))
+def test_split_head_with_zero_matches_single_device(level, caplog):
+  # ZeRO partitions the data-parallel backbone; the head's shards (and
+  # their slots) are the split's already, each updated by its own replica.
+  expected, expected_losses, _ = run(10, optimizer="adam")
+  with training.epl_logs_caught(caplog), caplog.at_level(logging.INFO,
+                                                         logger="epl"):
+    actual, losses, _ = run(10, DEVICES, optimizer="adam",
+                            config=ZERO_LEVELS[level])
+  training.assert_close(_trim(actual, 10), expected)
+  tolerance.assert_equivalent(losses, expected_losses)
+  assert [r for r in caplog.records if r.getMessage().startswith(
+      "ZeRO %s leaves the split variables head/bias, head/kernel and their "
+      "optimizer slots" % level)]
+
+
+@pytest.mark.timeout(120)
+def test_split_with_zero_checkpoints_full_tensors(tmp_path):
+  # Plain TF -> checkpoint -> split head with ZeRO v1 trains 2 steps ->
+  # checkpoint -> plain TF: the full variables and slots of plain training.
+  plain_path = str(tmp_path / "plain.ckpt")
+  zero_path = str(tmp_path / "zero.ckpt")
+  _checkpoint_run(None, 10, save_to=plain_path)
+  expected = _checkpoint_run(None, 10, restore_from=plain_path)
+  actual = _checkpoint_run(2, 10, restore_from=plain_path, save_to=zero_path,
+                           config={"zero.level": "v1"})
+  training.assert_close(actual, expected)
+  epl.shutdown()
+  restored = _checkpoint_run(None, 10, restore_from=zero_path, steps=0)
+  training.assert_close(restored, expected)
 
 
 def test_unseeded_initial_values_follow_the_unsharded_distribution():

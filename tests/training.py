@@ -4,7 +4,9 @@
 and returns the trained variables by name, so a parallel run can be
 compared with plain single-device TensorFlow on the same global batch.
 """
+import contextlib
 import functools
+import logging
 
 import numpy as np
 import tensorflow as tf
@@ -220,3 +222,15 @@ def reference_variable_training(batch_size, use_tf_gradients, config=None):
     train_op = optimizer.apply_gradients(
         gradient_pairs(optimizer, loss, use_tf_gradients))
   return run_steps(graph, train_op, 5), graph
+
+
+@contextlib.contextmanager
+def epl_logs_caught(caplog):
+  """EPL's log records reach `caplog`, also from a first epl.init (which
+  stops the logger propagating)."""
+  logger = logging.getLogger("epl")
+  logger.addHandler(caplog.handler)
+  try:
+    yield
+  finally:
+    logger.removeHandler(caplog.handler)

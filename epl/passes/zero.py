@@ -35,6 +35,11 @@ checkpoints hold each slot once under its own name, and restore both ways.
   just before use; see `epl.passes.zero_weights`. Variables it leaves whole
   are dealt to owners as v2 does.
 
+Variables built under `epl.split` (and their slots) are left alone: each
+replica already holds one shard of them and applies that shard's update,
+so they have nothing to deal; the replicated part of the model keeps its
+ZeRO (`_split_variables`).
+
 Replicas partitioned are those of one worker: a multi-worker job keeps a
 full set of slots on every worker, and with v1, v2 and v3 the owners of the
 same share on each worker (the k-th replica of each) all-reduce their local
@@ -52,7 +57,8 @@ from tensorflow.core.framework import attr_value_pb2
 from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
-from epl.ir.op_types import VARIABLE_READ_TYPES
+from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
+from epl.ops import split_lowering
 from epl.ir.phase import Phase
 from epl.passes import across_workers
 from epl.passes import zero_weights
@@ -217,6 +223,25 @@ def _owner_accumulations(ctx, subgraph, copies, points, updates):
   return taken
 
 
+def _split_variables(ctx, variables, updates):
+  """The trained variables built under `epl.split` (recorded by the split
+  lowerings), which ZeRO leaves alone: each replica already holds one shard
+  of them and applies its shard's update, with its own slots (those of the
+  update), so nothing is left to deal to owners. Logs them."""
+  recorded = split_lowering.sharded_variables_in(ctx.graph)
+  split = sorted(name for name in variables if name in recorded)
+  if split:
+    slots = sorted(op.name for name in split for op in updates[name]
+                   if op.type in VARIABLE_TYPES)
+    logger.info(
+        "ZeRO %s leaves the split variables %s%s to their shard groups: "
+        "each replica already holds and updates its shard only; the "
+        "replicated variables are partitioned.", ctx.config.zero.level,
+        ", ".join(split),
+        " and their optimizer slots %s" % ", ".join(slots) if slots else "")
+  return set(split)
+
+
 def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   """Decides the owner of every trained variable; takes the updates out of
   the cloned part (before the replicas are cloned).
@@ -253,12 +278,14 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "zero.level %s: the update of %s is built together with other "
         "variables' (one op for several); its optimizer state stays on every "
         "replica.", level, ", ".join(mixed))
+  split = _split_variables(ctx, variables, updates)
+  points = [(g, v) for g, v in points if v.name not in split]
   weights = (zero_weights.choose_sharded(
       ctx, points, {n: ops for n, ops in updates.items() if ops})
               if level == "v3" else None)
   sharded = set(weights.updates) if weights else set()
   owned = [name for name in variables
-           if updates[name] and name not in sharded]
+           if updates[name] and name not in sharded and name not in split]
   owner = {}
   by_taskgraph = {}
   for name in owned:
