@@ -293,3 +293,19 @@ def test_replicate_device_count_replicates_over_every_device():
     planner.make_plan(Cluster.of([], 0, "CPU", 4),
                       [TaskGraph(0, epl.replicate(device_count=3))],
                       epl.Config())
+
+
+@pytest.mark.parametrize("devices", [2, 6, 8])
+def test_pipeline_stages_of_several_devices_are_refused_at_the_scope(devices):
+  # Whatever the device count (too few, not a multiple, enough), the
+  # answer is the same: stages are one device each; replicas are inferred.
+  epl.init(epl.Config({"cluster.num_cpu_devices": devices}))
+  with tf.Graph().as_default():
+    with epl.replicate(device_count=2, name="stage_0"):
+      tf.constant(1.0)
+    with pytest.raises(NotImplementedError, match=(
+        r"stages with device_count > 1 \(stage_0:2, stage_1:2\) are not "
+        r"built; give each stage epl.replicate\(device_count=1\)")):
+      with epl.replicate(device_count=2, name="stage_1"):
+        pass
+  epl.shutdown()

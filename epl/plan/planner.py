@@ -13,7 +13,8 @@ from epl.env import Env
 from epl.ir import graph_state
 from epl.plan import auto
 from epl.plan import pipeline_order
-from epl.strategies.strategy import Replicate, Split
+from epl.strategies.strategy import (Replicate, Split,
+                                     require_single_device_stages)
 
 
 @dataclasses.dataclass
@@ -153,6 +154,7 @@ def make_plan(cluster, taskgraphs, config):
         "stages itself." % (
             wanted_stages, len(taskgraphs),
             ", ".join(t.name for t in taskgraphs)))
+  require_single_device_stages(taskgraphs)
   total = cluster.total_devices
   counts = [t.device_count for t in taskgraphs]
   virtual_stages = _check_virtual_stages(taskgraphs, config)
@@ -165,11 +167,6 @@ def make_plan(cluster, taskgraphs, config):
         "device(s) each (%s). Use a device count that is a multiple of %d." %
         (total, per_replica, ", ".join(t.name for t in taskgraphs),
          per_replica))
-  if len(taskgraphs) > 1 and any(c != 1 for c in counts):
-    raise NotImplementedError(
-        "Pipeline stages with device_count > 1 (%s) are not built yet; give "
-        "each stage epl.replicate(device_count=1)." %
-        ", ".join("%s:%d" % (t.name, t.device_count) for t in taskgraphs))
   slots = 1 if len(taskgraphs) == 1 else per_replica
   num_replicas = total // slots
   devices, workers = [], []

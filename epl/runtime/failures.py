@@ -68,18 +68,18 @@ def _collective_timeout(env, error):
     return None
   group_key, instance_key = collective_groups.instance_of(op)
   members = collective_groups.members_of(op)
+  # TensorFlow's own text speaks of "other workers" even on one worker.
   message = (
       "EPL: collective %r (%s, group key %s, instance key %s, %s members) "
-      "did not complete within cluster.collective_timeout_seconds=%g: not "
-      "every member of its group ran in this step. Members: %s. A member "
-      "that waits on a cond branch not taken, a blocked input or a "
-      "collective of another order never joins; every member must run "
-      "in every step that runs one. TensorFlow said: %s" % (
+      "did not complete within its timeout of %g s: not every member of "
+      "its group ran in this step. Members in this graph: %s. A member "
+      "that waits on a blocked input, a cond branch not taken or a "
+      "collective of another order never joins; every member must run in "
+      "every step that runs one (%s)." % (
           op.name, op.type, group_key, instance_key,
-          collective_groups.group_size_of(op),
-          env.config.cluster.collective_timeout_seconds,
+          collective_groups.group_size_of(op), op.get_attr("timeout_seconds"),
           ", ".join("%r on %s" % (m.name, m.device or "no device")
-                    for m in members), _cause(str(error.message))))
+                    for m in members), type(error).__name__))
   return CollectiveTimeoutError(error.node_def, op, message)
 
 

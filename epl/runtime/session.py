@@ -16,7 +16,9 @@ and a dead peer outside them cannot stall the session's creation.
 import tensorflow as tf
 
 from epl.capture import io_slicing
+from epl.ir import control_flow
 from epl.ir.graph_state import state_of
+from epl.passes import accumulation_loop
 from epl.passes import engine
 from epl.passes import fed_batches
 from epl.passes import zero_weights
@@ -114,5 +116,22 @@ def before_run(graph, fetches, feed_dict=None, one_worker=True):
     return fetches, []
   fetched = []
   coverage.fetched_ops(fetches, graph, fetched)
+  _check_not_in_micro_batch_loop(fetched)
   return fetches, collective_groups.extra_targets(graph, fetched,
                                                   one_worker)
+
+
+def _check_not_in_micro_batch_loop(fetched):
+  """Raises, naming the fix, for a fetch that runs in the micro-batch loop
+  (TensorFlow would only say it is "not fetchable")."""
+  for op in fetched:
+    if control_flow.in_loop(op) and control_flow.loop_name(op).startswith(
+        accumulation_loop.LOOP_SCOPE + "/"):
+      raise ValueError(
+          "EPL: %r is computed once per micro-batch inside the micro-batch "
+          "loop (pipeline.accumulation \"loop\"), so a Session.run cannot "
+          "fetch it. Put it in a merged collection before the first "
+          "Session.run (epl.add_to_collection(tensor, "
+          "epl.GraphKeys.GLOBAL_MEAN_OBJECTS), or GLOBAL_CONCAT_OBJECTS for "
+          "every row) to get its value over all micro-batches, or set "
+          "pipeline.accumulation to \"copies\"." % op.name)

@@ -89,6 +89,20 @@ class Split(Strategy):
     return super().__enter__()
 
 
+def require_single_device_stages(stages):
+  """Raises for a pipeline (several replicate scopes, `stages` their
+  strategies or TaskGraphs) with a stage of several devices, which EPL
+  does not build: each stage runs on one device per replica, and the
+  data-parallel degree comes from the devices left."""
+  if len(stages) > 1 and any(s.device_count != 1 for s in stages):
+    raise NotImplementedError(
+        "Pipeline stages with device_count > 1 (%s) are not built; give "
+        "each stage epl.replicate(device_count=1): EPL then runs as many "
+        "replicas of the pipeline as the devices allow (8 devices, 2 "
+        "stages: 4 replicas)." %
+        ", ".join("%s:%d" % (s.name, s.device_count) for s in stages))
+
+
 def require_devices(strategy):
   """Raises now, before the model is built, when the cluster cannot hold
   `strategy` with the TaskGraphs the default graph has so far: a scope
@@ -105,6 +119,7 @@ def require_devices(strategy):
     cluster.require_devices(strategy.device_count or 0, repr(strategy))
     return
   replicated = list(strategies.values())
+  require_single_device_stages(replicated)
   # With pipeline.virtual_stages v, v stages share a device.
   virtual_stages = Env.get().config.pipeline.virtual_stages
   cluster.require_devices(
