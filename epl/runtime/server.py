@@ -79,15 +79,15 @@ def _say_what_the_job_exposes(cluster):
   machine's network is reachable from other hosts (not so in the private
   network namespace epl-launch gives a one-machine job): TensorFlow's
   servers listen on every interface and authenticate nobody."""
-  interfaces = network_namespace.exposed_interfaces()
+  interfaces = sorted(network_namespace.exposed_interfaces())
   if not interfaces:
     return
   logger.warning(
       "epl.init: the job's %d gRPC servers listen on every interface of "
-      "their machines (here also %s), at %s; they accept connections "
-      "from any host that reaches them, without authentication, and run "
-      "the graphs it sends: keep these ports closed to all but the job's "
-      "machines (docs/security.md)", cluster.worker_num,
+      "their machines (here %s besides loopback), at %s; they accept "
+      "connections from any host that reaches them, without "
+      "authentication, and run the graphs it sends: keep these ports "
+      "closed to all but the job's machines (docs/security.md)", cluster.worker_num,
       ", ".join(interfaces), ", ".join(cluster.worker_addresses))
 
 

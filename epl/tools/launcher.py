@@ -553,30 +553,36 @@ def _enter_private_network(args, argv):
   return None  # not reached: execv replaces this process
 
 
+def _check(args):
+  """Raises ValueError for arguments that cannot make a job: before the
+  launcher enters the job's network or starts anything."""
+  network(args)
+  command = command_line(args.command)
+  if args.backend == "collective":
+    worker_addresses(args)
+    return
+  if args.processes_per_worker != 1:
+    raise ValueError(
+        "--processes_per_worker is for the collective backend: under "
+        "horovodrun each process is a worker of its own, so give "
+        "--num_workers %d --gpu_per_worker %s instead" % (
+            args.num_workers * args.processes_per_worker,
+            devices_per_process(args)))
+  horovod_launch.horovodrun_command(args, command)
+  if not args.machine_list:
+    check_host(args.host)
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   args = _parser().parse_args(argv)
   try:
-    network(args)
-    if not args.machine_list:
-      check_host(args.host)
+    _check(args)
   except ValueError as error:
     _parser().error(str(error))
   exposure = _enter_private_network(args, argv)
   if args.backend == "horovod":
-    try:
-      if args.processes_per_worker != 1:
-        raise ValueError(
-            "--processes_per_worker is for the collective backend: under "
-            "horovodrun each process is a worker of its own, so give "
-            "--num_workers %d --gpu_per_worker %s instead" % (
-                args.num_workers * args.processes_per_worker,
-                devices_per_process(args)))
-      command = command_line(args.command)
-      horovod_launch.horovodrun_command(args, command)
-    except ValueError as error:
-      _parser().error(str(error))
-    sys.exit(horovod_launch.run(args, command,
+    sys.exit(horovod_launch.run(args, command_line(args.command),
                                 0 if args.cpu else gpu_count(), exposure))
   try:
     launcher = Launcher(args, exposure)
