@@ -45,9 +45,9 @@ def test_addresses_for_one_and_several_machines():
 
 def test_addresses_others_can_reach_and_repeated_machines_are_refused(
     capsys):
-  for host in ("localhost", "127.0.0.2", "::1"):
+  for host in ("localhost", "127.0.0.2"):
     launcher.worker_addresses(_args(host=host, base_port=7000))
-  for host in ("0.0.0.0", "10.0.0.1", "myhost"):
+  for host in ("0.0.0.0", "10.0.0.1", "myhost", "::"):
     with pytest.raises(ValueError, match=(
         r"--host %s: the workers of a one-machine job reach each other "
         r"over loopback .* accept connections without authentication .* "

@@ -55,7 +55,7 @@ process of the job (horovodrun's too) shares a loopback that nothing
 outside the job reaches. `--network host` (for a job that reads data over
 the network), or a machine where no such namespace can be made, runs the
 job on this machine's network instead, with a warning naming the ports.
-`--host` must then be a loopback address.
+`--host` of a one-machine job must be an IPv4 loopback address.
 """
 import argparse
 import datetime
@@ -258,11 +258,12 @@ def _machine(machine, base_port):
 
 
 def check_host(host):
-  """--host of a one-machine job must be a loopback address."""
+  """--host of a one-machine job must be an IPv4 loopback address (TF_CONFIG
+  writes it host:port)."""
   if host == "localhost":
     return
   try:
-    if ipaddress.ip_address(host).is_loopback:
+    if ipaddress.IPv4Address(host).is_loopback:
       return
   except ValueError:
     pass
