@@ -29,6 +29,8 @@ import time
 
 import tensorflow as tf
 
+from epl.ops import split_lowering
+
 logger = logging.getLogger("epl")
 
 _told = [False]
@@ -60,9 +62,10 @@ def save(env, original, saver, sess, save_path, global_step=None, *args,
 
 def check_shapes(saver, graph, save_path):
   """Raises ValueError naming every variable that `saver` would restore
-  from `save_path` with another shape than its own. Variables restored in
-  slices (partitioned, or EPL's shards of full tensors) are left to the
-  slicing. A checkpoint that cannot be read is left to Saver.restore."""
+  from `save_path` with another shape than its own (a split variable's:
+  its full shape). Variables the Saver restores in slices (partitioned)
+  are left to the slicing; a checkpoint that cannot be read, to
+  Saver.restore."""
   try:
     stored = tf.train.load_checkpoint(save_path).get_variable_to_shape_map()
   except (tf.errors.OpError, ValueError):
@@ -88,7 +91,7 @@ def check_shapes(saver, graph, save_path):
           variable = variable.inputs[0].op
         if "shape" not in variable.node_def.attr:
           continue
-        shape = tf.TensorShape(variable.get_attr("shape"))
+        shape = split_lowering.full_shape(graph, variable)
         if shape.is_fully_defined() and shape.as_list() != stored[name]:
           wrong.append("%s: %s in the checkpoint, %s in the model" % (
               name, stored[name], shape.as_list()))
