@@ -17,15 +17,22 @@ def _parse_tf_config(raw):
   """(worker addresses, this worker's index) from a TF_CONFIG JSON string.
 
   Follows the tf.distribute conventions: a `chief` task, when present, is
-  worker 0 and the `worker` tasks follow it.
+  worker 0 and the `worker` tasks follow it. Everything is checked here,
+  before `epl.init` starts a server on it.
   """
   try:
     tf_config = json.loads(raw)
   except ValueError as error:
     raise ValueError("TF_CONFIG is not valid JSON (%s): %r" % (error, raw))
+  if not isinstance(tf_config, dict):
+    raise ValueError("TF_CONFIG must be a JSON object with 'cluster' and "
+                     "'task', got %r" % raw)
   cluster = tf_config.get("cluster") or {}
-  chief = list(cluster.get("chief") or [])
-  workers = list(cluster.get("worker") or [])
+  if not isinstance(cluster, dict):
+    raise ValueError("TF_CONFIG 'cluster' must be an object of task type: "
+                     "['host:port', ...], got %r" % (cluster,))
+  chief = _task_addresses(cluster, "chief")
+  workers = _task_addresses(cluster, "worker")
   unknown = sorted(set(cluster) - {"chief", "worker", "evaluator", "ps"})
   if unknown or cluster.get("ps"):
     raise ValueError(
@@ -37,8 +44,19 @@ def _parse_tf_config(raw):
   addresses = chief + workers
   if not addresses:
     raise ValueError("TF_CONFIG has no 'chief' or 'worker' tasks: %r" % raw)
+  twice = sorted({a for a in addresses if addresses.count(a) > 1})
+  if twice:
+    raise ValueError("TF_CONFIG names %s for several tasks; each task "
+                     "listens on its own host:port." % ", ".join(twice))
   task = tf_config.get("task") or {}
-  task_type, task_index = task.get("type", "worker"), int(task.get("index", 0))
+  if not isinstance(task, dict):
+    raise ValueError("TF_CONFIG 'task' must be an object like {\"type\": "
+                     "\"worker\", \"index\": 0}, got %r" % (task,))
+  task_type, task_index = task.get("type", "worker"), task.get("index", 0)
+  if not str(task_index).isdigit() or isinstance(task_index, bool):
+    raise ValueError("TF_CONFIG task index must be a whole number, got %r" %
+                     (task_index,))
+  task_index = int(task_index)
   if task_type == "chief":
     index = task_index
   elif task_type == "worker":
@@ -50,6 +68,21 @@ def _parse_tf_config(raw):
     raise ValueError("TF_CONFIG task %s:%d is not in the cluster %r." %
                      (task_type, task_index, cluster))
   return addresses, index
+
+
+def _task_addresses(cluster, task_type):
+  """The 'host:port' addresses TF_CONFIG lists for `task_type`."""
+  addresses = cluster.get(task_type) or []
+  if not isinstance(addresses, list):
+    raise ValueError("TF_CONFIG cluster %r must be a list of 'host:port' "
+                     "strings, got %r" % (task_type, addresses))
+  for address in addresses:
+    host, _, port = str(address).rpartition(":")
+    if (not isinstance(address, str) or not host or not port.isdigit() or
+        not 0 < int(port) < 65536):
+      raise ValueError("TF_CONFIG cluster %r: %r is not 'host:port' (a "
+                       "port in 1-65535)." % (task_type, address))
+  return list(addresses)
 
 
 def _visible_gpu_count(run_visible_devices):

@@ -43,6 +43,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   warning (`epl.capture.io_slicing.warn_unsharded_input`).
 - `Saver.save`: in a multi-worker job only worker 0 writes
   (`epl.runtime.checkpoint`).
+- `Saver.restore`: a checkpoint whose variables have other shapes than the
+  model's is an error before anything is restored
+  (`epl.runtime.checkpoint.check_shapes`).
 - `EventFileWriter` as `FileWriter` makes it, and
   `training_util.write_graph`: in a multi-worker job only worker 0 writes
   event and graph files (`epl.runtime.summaries`).
@@ -251,6 +254,12 @@ def _saver_save(original, saver, sess, save_path, *args, **kwargs):
                          **kwargs)
 
 
+def _saver_restore(original, saver, sess, save_path, *args, **kwargs):
+  if active() is not None and save_path is not None:
+    checkpoint.check_shapes(saver, sess.graph, save_path)
+  return original(saver, sess, save_path, *args, **kwargs)
+
+
 def _event_file_writer(original, logdir, *args, **kwargs):
   env = active()
   if env is None:
@@ -340,6 +349,7 @@ _HOOKS = (
     (targets.LIST_FILES, _list_files),
     *[(target, _dataset_iterator) for target in targets.DATASET_ITERATORS],
     (targets.SAVER_SAVE, _saver_save),
+    (targets.SAVER_RESTORE, _saver_restore),
     (targets.EVENT_FILE_WRITER, _event_file_writer),
     (targets.WRITE_GRAPH, _write_graph),
     ((tf.compat.v1.losses, "sparse_softmax_cross_entropy"),

@@ -5,7 +5,9 @@ Each job runs `python -m epl.tools.launcher ...` under
 own loopback, so servers on 127.0.0.1 ports meet nothing outside) and a
 private PID namespace whose first process is the launcher, so that when
 the launcher ends, or the test stops it, the kernel ends every worker too.
-Every job has a time limit.
+Every job has a time limit. (A one-machine launcher then puts its workers
+in a network namespace of their own inside that one: see
+tests/test_job_exposure.py.)
 """
 import json
 import os
@@ -54,19 +56,41 @@ class Job:
             if l.startswith(prefix)]
 
 
-def launch(launcher_args, timeout=240, env=None):
-  """Runs epl-launch with `launcher_args`; returns a Job."""
+def listening():
+  """[address, port] of every TCP socket listening in this network
+  namespace, from /proc/net/tcp and tcp6 (what `ss -ltn` shows); the
+  address in the kernel's hex ('00000000': every IPv4 interface)."""
+  found = []
+  for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    with open(table) as rows:
+      for row in list(rows)[1:]:
+        fields = row.split()
+        if fields[3] == "0A":  # TCP_LISTEN
+          address, port = fields[1].split(":")
+          found.append([address, int(port, 16)])
+  return found
+
+
+def _environment(env):
   full_env = dict(os.environ)
   full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
   full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   full_env.pop("TF_CONFIG", None)
   full_env.update(env or {})
-  command = ["unshare", "-rn", "--pid", "--fork", "--kill-child", "sh", "-c",
-             'ip link set lo up && exec "$0" "$@"', sys.executable, "-m",
-             "epl.tools.launcher"] + list(launcher_args)
+  return full_env
+
+
+def run_in_namespace(command, timeout=240, env=None, setup=""):
+  """Runs `command` in private network and PID namespaces, after bringing
+  up their loopback and running the shell commands `setup`; returns a
+  Job."""
+  # unshare found here, not on `env`'s PATH (a test may shadow it there).
+  line = [shutil.which("unshare"), "-rn", "--pid", "--fork", "--kill-child", "sh", "-c",
+          'ip link set lo up && %s exec "$0" "$@"' % (
+              setup + " &&" if setup else "")] + list(command)
   start = time.monotonic()
   process = subprocess.Popen(  # pylint: disable=consider-using-with
-      command, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+      line, cwd=ROOT, env=_environment(env), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     output, _ = process.communicate(timeout=timeout)
@@ -75,6 +99,13 @@ def launch(launcher_args, timeout=240, env=None):
     output, _ = process.communicate()
     pytest.fail("the job ran past %ds:\n%s" % (timeout, output[-6000:]))
   return Job(process.returncode, output, time.monotonic() - start)
+
+
+def launch(launcher_args, timeout=240, env=None):
+  """Runs epl-launch with `launcher_args`; returns a Job."""
+  return run_in_namespace(
+      [sys.executable, "-m", "epl.tools.launcher"] + list(launcher_args),
+      timeout=timeout, env=env)
 
 
 def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),

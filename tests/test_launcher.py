@@ -43,6 +43,41 @@ def test_addresses_for_one_and_several_machines():
     launcher.worker_addresses(_args(machine_list="a,b"))
 
 
+def test_addresses_others_can_reach_and_repeated_machines_are_refused(
+    capsys):
+  for host in ("localhost", "127.0.0.2"):
+    launcher.worker_addresses(_args(host=host, base_port=7000))
+  for host in ("0.0.0.0", "10.0.0.1", "myhost", "::"):
+    with pytest.raises(ValueError, match=(
+        r"--host %s: the workers of a one-machine job reach each other "
+        r"over loopback .* accept connections without authentication .* "
+        r"give --machine_list" % host)):
+      launcher.worker_addresses(_args(host=host, base_port=7000))
+  with pytest.raises(SystemExit):
+    launcher.main(["--num_workers", "2", "--host", "0.0.0.0", "train.py"])
+  assert "--host 0.0.0.0: the workers of a one-machine job" in (
+      capsys.readouterr().err)
+  with pytest.raises(ValueError, match=(
+      r"--machine_list names 10.0.0.1 twice \('10.0.0.1' and "
+      r"'10.0.0.1:23457'\): both would run a worker listening on "
+      r"10.0.0.1:23457")):
+    launcher.worker_addresses(_args(
+        num_workers=4, machine_list="10.0.0.1,10.0.0.1:23457",
+        machine_rank=0))
+  # One host twice with ports apart is two sets of workers, as asked.
+  addresses, _ = launcher.worker_addresses(_args(
+      num_workers=4, machine_list="h:9000,h:9002", machine_rank=1))
+  assert addresses == ["h:9000", "h:9001", "h:9002", "h:9003"]
+  with pytest.raises(ValueError, match="'h:x' is not 'host' or "
+                     "'host:base_port'"):
+    launcher.worker_addresses(_args(machine_list="h:x,g", machine_rank=0))
+  with pytest.raises(SystemExit):
+    launcher.main(["--num_workers", "2", "--machine_list", "a,b",
+                   "--machine_rank", "0", "--network", "private", "t.py"])
+  assert "--network private is for a one-machine job" in (
+      capsys.readouterr().err)
+
+
 def test_processes_per_worker_are_tasks_with_a_share_of_the_devices():
   # 2 workers x 2 processes: 4 tasks, process p of worker w is task 2w + p.
   args = _args(gpu_per_worker=4, processes_per_worker=2, base_port=7000)

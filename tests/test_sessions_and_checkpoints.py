@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import epl
@@ -142,6 +143,44 @@ def test_single_device_checkpoint_restores_into_every_replica(tmp_path):
   for name, value in values.items():
     original = name.split("/", 1)[1] if name.startswith("EPL_") else name
     np.testing.assert_array_equal(value, reader.get_tensor(original), name)
+
+
+def _narrow_model(x):
+  """training.layers_model with 8 hidden units instead of 16."""
+  hidden = tf.compat.v1.layers.dense(x, 8, activation=tf.nn.tanh)
+  return tf.compat.v1.layers.dense(hidden, 1)
+
+
+def test_checkpoint_of_other_shapes_is_refused_before_restoring(tmp_path):
+  # TensorFlow alone would give each resource variable the checkpoint's
+  # shape and fail steps later, if at all (a bias broadcasts).
+  path = str(tmp_path / "wide")
+  _save_single_device(path)
+  _init_epl()
+  graph = tf.Graph()
+  with graph.as_default():
+    _, _, train_op = _build(MICRO, model=_narrow_model)
+    saver = tf.compat.v1.train.Saver()
+    names = _replica_names(graph, "dense/bias")
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      before = training.read_variables(session, graph, names)
+      with pytest.raises(ValueError) as error:
+        saver.restore(session, path)
+      after = training.read_variables(session, graph, names)
+  message = str(error.value)
+  assert message.startswith("Checkpoint %s does not fit this model: " % path)
+  for wrong in ("dense/bias: [16] in the checkpoint, [8] in the model",
+                "dense/kernel/Momentum: [%d, 16] in the checkpoint, [%d, 8] "
+                "in the model" % (training.FEATURES, training.FEATURES),
+                "dense_1/kernel: [16, 1] in the checkpoint, "
+                "[8, 1] in the model"):
+    assert wrong in message
+  assert message.endswith("Restore it into the model that saved it, or "
+                          "rebuild the variables with the checkpoint's "
+                          "shapes.")
+  training.assert_close(after, before, atol=0)
 
 
 def test_data_parallel_checkpoint_restores_into_single_device(tmp_path):

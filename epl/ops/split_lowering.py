@@ -108,6 +108,33 @@ def sharded_variables_in(graph):
   return _records(graph).variables
 
 
+def sharding_of(graph, variable):
+  """The ShardedVariable of `variable` (an op of `graph`): its own record,
+  or for an optimizer slot (a variable named `<split variable>/...` of the
+  same shape) its owner's; None when its replicas hold it whole."""
+  recorded = sharded_variables_in(graph)
+  if variable.name in recorded:
+    return recorded[variable.name]
+  for name, info in recorded.items():
+    if variable.name.startswith(name + "/") and (
+        variable.get_attr("shape") ==
+        graph.get_operation_by_name(name).get_attr("shape")):
+      return info
+  return None
+
+
+def full_shape(graph, variable):
+  """The static shape of `variable` unsharded: a checkpoint holds a split
+  variable (and its slots) whole."""
+  shape = tf.TensorShape(variable.get_attr("shape"))
+  info = sharding_of(graph, variable)
+  if info is None or not shape.is_fully_defined():
+    return shape
+  dims = shape.as_list()
+  dims[info.axis] = info.full_size
+  return tf.TensorShape(dims)
+
+
 def record_variable(variable, axis, full_size, columns, group_size):
   """Marks `variable` as sharded (see ShardedVariable)."""
   _records(create=True).variables[variable.op.name] = ShardedVariable(

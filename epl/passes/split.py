@@ -117,17 +117,11 @@ def _sharded_variables(ctx, subgraph):
   """{variable op name: ShardedVariable} of the split variables and of
   their optimizer slots (variables named `<split variable>/...` of the
   same shape)."""
-  recorded = split_lowering.sharded_variables_in(ctx.graph)
   sharded = {}
   for variable in subgraph.variables:
-    if variable.name in recorded:
-      sharded[variable.name] = recorded[variable.name]
-      continue
-    for name, info in recorded.items():
-      owner = ctx.graph.get_operation_by_name(name)
-      if variable.name.startswith(name + "/") and (
-          variable.get_attr("shape") == owner.get_attr("shape")):
-        sharded[variable.name] = info
+    info = split_lowering.sharding_of(ctx.graph, variable)
+    if info is not None:
+      sharded[variable.name] = info
   return sharded
 
 

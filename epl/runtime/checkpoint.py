@@ -13,6 +13,11 @@ thing: either restores into the other.
   directory must be visible to every worker (a shared file system); the
   restore group then broadcasts worker 0's values to the others
   (`epl.passes.variable_sync`).
+- Shapes: before a restore, every variable the checkpoint restores whole
+  must have the checkpoint's shape (`check_shapes`). TensorFlow assigns a
+  resource variable whatever shape the checkpoint holds, so the mistake
+  would otherwise surface steps later as a shape error far from its cause,
+  or never, where the value broadcasts.
 - Reading what was just saved: a worker other than 0 that asks for the
   latest checkpoint of a directory it saved to (the Estimator does before
   it evaluates) first waits until worker 0's copy of its last save is
@@ -23,6 +28,8 @@ import os
 import time
 
 import tensorflow as tf
+
+from epl.ops import split_lowering
 
 logger = logging.getLogger("epl")
 
@@ -51,6 +58,58 @@ def save(env, original, saver, sess, save_path, global_step=None, *args,
     path = "%s-%d" % (save_path, global_step)
   _reported[_directory(path)] = path
   return path
+
+
+def check_shapes(saver, graph, save_path):
+  """Raises ValueError naming every variable that `saver` would restore
+  from `save_path` with another shape than its own (a split variable's:
+  its full shape). Variables the Saver restores in slices (partitioned)
+  are left to the slicing; a checkpoint that cannot be read, to
+  Saver.restore."""
+  try:
+    stored = tf.train.load_checkpoint(save_path).get_variable_to_shape_map()
+  except (tf.errors.OpError, ValueError):
+    return
+  filename = graph.get_tensor_by_name(saver.saver_def.filename_tensor_name)
+  wrong = []
+  for restore in filename.consumers():
+    if restore.type != "RestoreV2":
+      continue
+    names = tf.get_static_value(restore.inputs[1])
+    slices = tf.get_static_value(restore.inputs[2])
+    if names is None or slices is None:
+      continue
+    for name, spec, value in zip(names, slices, restore.outputs):
+      name = name.decode()
+      if spec or name not in stored:
+        continue
+      for assign in _consumers_through_identities(value):
+        if assign.type not in ("AssignVariableOp", "Assign"):
+          continue
+        variable = assign.inputs[0].op
+        while variable.type == "Identity":
+          variable = variable.inputs[0].op
+        if "shape" not in variable.node_def.attr:
+          continue
+        shape = split_lowering.full_shape(graph, variable)
+        if shape.is_fully_defined() and shape.as_list() != stored[name]:
+          wrong.append("%s: %s in the checkpoint, %s in the model" % (
+              name, stored[name], shape.as_list()))
+  if wrong:
+    raise ValueError(
+        "Checkpoint %s does not fit this model: %s. Restore it into the "
+        "model that saved it, or rebuild the variables with the "
+        "checkpoint's shapes." % (save_path, "; ".join(sorted(set(wrong)))))
+
+
+def _consumers_through_identities(tensor):
+  """The ops that read `tensor`, directly or through Identity ops (the
+  Saver puts one between RestoreV2 and each assign)."""
+  for op in tensor.consumers():
+    if op.type == "Identity":
+      yield from _consumers_through_identities(op.outputs[0])
+    else:
+      yield op
 
 
 def _directory(path):

@@ -17,6 +17,7 @@ import logging
 import tensorflow as tf
 
 from epl.plan import planner
+from epl.runtime import network_namespace
 
 logger = logging.getLogger("epl")
 
@@ -64,11 +65,30 @@ def get_or_start(env):
       spec, job_name=JOB, task_index=cluster.worker_index,
       config=base_config(cluster, env.config), protocol="grpc", start=True)
   _server.update(server=server, key=key)
+  if cluster.worker_index == 0:
+    _say_what_the_job_exposes(cluster)
   logger.info("epl.init: worker %d of %d serves %s at %s (%d %s device(s))",
               cluster.worker_index, cluster.worker_num, server.target,
               cluster.worker_addresses[cluster.worker_index],
               cluster.devices_per_worker, cluster.device_type)
   return server
+
+
+def _say_what_the_job_exposes(cluster):
+  """Worker 0's one line on what the job's servers open, when this
+  machine's network is reachable from other hosts (not so in the private
+  network namespace epl-launch gives a one-machine job): TensorFlow's
+  servers listen on every interface and authenticate nobody."""
+  interfaces = sorted(network_namespace.exposed_interfaces())
+  if not interfaces:
+    return
+  logger.warning(
+      "epl.init: the job's %d gRPC servers listen on every interface of "
+      "their machines (here %s besides loopback), at %s; they accept "
+      "connections from any host that reaches them, without "
+      "authentication, and run the graphs it sends: keep these ports "
+      "closed to all but the job's machines (docs/security.md)", cluster.worker_num,
+      ", ".join(interfaces), ", ".join(cluster.worker_addresses))
 
 
 def current():

@@ -45,6 +45,7 @@ LIST_FILES = (dataset_ops.DatasetV2, "list_files")
 DATASET_ITERATORS = ((dataset_ops.DatasetV1, "_make_one_shot_iterator"),
                      (dataset_ops.DatasetV1, "_make_initializable_iterator"))
 SAVER_SAVE = (saver_lib.Saver, "save")
+SAVER_RESTORE = (saver_lib.Saver, "restore")
 # FileWriter makes its EventFileWriter through this module attribute.
 EVENT_FILE_WRITER = (summary_writer, "EventFileWriter")
 # What CheckpointSaverHook (MonitoredTrainingSession with a checkpoint_dir)

@@ -20,6 +20,8 @@ import signal
 import subprocess
 import sys
 
+from epl.tools import private_network
+
 _PREFIX = "[epl-launch] "
 
 
@@ -63,13 +65,20 @@ def process_env(args, gpus):
   return env
 
 
-def run(args, command, gpus):
-  """Runs horovodrun until it ends; returns its exit status."""
+def run(args, command, gpus, exposure=None):
+  """Runs horovodrun until it ends; returns its exit status. `exposure`:
+  why a one-machine job runs on this machine's network (None: in the
+  launcher's private network namespace, or over several machines)."""
   line = horovodrun_command(args, command)
   sys.stdout.write(_PREFIX + "%s; command: %s\n" % (
       "%d GPU(s) per process" % args.gpu_per_worker if gpus else
       "%d logical CPU device(s) per process" % args.gpu_per_worker,
       shlex.join(line)))
+  if not args.machine_list:
+    sys.stdout.write(_PREFIX + private_network.exposure_text(
+        exposure, "horovodrun's rendezvous server (HTTP, a port it picks)",
+        "read or rewrite the job's rendezvous, disrupting or joining the "
+        "job") + "\n")
   sys.stdout.flush()
   process = subprocess.Popen(  # pylint: disable=consider-using-with
       line, env=process_env(args, gpus), stdin=subprocess.DEVNULL,

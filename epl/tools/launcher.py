@@ -45,9 +45,21 @@ it starts (docs/multi_worker.md).
 
 `--backend horovod` runs the job with horovodrun instead
 (`epl.tools.horovod_launch`).
+
+Network (docs/security.md). TensorFlow's gRPC servers listen on every
+interface and run any graph a client sends, without authentication. A
+one-machine job (no `--machine_list`) therefore runs in a private network
+namespace of its own (`epl.tools.private_network`): the launcher re-runs
+itself inside one, with the same pid, before it starts anything, so every
+process of the job (horovodrun's too) shares a loopback that nothing
+outside the job reaches. `--network host` (for a job that reads data over
+the network), or a machine where no such namespace can be made, runs the
+job on this machine's network instead, with a warning naming the ports.
+`--host` of a one-machine job must be an IPv4 loopback address.
 """
 import argparse
 import datetime
+import ipaddress
 import json
 import os
 import shlex
@@ -59,7 +71,9 @@ import sys
 import threading
 import time
 
+from epl.runtime import network_namespace
 from epl.tools import horovod_launch
+from epl.tools import private_network
 
 _PREFIX = "[epl-launch] "
 
@@ -85,7 +99,18 @@ def _parser():
                            "(default: free ports on one machine, 23456 with "
                            "--machine_list)")
   parser.add_argument("--host", default="127.0.0.1",
-                      help="address of this machine for a one-machine job")
+                      help="loopback address the workers of a one-machine "
+                           "job reach each other on (default 127.0.0.1)")
+  parser.add_argument("--network", choices=("private", "host"),
+                      default=None,
+                      help="private (default on one machine): the job runs "
+                           "in a network namespace of its own, which no "
+                           "other host or process reaches, and reaches no "
+                           "other host; host (always with --machine_list): "
+                           "this machine's network, the workers' ports open "
+                           "to every host that reaches it (docs/security.md)")
+  parser.add_argument("--in_private_network", action="store_true",
+                      help=argparse.SUPPRESS)
   parser.add_argument("--machine_list", default=None,
                       help="comma-separated machines of a multi-machine job, "
                            "each 'host' or 'host:base_port'; every machine "
@@ -188,6 +213,7 @@ def worker_addresses(args):
   if not args.machine_list:
     if args.machine_rank not in (None, 0):
       raise ValueError("--machine_rank needs --machine_list")
+    check_host(args.host)
     if args.base_port is None:
       ports = _free_ports(args.host, tasks)
     else:
@@ -201,14 +227,66 @@ def worker_addresses(args):
     raise ValueError("--num_workers %d is not a multiple of the %d machines "
                      "in --machine_list" % (args.num_workers, len(machines)))
   per_machine = tasks // len(machines)
-  addresses = []
-  for machine in machines:
-    host, _, port = machine.rpartition(":") if ":" in machine else (
-        machine, "", "")
-    base = int(port) if port else (args.base_port or 23456)
-    addresses.extend("%s:%d" % (host, base + i) for i in range(per_machine))
+  addresses, entries = [], {}
+  for entry, machine in enumerate(machines):
+    host, base = _machine(machine, args.base_port)
+    for i in range(per_machine):
+      address = "%s:%d" % (host, base + i)
+      if address in entries:
+        raise ValueError(
+            "--machine_list names %s twice (%r and %r): both would run a "
+            "worker listening on %s. Name each machine once, or give the "
+            "second its own ports ('%s:<base_port>' at least %d apart)." % (
+                host, machines[entries[address]], machine, address, host,
+                per_machine))
+      entries[address] = entry
+      addresses.append(address)
   first = args.machine_rank * per_machine
   return addresses, list(range(first, first + per_machine))
+
+
+def _machine(machine, base_port):
+  """(host, base port) of a --machine_list entry 'host' or 'host:port'."""
+  host, _, port = machine.rpartition(":") if ":" in machine else (
+      machine, "", "")
+  if not port:
+    return machine, base_port or 23456
+  if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    raise ValueError("--machine_list entry %r is not 'host' or "
+                     "'host:base_port' (a port in 1-65535)" % machine)
+  return host, int(port)
+
+
+def check_host(host):
+  """--host of a one-machine job must be an IPv4 loopback address (TF_CONFIG
+  writes it host:port)."""
+  if host == "localhost":
+    return
+  try:
+    if ipaddress.IPv4Address(host).is_loopback:
+      return
+  except ValueError:
+    pass
+  raise ValueError(
+      "--host %s: the workers of a one-machine job reach each other over "
+      "loopback (127.0.0.1, the default); any other address would only "
+      "help other hosts reach their gRPC servers, which accept connections "
+      "without authentication and run the graphs they are sent "
+      "(docs/security.md). For a job over several machines give "
+      "--machine_list." % host)
+
+
+def network(args):
+  """Where the job's processes run: 'private' (a network namespace of
+  their own) or 'host' (this machine's network)."""
+  if not args.machine_list:
+    return args.network or "private"
+  if args.network == "private":
+    raise ValueError(
+        "--network private is for a one-machine job: the workers on the "
+        "other machines of --machine_list could not reach a private "
+        "network namespace on this one")
+  return "host"
 
 
 def gpu_count():
@@ -340,8 +418,11 @@ def _status_text(code):
 class Launcher:
   """Runs the workers of this machine until all end or one fails."""
 
-  def __init__(self, args):
+  def __init__(self, args, exposure=None):
+    """`exposure`: why a one-machine job runs on this machine's network
+    (None: in a private network namespace, or over several machines)."""
     self.args = args
+    self.exposure = exposure
     self.addresses, self.indices = worker_addresses(args)
     self.command = command_line(args.command)
     gpus = 0 if args.cpu else gpu_count()
@@ -389,6 +470,11 @@ class Launcher:
                len(self.indices), args.gpu_per_worker, args.gpu_per_worker))
     _log("cluster: %s; command: %s" % (", ".join(self.addresses),
                                         shlex.join(self.command)))
+    if not args.machine_list:
+      ports = "ports " + ", ".join(a.rsplit(":", 1)[1] for a in self.addresses)
+      _log(private_network.exposure_text(
+          self.exposure, "the workers' gRPC servers (%s)" % ports,
+          "run any graph it sends (reading and writing this user's files)"))
     previous = {s: signal.signal(s, self._on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
     lock = threading.Lock()
@@ -444,25 +530,63 @@ class Launcher:
     return failed if failed > 0 else 128 - failed
 
 
+def _enter_private_network(args, argv):
+  """Puts this process in the job's network: re-runs the launcher (same
+  pid) in a private network namespace when the job runs in one and one can
+  be made. Returns why the one-machine job runs on this machine's network
+  instead, or None."""
+  if args.in_private_network:
+    network_namespace.bring_up_loopback()
+    return None
+  if args.machine_list:
+    return None
+  if network(args) == "host":
+    return "--network host"
+  problem = private_network.problem()
+  if problem is not None:
+    return "no private network namespace here (%s)" % problem
+  line = private_network.command(
+      [sys.executable, "-m", "epl.tools.launcher", "--in_private_network"] +
+      list(argv))
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execv(line[0], line)
+  return None  # not reached: execv replaces this process
+
+
+def _check(args):
+  """Raises ValueError for arguments that cannot make a job: before the
+  launcher enters the job's network or starts anything."""
+  network(args)
+  command = command_line(args.command)
+  if args.backend == "collective":
+    worker_addresses(args)
+    return
+  if args.processes_per_worker != 1:
+    raise ValueError(
+        "--processes_per_worker is for the collective backend: under "
+        "horovodrun each process is a worker of its own, so give "
+        "--num_workers %d --gpu_per_worker %s instead" % (
+            args.num_workers * args.processes_per_worker,
+            devices_per_process(args)))
+  horovod_launch.horovodrun_command(args, command)
+  if not args.machine_list:
+    check_host(args.host)
+
+
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
   args = _parser().parse_args(argv)
-  if args.backend == "horovod":
-    try:
-      if args.processes_per_worker != 1:
-        raise ValueError(
-            "--processes_per_worker is for the collective backend: under "
-            "horovodrun each process is a worker of its own, so give "
-            "--num_workers %d --gpu_per_worker %s instead" % (
-                args.num_workers * args.processes_per_worker,
-                devices_per_process(args)))
-      command = command_line(args.command)
-      horovod_launch.horovodrun_command(args, command)
-    except ValueError as error:
-      _parser().error(str(error))
-    sys.exit(horovod_launch.run(args, command,
-                                0 if args.cpu else gpu_count()))
   try:
-    launcher = Launcher(args)
+    _check(args)
+  except ValueError as error:
+    _parser().error(str(error))
+  exposure = _enter_private_network(args, argv)
+  if args.backend == "horovod":
+    sys.exit(horovod_launch.run(args, command_line(args.command),
+                                0 if args.cpu else gpu_count(), exposure))
+  try:
+    launcher = Launcher(args, exposure)
   except ValueError as error:
     _parser().error(str(error))
   sys.exit(launcher.run())
