@@ -3,6 +3,7 @@ the train op or alone, in a training or an evaluation run, returns its
 value and never hangs; a run whose collective group cannot be whole raises
 before anything runs; a collective that times out on one worker says which
 (epl/runtime/collective_groups.py, epl/runtime/failures.py)."""
+import contextlib
 import time
 
 import numpy as np
@@ -37,11 +38,11 @@ def _split_head_run(with_epl, metrics="inside", steps=STEPS):
   with graph.as_default():
     batch = test_split.LOCAL_BATCH * (1 if with_epl else devices)
     x, labels = test_split._classification_batch(batch, 10)  # pylint: disable=protected-access
-    with epl.replicate(devices) if with_epl else _no_scope():
+    with epl.replicate(devices) if with_epl else contextlib.nullcontext():
       hidden = tf.compat.v1.layers.dense(
           x, 16, activation=tf.nn.tanh, name="backbone",
           kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-    with epl.split(devices) if with_epl else _no_scope():
+    with epl.split(devices) if with_epl else contextlib.nullcontext():
       logits = tf.compat.v1.layers.dense(
           hidden, 10, name="head",
           kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
@@ -71,14 +72,6 @@ def _accuracy(logits, labels):
   return tf.reduce_mean(tf.cast(tf.equal(predictions, labels), tf.float32))
 
 
-class _no_scope:  # pylint: disable=invalid-name
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *_):
-    return False
-
-
 @pytest.mark.timeout(FETCH_TIMEOUT)
 @pytest.mark.parametrize("metrics", ["inside", "outside"])
 def test_split_accuracy_beside_the_train_op_and_alone(metrics):
@@ -92,8 +85,10 @@ def test_split_accuracy_beside_the_train_op_and_alone(metrics):
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.timeout(FETCH_TIMEOUT)
-def test_split_metrics_outside_the_scope_in_a_merged_collection_raise():
+@contextlib.contextmanager
+def _small_split_head():
+  """A backbone on 2 replicas and a split head over both, in a new graph
+  under EPL; yields (logits, labels, loss)."""
   epl.init(epl.Config({"cluster.num_cpu_devices": 2,
                        "cluster.colocate_split_and_replicate": True}))
   with tf.Graph().as_default():
@@ -103,6 +98,12 @@ def test_split_metrics_outside_the_scope_in_a_merged_collection_raise():
     with epl.split(2):
       logits = tf.compat.v1.layers.dense(hidden, 10, name="head")
       loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    yield logits, labels, loss
+
+
+@pytest.mark.timeout(FETCH_TIMEOUT)
+def test_split_metrics_outside_the_scope_in_a_merged_collection_raise():
+  with _small_split_head() as (logits, labels, loss):
     accuracy = _accuracy(logits, labels)
     epl.add_to_collection(accuracy, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
@@ -119,16 +120,7 @@ def test_split_metrics_outside_the_scope_in_a_merged_collection_raise():
 def test_a_collective_built_after_the_rewrite_raises_before_running():
   # An argmax of the split logits built after the first run has no copy
   # in the other replicas: its group can never be whole.
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2,
-                       "cluster.colocate_split_and_replicate": True,
-                       "cluster.collective_timeout_seconds": 60}))
-  with tf.Graph().as_default():
-    x, labels = test_split._classification_batch(4, 10)  # pylint: disable=protected-access
-    with epl.replicate(2):
-      hidden = tf.compat.v1.layers.dense(x, 8, name="backbone")
-    with epl.split(2):
-      logits = tf.compat.v1.layers.dense(hidden, 10, name="head")
-      loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+  with _small_split_head() as (logits, _, loss):
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())

@@ -100,16 +100,6 @@ def _rekey_collectives(ctx, subgraph, copies):
                                           name="group_key"))
         graph_edit.update_input(copy, 3, tf.constant(instance_key, tf.int32,
                                           name="instance_key"))
-  outside = [op.name for op in ctx.graph.get_operations()
-             if _is_lowered_collective(op, origins) and
-             op.name not in rekeyed]
-  if outside:
-    logger.warning(
-        "EPL split: %d collective(s) of split parts are not part of the "
-        "training step (%s); only replica 0 would run them and they would "
-        "time out. Fetch split outputs through epl.add_to_collection(..., "
-        "epl.GraphKeys.GLOBAL_MEAN_OBJECTS).", len(outside),
-        ", ".join(outside[:3]))
   return len(lowered)
 
 
