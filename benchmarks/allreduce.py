@@ -33,7 +33,7 @@ from benchmarks import smoke  # noqa: E402
 from epl.communicators.collective import (  # noqa: E402
     CollectiveCommunicator, CollectiveKeys)
 from epl.communicators.local import LocalCommunicator  # noqa: E402
-from epl.passes import gradient_buckets  # noqa: E402
+from epl.parallel.passes import gradient_buckets  # noqa: E402
 from examples.bert_large import input_pipeline  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 

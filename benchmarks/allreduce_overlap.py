@@ -3,7 +3,7 @@ BERT under EPL data parallelism (4 replicas on 4 logical CPU devices).
 
 The step runs with a full trace (RunMetadata, FULL_TRACE). Each traced op is
 looked up in the rewrite: forward, backward or update op of a replica
-(epl.passes.schedule.blocks), or an all-reduce of gradient aggregation
+(epl.parallel.passes.schedule.blocks), or an all-reduce of gradient aggregation
 (a CollectiveReduceV2 the aggregate_gradients pass built, by the graph's
 provenance, with its communicator group; with --local_cpu_reduce the AddN that sums a bucket). Printed, over the union of the all-reduce ops' spans (start to end,
 waits for the peers included):
@@ -40,7 +40,7 @@ import epl  # noqa: E402
 import smoke  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.phase import Phase  # noqa: E402
-from epl.passes import schedule  # noqa: E402
+from epl.parallel.passes import schedule  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
 SMOKE = ["--traces", "1", "--png", "", "--seq_length", "8", "--num_layers",

@@ -15,7 +15,7 @@ batch G:
 Both have 4 / K replicas and M = G / (replicas x b) micro-batches of b
 examples. For each run the table gives the pipeline bubble bound
 (K-1)/(M+K-1), the forward FLOPs of each stage per micro-batch (static
-count, `epl.analysis.flops`) with their most/fewest ratio, and examples/s
+count, `epl.parallel.cost.flops`) with their most/fewest ratio, and examples/s
 (G / median step time). The runs of one size are built one after the
 other, then timed step by step in turn in this process, so that load on the
 machine hits them alike; `--sequential` builds and times one run at a time
@@ -45,7 +45,7 @@ if ROOT not in sys.path:
 import epl  # noqa: E402
 from benchmarks import bert_throughput  # noqa: E402
 from benchmarks import smoke  # noqa: E402
-from epl.analysis import flops  # noqa: E402
+from epl.parallel.cost import flops  # noqa: E402
 from epl.ir import graph_editor  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.phase import Phase  # noqa: E402

@@ -7,7 +7,7 @@ One run, in this process:
   2. EPL builds the same graph with its annotations (8 logical CPU devices,
      data parallel, pipeline.num_micro_batch = 4 by default: 8 replicas x 4
      micro-batches), capture hooks on;
-  3. `epl.passes.engine.ensure_rewritten(graph)` runs the rewrite (what
+  3. `epl.parallel.engine.ensure_rewritten(graph)` runs the rewrite (what
      the first Session.run or Graph.finalize triggers), timed on its own.
 Nothing is initialised or run: BERT-Large has 336M parameters.
 
@@ -34,7 +34,7 @@ if ROOT not in sys.path:
 
 import epl  # noqa: E402
 from benchmarks import smoke  # noqa: E402
-from epl.passes import engine  # noqa: E402
+from epl.parallel import engine  # noqa: E402
 from examples.bert_large import modeling  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 

@@ -59,7 +59,7 @@ if ROOT not in sys.path:
 
 import epl  # noqa: E402
 from epl.env import detached  # noqa: E402
-from epl.passes import engine  # noqa: E402
+from epl.parallel import engine  # noqa: E402
 from benchmarks import bert_schedules  # noqa: E402
 from benchmarks import mirrored  # noqa: E402
 from benchmarks import smoke  # noqa: E402

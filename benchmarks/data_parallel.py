@@ -31,7 +31,7 @@ Every row runs in its own process, one after the other, and times its
 steps after a warm-up: examples/s = G / median step time. "vs" columns are
 examples/s over the anchor's (higher is better) with the verdict. MFU =
 model FLOPs per second (static count of the one-device training step,
-epl.analysis.flops, the profiler's) over the peak of the devices used; the
+epl.parallel.cost.flops, the profiler's) over the peak of the devices used; the
 peak comes from machine.PEAK_FLOPS by GPU name or --peak_tflops, so on CPUs
 without the flag it is "-". The logical CPU devices (and the Horovod
 processes) share this machine's cores: on a 2-core machine the rows
@@ -116,7 +116,7 @@ def _build(row, model, global_batch, device_type, devices):
 
 def _step_flops(train_op, loss):
   """Static FLOPs of the ops a step of `train_op` and `loss` runs."""
-  from epl.analysis import flops  # pylint: disable=import-outside-toplevel
+  from epl.parallel.cost import flops  # pylint: disable=import-outside-toplevel
   from epl.ir import graph_editor  # pylint: disable=import-outside-toplevel
   return sum(flops.profile_flops(
       train_op.graph, graph_editor.ancestors([train_op, loss.op])).values())

@@ -126,7 +126,7 @@ def measure(config, replicas, micro_batches, batch_size, setting, steps):
   import logging  # pylint: disable=g-import-not-at-top
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   from examples.bert_large import train  # pylint: disable=g-import-not-at-top
-  from epl.passes import engine  # pylint: disable=g-import-not-at-top
+  from epl.parallel import engine  # pylint: disable=g-import-not-at-top
   tf.disable_eager_execution()
   logging.getLogger("epl").setLevel(logging.WARNING)
   # The other settings change TensorFlow's own preset.

@@ -20,7 +20,7 @@ Columns, each as an absolute figure and as a ratio to "none":
   opt/dev    bytes of optimizer state (every variable that is not a weight
              or global_step: AdamW's m and v) on the most loaded device
   w+g+o/dev  weights + gradients + optimizer state of the most loaded
-             replica device, as `epl.analysis.memory_estimate` counts them
+             replica device, as `epl.tools.memory_estimate` counts them
              from the rewritten graph (gradients: the set the update reads,
              times 2 with micro-batches: the sum so far and the one added)
   formula    the same by DeepSpeed's formulas for the run's ZeRO level
@@ -52,11 +52,11 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 import epl  # noqa: E402
-from epl.analysis import memory_estimate  # noqa: E402
+from epl.tools import memory_estimate  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.op_types import VARIABLE_TYPES  # noqa: E402
-from epl.passes import engine  # noqa: E402
+from epl.parallel import engine  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
-from epl.analysis import memory_estimate  # noqa: E402
+from epl.tools import memory_estimate  # noqa: E402
 from epl.tools import schedule_simulator  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 

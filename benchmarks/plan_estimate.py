@@ -7,7 +7,7 @@ EPL config keys (as EPL_<SECTION>_<KEY> environment variables), then:
 
   1. estimate: opens a session and runs the variable initializer; the
      rewrite runs before that first run, and
-     epl.analysis.memory_estimate.estimate(context) counts the rewritten
+     epl.tools.memory_estimate.estimate(context) counts the rewritten
      graph, as the dry run does;
   2. persistent check: the bytes the process's CPU allocator holds
      between steps (after the warm-up steps) minus before the initializer
@@ -48,7 +48,7 @@ if ROOT not in sys.path:
 
 import epl  # noqa: E402
 from benchmarks import smoke  # noqa: E402
-from epl.analysis import memory_estimate  # noqa: E402
+from epl.tools import memory_estimate  # noqa: E402
 from epl.config import key_info  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.tools.memory_profiler_hook import profile_memory  # noqa: E402
@@ -152,7 +152,7 @@ def main(argv=None):
                       help="1: dropout on, as train.py runs by default")
   args = smoke.parse_args(parser, argv, SMOKE)
   tf.disable_eager_execution()
-  print("Estimated (epl.analysis.memory_estimate) vs measured (FULL_TRACE "
+  print("Estimated (epl.tools.memory_estimate) vs measured (FULL_TRACE "
         "step stats: variables + step high-water mark) peak memory per "
         "device; BERT tiny preset, synthetic input; TensorFlow %s" %
         tf.__version__)

@@ -47,7 +47,7 @@ import epl  # noqa: E402
 from benchmarks import smoke  # noqa: E402
 from benchmarks import timing  # noqa: E402
 from benchmarks import verdict  # noqa: E402
-from epl.analysis import flops  # noqa: E402
+from epl.parallel.cost import flops  # noqa: E402
 from epl.ir import graph_editor  # noqa: E402
 from epl.tools.timeline import device_key  # noqa: E402
 

@@ -114,7 +114,7 @@ def measure(config, replicas, micro_batches, plain, build_only, batch_size,
     result["user_ops"] = len(graph.get_operations())
     result["rewrite"] = 0.0
     if not plain:
-      from epl.passes import engine  # pylint: disable=g-import-not-at-top
+      from epl.parallel import engine  # pylint: disable=g-import-not-at-top
       start = time.perf_counter()
       engine.ensure_rewritten(graph)
       result["rewrite"] = time.perf_counter() - start

@@ -10,7 +10,7 @@ from epl.capture import graph_mode
 from epl.config import Config
 from epl.env import Env
 from epl.ir.graph_state import state_of
-from epl.plan import planner
+from epl.parallel.plan import planner
 from epl.runtime import server
 from epl.strategies.strategy import Replicate, require_devices
 from epl.tf_compat import graph_edit

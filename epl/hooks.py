@@ -11,7 +11,7 @@ capture, planning, the rewrite, the runtime and the tools together.
   `Optimizer.compute_gradients` and `minimize`) and
   `GradientTape.gradient` (Keras optimizers): with auto.auto_parallel,
   the first call of a graph first cuts its forward pass into stages
-  (`epl.plan.auto`); ops built inside are BACKWARD; the gradients of
+  (`epl.parallel.plan.auto`); ops built inside are BACKWARD; the gradients of
   variables are recorded
   (`epl.capture.capture.record_gradients`), dense when
   communication.sparse_as_dense.
@@ -22,8 +22,8 @@ capture, planning, the rewrite, the runtime and the tools together.
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
   optimizer.num_apply_group > 1 the update is built in groups
-  (`epl.passes.grouped_apply`).
-- `Graph.finalize`: the rewrite (`epl.passes.engine`) runs before a graph
+  (`epl.parallel.passes.grouped_apply`).
+- `Graph.finalize`: the rewrite (`epl.parallel.engine`) runs before a graph
   is frozen (this is when `MonitoredTrainingSession` freezes it); in a dry
   run the plan is then printed and the process exits
   (`epl.tools.dry_run`). Here and before the first run, a
@@ -59,8 +59,8 @@ capture, planning, the rewrite, the runtime and the tools together.
   sparse softmax cross-entropies,
   `gen_math_ops.arg_max`/`equal` and `gen_nn_ops.top_kv2`: inside
   `epl.split`, or on its sharded outputs, they build sharded ops
-  (`epl.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
-  inside `epl.split` build expert-parallel ops (`epl.ops.expert_lowering`).
+  (`epl.parallel.ops.split_lowering`); Keras `Layer.add_weight` and `tf.einsum`
+  inside `epl.split` build expert-parallel ops (`epl.parallel.ops.expert_lowering`).
   The Keras ones only where the Keras that TensorFlow uses has them
   (`epl.tf_compat.keras`).
 - Under Keras 3 (tf.keras 3.x): Keras 3's `Optimizer.apply` (behind
@@ -82,12 +82,12 @@ from epl.capture import graph_mode
 from epl.capture import io_slicing
 from epl.env import active
 from epl.ir.phase import Phase
-from epl.ops import expert_lowering
-from epl.ops import split_lowering
-from epl.passes import engine
-from epl.passes import grouped_apply
-from epl.plan import auto
-from epl.plan import planner
+from epl.parallel.ops import expert_lowering
+from epl.parallel.ops import split_lowering
+from epl.parallel import engine
+from epl.parallel.passes import grouped_apply
+from epl.parallel.plan import auto
+from epl.parallel.plan import planner
 from epl.runtime import checkpoint
 from epl.runtime import estimator
 from epl.runtime import failures
@@ -114,7 +114,7 @@ _apply_depth = _ApplyDepth()
 
 
 def _rewrite(graph):
-  """Rewrites `graph` when it holds a training step (`epl.passes.engine`);
+  """Rewrites `graph` when it holds a training step (`epl.parallel.engine`);
   a dry run then prints the plan and exits. Returns the RewriteResult, or
   None when there is no step to rewrite yet."""
   result = engine.ensure_rewritten(graph)
@@ -322,7 +322,7 @@ def _split_lowering(name, module=split_lowering):
 
 
 def _dense_layer_call(original, layer, *args, **kwargs):
-  """Dense.__call__: forwards to epl.ops.split_lowering.dense_layer_call.
+  """Dense.__call__: forwards to epl.parallel.ops.split_lowering.dense_layer_call.
   Dense inherits __call__, and tf.compat.v1.layers.Dense from another base
   than Keras' Dense: `original` is the wrong one for it, so the instance's
   next __call__ in its own class order is called instead."""

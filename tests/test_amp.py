@@ -11,7 +11,7 @@ import epl
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.ir import names
-from epl.passes import loss_scale
+from epl.parallel.passes import loss_scale
 from tests import tolerance
 from tests import training
 

@@ -8,7 +8,7 @@ import epl
 from epl.cluster import Cluster
 from epl.ir.graph_state import state_of
 from epl.ir.taskgraph import TaskGraph
-from epl.plan import planner
+from epl.parallel.plan import planner
 from tests import training
 
 

@@ -1,5 +1,5 @@
 """auto.auto_parallel: a model with no strategy annotation is cut into
-pipeline.num_stages stages by EPL (epl.plan.auto).
+pipeline.num_stages stages by EPL (epl.parallel.plan.auto).
 
 - Unannotated MLP and tiny BERT with 1, 2 and 4 stages train exactly like
   single-device TensorFlow on the same global batch (weights within 1e-5
@@ -21,8 +21,8 @@ import tensorflow as tf
 
 import epl
 from epl.ir.graph_state import state_of
-from epl.passes import engine
-from epl.plan import auto
+from epl.parallel import engine
+from epl.parallel.plan import auto
 from tests import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

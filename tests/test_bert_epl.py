@@ -18,9 +18,8 @@ import tensorflow as tf
 
 import epl
 from epl.ir.graph_state import state_of
-from epl.passes import engine
-from epl.passes import engine
-from epl.passes.context import Copies
+from epl.parallel import engine
+from epl.parallel.passes.context import Copies
 from tests import tolerance
 from tests import training
 

@@ -1,11 +1,11 @@
-"""Gradients of the V2 collectives (epl.ops.collective_gradients) against
+"""Gradients of the V2 collectives (epl.parallel.ops.collective_gradients) against
 the same computation written without collectives."""
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from epl.ops import collective_gradients
+from epl.parallel.ops import collective_gradients
 
 from tests import tolerance
 

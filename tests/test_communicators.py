@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import epl
 from epl.ir import graph_editor
-from epl.passes import gradient_buckets
+from epl.parallel.passes import gradient_buckets
 from tests import training
 
 REPLICAS = 4

@@ -23,8 +23,8 @@ import tensorflow as tf
 import epl
 from epl.ir import names
 from epl.ir.op_types import VARIABLE_TYPES
-from epl.passes import gradient_checkpoint
-from epl.passes import zero
+from epl.parallel.passes import gradient_checkpoint
+from epl.parallel.passes import zero
 from examples.moe import model as moe
 from tests import sharding
 from tests import test_moe

@@ -8,8 +8,8 @@ import epl
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
-from epl.passes import gradient_checkpoint
-from epl.passes import schedule
+from epl.parallel.passes import gradient_checkpoint
+from epl.parallel.passes import schedule
 from tests import training
 
 LAYERS = 4

@@ -19,7 +19,7 @@ import epl
 from epl import cluster
 from epl.cluster import HorovodCluster
 from epl.ir.taskgraph import TaskGraph
-from epl.plan import planner
+from epl.parallel.plan import planner
 from epl.tools import horovod_launch
 from epl.tools import launcher
 from tests import tolerance

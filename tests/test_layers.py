@@ -7,32 +7,17 @@ read the source (ast), they import nothing of EPL but the public aliases.
 import ast
 import os
 import re
+import runpy
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "epl")
 
-# Lowest first. A module belongs to the first entry its name starts with.
-LAYERS = (
-    ("epl.tf_compat",),
-    ("epl.config", "epl.collections", "epl.user_warnings"),
-    ("epl.cluster", "epl.env"),
-    ("epl.ir",),
-    ("epl.strategies",),
-    ("epl.capture",),
-    # Static graph analyses that planning and passes read: FLOPs per op and
-    # the repeated-block search. The memory estimate reads a rewritten step
-    # and sits above the passes.
-    ("epl.analysis.flops", "epl.analysis.checkpoint_search"),
-    ("epl.plan",),
-    ("epl.communicators", "epl.ops"),
-    ("epl.passes",),
-    ("epl.analysis",),
-    ("epl.runtime",),
-    ("epl.tools",),
-    ("epl.hooks", "epl.api", "epl.profiler", "epl"),
-)
+# Lowest first, from epl/layers.py (read as a file: importing it would
+# import EPL).
+LAYERS = tuple(prefixes for prefixes, _ in runpy.run_path(
+    os.path.join(PACKAGE, "layers.py"))["LAYERS"])
 # TensorFlow and Keras private API: allowed in epl.tf_compat only.
 PRIVATE_API = re.compile(
     r"tensorflow\.python|keras\.src|tf_keras\.src|tensorflow_estimator\.|"
@@ -83,7 +68,7 @@ def _imported(node, module, is_package):
     source = node.module or ""
   if source.split(".")[0] != "epl":
     return []
-  # `from epl.passes import engine` imports the module epl.passes.engine.
+  # `from epl.parallel import engine` imports the module epl.parallel.engine.
   return [source + "." + alias.name
           if source + "." + alias.name in MODULES else source
           for alias in node.names]
@@ -174,5 +159,5 @@ def test_public_aliases_of_moved_modules():
   assert epl.timeline.__name__ == "epl.tools.timeline"
   from epl.profiler import flops  # pylint: disable=import-outside-toplevel
   from epl.profiler.memory_profiler_hook import MemoryProfilerHook  # pylint: disable=import-outside-toplevel
-  assert flops.__name__ == "epl.analysis.flops"
+  assert flops.__name__ == "epl.parallel.cost.flops"
   assert MemoryProfilerHook.__module__ == "epl.tools.memory_profiler_hook"

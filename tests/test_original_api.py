@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.plan import pipeline_order
+from epl.parallel.plan import pipeline_order
 from epl.profiler import flops
 from epl.profiler import profiler
 from epl.tools import launcher

@@ -11,10 +11,10 @@ import epl
 from epl.ir import names
 from epl.ir import provenance
 from epl.ir.graph_state import state_of
-from epl.passes import engine
-from epl.plan import planner
-from epl.passes import diagram
-from epl.passes.manager import Artifact, Pass, PassError, PassManager
+from epl.parallel import engine
+from epl.parallel.plan import planner
+from epl.tools import diagram
+from epl.parallel.manager import Artifact, Pass, PassError, PassManager
 from tests import training
 
 TODAYS_ORDER = [
@@ -276,8 +276,8 @@ def test_the_architecture_diagram_matches_the_declarations():
   with open(diagram.SVG_PATH) as f:
     assert f.read() == diagram.svg(manager), (
         "docs/architecture.svg is out of date: run python -m "
-        "epl.passes.diagram")
+        "epl.tools.diagram")
   with open(diagram.MARKDOWN_PATH) as f:
     text = f.read()
   assert diagram.updated_markdown(text, manager) == text, (
-      "docs/architecture.md is out of date: run python -m epl.passes.diagram")
+      "docs/architecture.md is out of date: run python -m epl.tools.diagram")

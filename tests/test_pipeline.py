@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import epl
 from epl.ir.graph_state import state_of
-from epl.passes import schedule
-from epl.plan import pipeline_order
+from epl.parallel.passes import schedule
+from epl.parallel.plan import pipeline_order
 from epl.tools import schedule_simulator
 from epl.tools import timeline
 from tests import tolerance
@@ -620,7 +620,7 @@ def test_error_interleaved_virtual_stages(stages, extra, error, message):
 
 def test_interleaved_plan_and_its_errors_with_split():
   from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
-  from epl.plan import planner  # pylint: disable=import-outside-toplevel
+  from epl.parallel.plan import planner  # pylint: disable=import-outside-toplevel
   epl.init(epl.Config(_interleaved_config(
       4, 2, **{"cluster.colocate_split_and_replicate": True})))
   env = epl.Env.get()

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.analysis import memory_estimate
+from epl.tools import memory_estimate
 from epl.ir.graph_state import state_of
-from epl.passes import engine
+from epl.parallel import engine
 from epl.tools import dry_run
 
 import training

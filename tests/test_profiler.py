@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import epl
-from epl.analysis import flops
+from epl.parallel.cost import flops
 from epl.ir import graph_editor
 from epl.tools.memory_profiler_hook import MemoryProfilerHook
 from tests import training

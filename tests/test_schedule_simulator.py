@@ -1,10 +1,10 @@
 """The schedule simulator against the closed forms of GPipe, 1F1B,
-interleaved 1F1B and ZB-H1, and the pass orders of epl.plan.pipeline_order.
+interleaved 1F1B and ZB-H1, and the pass orders of epl.parallel.plan.pipeline_order.
 Plain Python: no TensorFlow graph is built (the traced orders are checked in
 test_pipeline.py)."""
 import pytest
 
-from epl.plan import pipeline_order
+from epl.parallel.plan import pipeline_order
 from epl.tools import schedule_simulator as sim
 
 F, B, W = "forward", "backward", "weight"

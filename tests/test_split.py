@@ -488,7 +488,7 @@ def test_split_without_a_count_shards_over_every_device():
 
 def test_plan_of_a_split_model():
   from epl.ir.taskgraph import TaskGraph  # pylint: disable=import-outside-toplevel
-  from epl.plan import planner  # pylint: disable=import-outside-toplevel
+  from epl.parallel.plan import planner  # pylint: disable=import-outside-toplevel
   epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
                        "cluster.colocate_split_and_replicate": True}))
   env = epl.Env.get()

@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 
 import epl
-from epl.passes import engine
+from epl.parallel import engine
 from tests import training
 
 REPLICAS, MICRO_BATCHES = 8, 4

@@ -90,7 +90,7 @@ def on_op_created(env, op, strategy_after_cut):
   its TaskGraph; ops built before the first strategy scope are
   FORWARD work of the first TaskGraph; other ops are OTHER.
   `strategy_after_cut(state)` is the strategy of ops built with no scope
-  once auto parallel has cut the graph, None before (`epl.plan.auto`,
+  once auto parallel has cut the graph, None before (`epl.parallel.plan.auto`,
   which plans above capture: `epl.hooks` passes it in). Inside a
   `role_scope`, the op's role is recorded too.
   """

@@ -24,7 +24,7 @@ an iterator of one logs a warning that names the dataset and the fix
 (`warn_unsharded_input`).
 
 `epl.hooks` routes the dataset constructors here, with the planner
-(`epl.plan.planner.make_plan`, a layer above capture) that tells the
+(`epl.parallel.plan.planner.make_plan`, a layer above capture) that tells the
 replicas of each worker; this module holds the logic.
 """
 import collections

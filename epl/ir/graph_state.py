@@ -44,7 +44,7 @@ class ApplyRecord:
 @dataclasses.dataclass
 class SplitRecords:
   """What the lowerings under `epl.split` recorded while the user built the
-  graph (epl/ops/split_lowering.py), and what the rewrite sharded."""
+  graph (epl/parallel/ops/split_lowering.py), and what the rewrite sharded."""
   # Tensor name -> ShardedLogits of each split dense output.
   logits: dict = dataclasses.field(default_factory=dict)
   # Tensor name -> ShardedLogits of the logits of each split argmax's
@@ -53,7 +53,7 @@ class SplitRecords:
   # Variable op name -> ShardedVariable of each variable built sharded.
   variables: dict = dataclasses.field(default_factory=dict)
   # The sharded variables the rewrite initialised, for checkpoints of
-  # Savers built after it (epl/passes/split.py).
+  # Savers built after it (epl/parallel/passes/split.py).
   rewritten: dict = dataclasses.field(default_factory=dict)
 
 
@@ -77,12 +77,12 @@ class GraphState:
     self.loss_seeds = set()
     self.split = SplitRecords()
     # zero.level v3's partitioned variables, once the rewrite partitioned
-    # them (epl.passes.zero_weights.ShardedWeights), for the ops built after.
+    # them (epl.parallel.passes.zero_weights.ShardedWeights), for the ops built after.
     self.zero_weights = None
     # Where each op EPL built comes from (epl.ir.provenance).
     self.provenance = Provenance()
     # (what the plan was made from, or None once the rewrite uses it; the
-    # plan), kept by epl.plan.planner.plan_of.
+    # plan), kept by epl.parallel.plan.planner.plan_of.
     self.plan_cache = None
     # Set once the rewrite has run; the engine keeps its result here.
     self.rewrite_result = None
@@ -91,7 +91,7 @@ class GraphState:
     # Fetch sets (op names) found to train nothing EPL did not rewrite.
     self.checked_fetches = set()
     # Placeholder tensor name -> (parts, local replicas, micro-batches) of
-    # each fed batch the rewrite splits (epl.passes.fed_batches).
+    # each fed batch the rewrite splits (epl.parallel.passes.fed_batches).
     self.fed_batch_parts = {}
 
   def taskgraph_for(self, strategy):

@@ -12,7 +12,7 @@ VARIABLE_TYPES = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 VARIABLE_READ_TYPES = frozenset(["ReadVariableOp", "Identity"])
 # Ops that take a resource variable's handle without changing it. (A
 # reference variable's readers are told by their definition: see
-# epl.passes.training_subgraph.written_variables.)
+# epl.parallel.passes.training_subgraph.written_variables.)
 RESOURCE_VARIABLE_READERS = frozenset([
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
     "VarIsInitializedOp", "_ReadVariablesOp"])

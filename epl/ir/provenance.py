@@ -21,7 +21,7 @@ from typing import Optional
 
 from epl.tf_compat import graph_edit
 
-# Roles of the ops `epl.ops.split_lowering` builds while the user builds the
+# Roles of the ops `epl.parallel.ops.split_lowering` builds while the user builds the
 # model, which the split rewrite sets per replica.
 SHARD_INDEX = "shard_index"              # the Const holding the shard index
 SHARD_RANDOM = "shard_random"            # random ops of a shard's initial value

@@ -9,14 +9,14 @@
 - `epl.profiler.profiler`: FLOPs and bytes of every op of the default graph
   (`profile_flops`, `profile_memory`), the original's names.
 
-The modules live where their layer is (`epl.analysis`, `epl.runtime`); this
+The modules live where their layer is (`epl.parallel.cost`, `epl.tools`, `epl.runtime`); this
 package only re-exports them, so that `from epl.profiler.flops import ...`
 keeps working.
 """
 import sys
 
-from epl.analysis import flops
-from epl.analysis import memory_estimate
+from epl.parallel.cost import flops
+from epl.tools import memory_estimate
 from epl.profiler import profiler
 from epl.tools import memory_profiler_hook
 

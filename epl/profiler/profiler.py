@@ -2,8 +2,8 @@
 of the default graph, before anything runs."""
 import tensorflow as tf
 
-from epl.analysis import flops
-from epl.analysis import memory_estimate
+from epl.parallel.cost import flops
+from epl.tools import memory_estimate
 from epl.ir.op_types import INPUT_READ_TYPES
 
 

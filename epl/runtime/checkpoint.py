@@ -12,7 +12,7 @@ thing: either restores into the other.
   MonitoredTrainingSession that finds a checkpoint), so the checkpoint
   directory must be visible to every worker (a shared file system); the
   restore group then broadcasts worker 0's values to the others
-  (`epl.passes.variable_sync`).
+  (`epl.parallel.passes.variable_sync`).
 - Shapes: before a restore, every variable the checkpoint restores whole
   must have the checkpoint's shape (`check_shapes`). TensorFlow assigns a
   resource variable whatever shape the checkpoint holds, so the mistake
@@ -29,7 +29,7 @@ import time
 
 import tensorflow as tf
 
-from epl.ops import split_lowering
+from epl.parallel.ops import split_lowering
 
 logger = logging.getLogger("epl")
 

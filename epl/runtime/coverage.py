@@ -15,7 +15,7 @@ from epl.capture.capture import variable_op
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
-from epl.passes.training_subgraph import written_variables
+from epl.parallel.passes.training_subgraph import written_variables
 
 
 def fetched_ops(fetch, graph, result):

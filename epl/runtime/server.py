@@ -16,7 +16,7 @@ import logging
 
 import tensorflow as tf
 
-from epl.plan import planner
+from epl.parallel.plan import planner
 from epl.runtime import network_namespace
 
 logger = logging.getLogger("epl")

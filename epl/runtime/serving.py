@@ -17,7 +17,7 @@ import socket
 import time
 
 from epl.ir.graph_state import state_of
-from epl.plan import planner
+from epl.parallel.plan import planner
 
 logger = logging.getLogger("epl")
 

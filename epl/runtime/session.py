@@ -18,10 +18,10 @@ import tensorflow as tf
 from epl.capture import io_slicing
 from epl.ir import control_flow
 from epl.ir.graph_state import state_of
-from epl.passes import accumulation_loop
-from epl.passes import engine
-from epl.passes import fed_batches
-from epl.passes import zero_weights
+from epl.parallel.passes import accumulation_loop
+from epl.parallel import engine
+from epl.parallel.passes import fed_batches
+from epl.parallel.passes import zero_weights
 from epl.runtime import collective_groups
 from epl.runtime import coverage
 from epl.runtime import grappler

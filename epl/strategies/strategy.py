@@ -75,8 +75,8 @@ class Split(Strategy):
   """Tensor/expert parallelism: the ops are sharded over the device slice.
 
   The layers built inside are lowered to sharded ops
-  (`epl.ops.split_lowering`, `epl.ops.expert_lowering`); the rewrite makes
-  each data-parallel replica's copy one shard (`epl.passes.split`).
+  (`epl.parallel.ops.split_lowering`, `epl.parallel.ops.expert_lowering`); the rewrite makes
+  each data-parallel replica's copy one shard (`epl.parallel.passes.split`).
   """
   kind = "split"
   # None: every device of the job, resolved by the planner.
@@ -115,7 +115,7 @@ def require_devices(strategy):
   strategies.setdefault(strategy.name, strategy)
   cluster = Env.get().cluster
   if any(isinstance(s, Split) for s in strategies.values()):
-    # Split and replicate parts share the devices (epl.plan.planner).
+    # Split and replicate parts share the devices (epl.parallel.plan.planner).
     cluster.require_devices(strategy.device_count or 0, repr(strategy))
     return
   replicated = list(strategies.values())

@@ -10,7 +10,7 @@ first `Session.run`, or `Graph.finalize` as `MonitoredTrainingSession`
 does it). Then the rewrite runs in full, the plan is printed (replicas,
 stages and their devices, micro-batches, the memory savers and
 communication settings in effect, estimated memory per device from
-`epl.analysis.memory_estimate`, the persistent bytes per device each ZeRO
+`epl.tools.memory_estimate`, the persistent bytes per device each ZeRO
 level would leave; for a pipeline its schedule and bubble), and the
 process exits with status 0: no variable is initialised and no step runs.
 
@@ -30,9 +30,9 @@ import sys
 
 import tensorflow as tf
 
-from epl.analysis import memory_estimate
+from epl.tools import memory_estimate
 from epl.ir.phase import Phase
-from epl.plan import pipeline_order
+from epl.parallel.plan import pipeline_order
 from epl.tools import schedule_simulator
 
 logger = logging.getLogger("epl")

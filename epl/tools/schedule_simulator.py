@@ -7,7 +7,7 @@ and its bubble, from per-stage costs of F, B and W.
     costs = sim.costs_from_trace(trace)   # measured, from epl.timeline
     sim.simulate("PreferBackward", 4, 8, costs=costs)
 
-A device runs its passes in the schedule's order (`epl.plan.pipeline_order`,
+A device runs its passes in the schedule's order (`epl.parallel.plan.pipeline_order`,
 the order EPL's rewrite enforces), each as soon as the device is free and
 the passes it needs have ended: a stage's forward needs the previous
 stage's forward of the same micro-batch; its backward (B) needs its own
@@ -19,8 +19,8 @@ import collections
 import dataclasses
 from typing import List, Sequence
 
-from epl.plan import pipeline_order
-from epl.plan.pipeline_order import BACKWARD, FORWARD, WEIGHT, Pass
+from epl.parallel.plan import pipeline_order
+from epl.parallel.plan.pipeline_order import BACKWARD, FORWARD, WEIGHT, Pass
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from epl.ir.graph_state import state_of
 from epl.ir.phase import Phase
-from epl.passes import schedule
+from epl.parallel.passes import schedule
 
 _COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "weight": "#55a868",
            "apply": "#8c8c8c"}
