@@ -8,7 +8,12 @@ as events. The workers train the same model in step, so their events
 would repeat worker 0's; on a shared file system they would also race for
 the same directory.
 
-On workers other than 0:
+A dry run (`epl-plan`, EPL_DRY_RUN=1) writes no file either: the hooks'
+writers are made before the graph is finalized and EPL prints the plan,
+so without this the script's checkpoint_dir would get an events file from
+a run that ran nothing.
+
+On workers other than 0, and in a dry run:
 - `tf.compat.v1.summary.FileWriter` (and so `FileWriterCache`, the
   hooks' and the Estimator's writers) gets an event writer that drops
   events and creates no file or directory;
@@ -18,22 +23,30 @@ On workers other than 0:
 import logging
 import os
 
+from epl.tools import dry_run
+
 logger = logging.getLogger("epl")
 
 _told = set()
 
 
 def writes_files(env):
-  """Whether this worker writes event and graph files."""
+  """Whether this process writes event and graph files."""
   cluster = env.cluster
-  return not cluster.is_distributed or cluster.worker_index == 0
+  return not dry_run.enabled() and (not cluster.is_distributed or
+                                    cluster.worker_index == 0)
 
 
 def _tell_once(env, what):
-  if what not in _told:
-    _told.add(what)
+  if what in _told:
+    return
+  _told.add(what)
+  if dry_run.enabled():
+    logger.info("%s in a dry run: no event or graph file is written.", what)
+  else:
     logger.info("%s on worker %d: only worker 0 writes event and graph "
-                "files in a multi-worker job.", what, env.cluster.worker_index)
+                "files in a multi-worker job.", what,
+                env.cluster.worker_index)
 
 
 class DroppedEventWriter:

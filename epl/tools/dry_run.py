@@ -82,12 +82,15 @@ def _taskgraph_lines(result):
   plan, state = result.plan, result.context.state
   parameters = [0] * plan.num_stages
   forward_ops = [0] * plan.num_stages
-  trained = {variable.name for points in result.gradient_points
-             for _, variable in points}
+  # Every trained variable, also those ZeRO v1-v3 reduce on their owner
+  # rather than all-reduce, at its size as the user built it (not v3's
+  # shard).
+  trained = {variable.name
+             for _, variable in memory_estimate.trained_points(result)}
   for op in result.subgraph.cloned:
     index = min(result.context.taskgraph_index(op), plan.num_stages - 1)
     if op.name in trained:
-      parameters[index] += memory_estimate.variable_elements(op)
+      parameters[index] += memory_estimate.unsharded_elements(result, op)
     elif (state.phase_of(op) is Phase.FORWARD and
           state.micro_batch_of(op) == 0):
       forward_ops[index] += 1
