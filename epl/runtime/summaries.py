@@ -23,30 +23,27 @@ On workers other than 0, and in a dry run:
 import logging
 import os
 
-from epl.tools import dry_run
-
 logger = logging.getLogger("epl")
 
 _told = set()
 
 
-def writes_files(env):
-  """Whether this process writes event and graph files."""
+def _why_not_written(env, dry_run):
+  """Why this process writes no event or graph file (`dry_run`: whether it
+  is a dry run), or None when it writes them."""
+  if dry_run:
+    return "in a dry run: no event or graph file is written"
   cluster = env.cluster
-  return not dry_run.enabled() and (not cluster.is_distributed or
-                                    cluster.worker_index == 0)
+  if cluster.is_distributed and cluster.worker_index != 0:
+    return ("on worker %d: only worker 0 writes event and graph files in a "
+            "multi-worker job" % cluster.worker_index)
+  return None
 
 
-def _tell_once(env, what):
-  if what in _told:
-    return
-  _told.add(what)
-  if dry_run.enabled():
-    logger.info("%s in a dry run: no event or graph file is written.", what)
-  else:
-    logger.info("%s on worker %d: only worker 0 writes event and graph "
-                "files in a multi-worker job.", what,
-                env.cluster.worker_index)
+def _tell_once(what, why):
+  if what not in _told:
+    _told.add(what)
+    logger.info("%s %s.", what, why)
 
 
 class DroppedEventWriter:
@@ -71,19 +68,22 @@ class DroppedEventWriter:
     pass
 
 
-def event_file_writer(env, original, logdir, *args, **kwargs):
-  """The event writer of a new FileWriter: a real one on worker 0."""
-  if writes_files(env):
+def event_file_writer(env, dry_run, original, logdir, *args, **kwargs):
+  """The event writer of a new FileWriter: a real one on worker 0 outside
+  a dry run."""
+  why = _why_not_written(env, dry_run)
+  if why is None:
     return original(logdir, *args, **kwargs)
-  _tell_once(env, "FileWriter")
+  _tell_once("FileWriter", why)
   return DroppedEventWriter(logdir)
 
 
-def write_graph(env, original, graph_or_graph_def, logdir, name,
+def write_graph(env, dry_run, original, graph_or_graph_def, logdir, name,
                 as_text=True):
-  """training_util.write_graph: worker 0 writes; the others return the
-  path."""
-  if writes_files(env):
+  """training_util.write_graph: worker 0 writes outside a dry run; otherwise
+  it returns the path."""
+  why = _why_not_written(env, dry_run)
+  if why is None:
     return original(graph_or_graph_def, logdir, name, as_text)
-  _tell_once(env, "write_graph")
+  _tell_once("write_graph", why)
   return os.path.join(logdir, name)
