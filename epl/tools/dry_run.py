@@ -34,6 +34,7 @@ from epl.analysis import memory_estimate
 from epl.ir.phase import Phase
 from epl.plan import pipeline_order
 from epl.tools import schedule_simulator
+from epl.tools import shadowing
 
 logger = logging.getLogger("epl")
 
@@ -339,6 +340,12 @@ def main(argv=None):
     print(_usage(), file=sys.stderr)
     sys.exit(2)
   target = argv[1] if module else argv[0]
+  shadow = shadowing.shadowing_path(
+      os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
+  if shadow is not None:
+    print(shadowing.error(shadow, "epl-plan " + " ".join(argv)),
+          file=sys.stderr, flush=True)
+    sys.exit(2)
   sys.argv = [target] + argv[2 if module else 1:]
   try:
     if module:
