@@ -184,9 +184,9 @@ def init_notice():
   if _keras_package() is not None:
     if removed is None:
       return None
-    return logging.WARNING, "epl.init: %s; TensorFlow %s's tf.keras is %s " \
-        "(Keras 2) without it." % (removed, tf.__version__,
-                                   _keras_package())
+    return logging.WARNING, "epl.init: %s; TensorFlow %s uses Keras 2 " \
+        "(package %s) without it." % (removed, tf.__version__,
+                                      _keras_package())
   keras3 = (
       "TensorFlow %s uses Keras 3: tf.compat.v1.layers, the v1 RNN cells, "
       "epl.split, Keras 3 optimizers and Model.fit will raise (EPL supports "
