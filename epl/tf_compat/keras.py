@@ -181,12 +181,12 @@ def init_notice():
       "tf-keras is not installed, and TensorFlow's tf.keras fails with the "
       "variable set and no tf-keras (RecursionError)" % dropped
       if dropped is not None else None)
-  if _keras_package() is not None:
+  package = _keras_package()
+  if package is not None:
     if removed is None:
       return None
     return logging.WARNING, "epl.init: %s; TensorFlow %s uses Keras 2 " \
-        "(package %s) without it." % (removed, tf.__version__,
-                                      _keras_package())
+        "(package %s) without it." % (removed, tf.__version__, package)
   keras3 = (
       "TensorFlow %s uses Keras 3: tf.compat.v1.layers, the v1 RNN cells, "
       "epl.split, Keras 3 optimizers and Model.fit will raise (EPL supports "
