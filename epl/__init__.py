@@ -10,6 +10,12 @@ trains data parallel, pipelined, or both, over every device of every worker:
 """
 import importlib
 
+from epl.tf_compat import keras_selection
+
+# Before TensorFlow first reads it (`epl.tf_compat.keras_selection`): a
+# TF_USE_LEGACY_KERAS=1 without tf-keras installed would break tf.keras.
+keras_selection.drop_unusable_request()
+
 # The public names and the modules that define them. They load on first
 # use (PEP 562), so that `import epl` alone, as in
 # `python -m epl.tools.launcher` (epl-launch), does not import TensorFlow.

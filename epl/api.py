@@ -14,6 +14,7 @@ from epl.parallel.plan import planner
 from epl.runtime import server
 from epl.strategies.strategy import Replicate, require_devices
 from epl.tf_compat import graph_edit
+from epl.tf_compat import keras
 
 logger = logging.getLogger("epl")
 
@@ -111,6 +112,9 @@ def init(config=None):
   env.reset(config, job)
   cluster.set_layout_planner(planner.planned_virtual_devices)
   hooks.install()
+  notice = keras.init_notice()
+  if notice is not None:
+    logger.log(*notice)
   # A multi-worker job (TF_CONFIG) starts this worker's gRPC server now, so
   # that peers can reach it before the first collective.
   server.get_or_start(env)

@@ -366,6 +366,11 @@ _KEYS = (
     _k("gradient_checkpoint", "end_taskgraph", _Int(minimum=-1), -1,
        "Last TaskGraph that automatic recomputation covers; -1 is the last.",
        built=True),
+    _k("gradient_checkpoint", "min_block_ops", _Int(minimum=1), 8,
+       "\"auto\": a repeated name scope (a layer_0, layer_1, ... block) "
+       "needs this many forward ops to count as a block whose output is a "
+       "checkpoint; with no such block, checkpoints are spread evenly by "
+       "activation bytes.", built=True),
     _k("gradient_checkpoint", "check_gradients", _Bool(), False,
        "Compare recomputed gradients with plain ones (for debugging).",
        built=True),

@@ -67,7 +67,10 @@ capture, planning, the rewrite, the runtime and the tools together.
   `apply_gradients`), `Model.fit` and `Model.train_on_batch` raise an
   error that names Keras 3, the TensorFlow version and the fix
   (`epl.tf_compat.keras.keras3_training_error`): they update variables
-  outside the graph training step EPL parallelises.
+  outside the graph training step EPL parallelises. `tf.compat.v1.layers`
+  and `tf.compat.v1.nn.rnn_cell`, which Keras 3 lacks, are replaced by
+  stand-ins whose first use raises EPL's error naming the fix
+  (`epl.tf_compat.keras.Keras3MissingModule`) instead of TensorFlow's.
 
 `install()` is idempotent; `uninstall()` restores TensorFlow exactly.
 """
@@ -264,14 +267,16 @@ def _event_file_writer(original, logdir, *args, **kwargs):
   env = active()
   if env is None:
     return original(logdir, *args, **kwargs)
-  return summaries.event_file_writer(env, original, logdir, *args, **kwargs)
+  return summaries.event_file_writer(env, dry_run.enabled(), original, logdir,
+                                    *args, **kwargs)
 
 
 def _write_graph(original, *args, **kwargs):
   env = active()
   if env is None:
     return original(*args, **kwargs)
-  return summaries.write_graph(env, original, *args, **kwargs)
+  return summaries.write_graph(env, dry_run.enabled(), original, *args,
+                              **kwargs)
 
 
 def _run_config_init(original, run_config, *args, **kwargs):
@@ -396,6 +401,8 @@ def install():
   imports it (`epl.tf_compat.estimator`: importing it eagerly would
   print deprecation warnings of its own)."""
   _wrap(_HOOKS + _keras_hooks())
+  for key, name in keras.targets().keras3_missing_modules:
+    _replace(key, keras.Keras3MissingModule(name))
   tf_estimator.when_imported(_install_estimator_hooks)
 
 
@@ -406,8 +413,6 @@ def _wrap(hooks):
     if key in _originals:
       continue
     original = getattr(owner, attribute)
-    # An inherited attribute is deleted again, not set on the class.
-    _originals[key] = owner.__dict__.get(attribute, _INHERITED)
     if key in _STATIC:
       replacement = staticmethod(
           functools.wraps(original)(functools.partial(wrapper, original)))
@@ -416,7 +421,18 @@ def _wrap(hooks):
           functools.partial(wrapper, original))
     else:
       replacement = _as_method(original, wrapper)
-    setattr(owner, attribute, replacement)
+    _replace(key, replacement)
+
+
+def _replace(key, replacement):
+  """Sets attribute `key` (owner, attribute) to `replacement` (once),
+  keeping what `uninstall` restores."""
+  owner, attribute = key
+  if key in _originals:
+    return
+  # An inherited attribute is deleted again, not set on the class.
+  _originals[key] = owner.__dict__.get(attribute, _INHERITED)
+  setattr(owner, attribute, replacement)
 
 
 def _as_method(original, wrapper):

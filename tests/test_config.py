@@ -50,6 +50,7 @@ EXPECTED_DEFAULTS = {
     "cluster.collective_timeout_seconds": 300.0,
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
+    "gradient_checkpoint.min_block_ops": 8,
     "gradient_checkpoint.check_gradients": False,
     "pipeline.num_micro_batch": 1,
     "pipeline.accumulation": "loop",
@@ -267,6 +268,7 @@ def test_wrong_type(key, value, allowed):
     ("amp.loss_scale", 0.5, "dynamic"),
     ("gradient_checkpoint.type", "manual", "\"collection\""),
     ("gradient_checkpoint.end_taskgraph", -2, "int >= -1"),
+    ("gradient_checkpoint.min_block_ops", 0, "int >= 1"),
 ])
 def test_invalid_value(key, value, allowed):
   with pytest.raises(ValueError) as err:

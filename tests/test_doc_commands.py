@@ -6,9 +6,14 @@ A fenced block whose line before it is `<!-- test: run -->` is run, each
 command (a line, with `\\` continuations; `#` lines are comments) in a
 subprocess from the repository root, with this test's Python environment
 first on PATH: `python`, `epl-plan` and `epl-launch` are the venv's, as
-after `source .venv/bin/activate`. `<!-- test: run ARGS -->` appends ARGS
-to every command of the block: smoke sizes (fewer steps, a smaller
+after `source .venv-latest/bin/activate`. `<!-- test: run ARGS -->` appends
+ARGS to every command of the block: smoke sizes (fewer steps, a smaller
 model) for the documented full-size runs.
+
+The commands are documented for the first environment, `.venv-latest`
+(the newest TensorFlow), so they run under `make test-latest` and skip on
+TensorFlow 2.15 (`make test`); as in a user's shell, without
+TF_USE_LEGACY_KERAS, which that environment sets itself.
 """
 import ast
 import glob
@@ -19,6 +24,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests import tf_versions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md"] + sorted(
@@ -100,12 +107,18 @@ def test_example_help_describes_it_whole(name):
       (name, description))
 
 
+@pytest.mark.skipif(
+    tf_versions.TF <= tf_versions.PRIMARY_TF,
+    reason="the README's commands are documented for .venv-latest, the "
+           "newest TensorFlow: `make test-latest` runs them")
 @pytest.mark.parametrize("where, command", COMMANDS,
                          ids=[where for where, _ in COMMANDS])
 def test_documented_command_runs(where, command):
-  # As a user's shell has it: no EPL settings, no PYTHONPATH.
+  # As a user's shell has it: no EPL settings, no PYTHONPATH, no
+  # TF_USE_LEGACY_KERAS.
   environment = {k: v for k, v in os.environ.items()
-                 if not k.startswith("EPL_") and k != "PYTHONPATH"}
+                 if not k.startswith("EPL_") and
+                 k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
   environment["PATH"] = (os.path.dirname(sys.executable) + os.pathsep +
                          environment.get("PATH", ""))
   environment["TF_CPP_MIN_LOG_LEVEL"] = "2"

@@ -1,5 +1,7 @@
 """Gradient checkpointing trains like plain TensorFlow; recomputation runs in
 backward, keeps random values, and is checked by check_gradients."""
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -209,11 +211,52 @@ def test_check_gradients_catches_a_broken_recompute(monkeypatch):
 def test_auto_picks_one_checkpoint_per_transformer_layer(monkeypatch):
   chosen = []
   search = gradient_checkpoint.checkpoint_search.search
-  monkeypatch.setattr(gradient_checkpoint.checkpoint_search, "search",
-                      lambda ops: chosen.extend(search(ops)) or chosen)
+  monkeypatch.setattr(
+      gradient_checkpoint.checkpoint_search, "search",
+      lambda *args: chosen.extend(search(*args)) or chosen)
   training.train(transformer_model, "adam", steps=1, config=_gc("auto"))
   assert [t.op.name for t in chosen] == [
       "layer_%d/output/norm/mul" % i for i in range(3)]
+
+
+def small_residual_blocks(x, blocks=4):
+  """`blocks` identical residual blocks of 4 forward ops each (MatMul,
+  BiasAdd, Relu, AddV2), fewer than gradient_checkpoint.min_block_ops."""
+  init = tf.compat.v1.glorot_uniform_initializer(seed=3)
+  hidden = x
+  for index in range(blocks):
+    with tf.compat.v1.variable_scope("block_%d" % index):
+      hidden = hidden + tf.compat.v1.layers.dense(
+          hidden, training.FEATURES, tf.nn.relu, kernel_initializer=init)
+  return tf.compat.v1.layers.dense(hidden, 1, kernel_initializer=init)
+
+
+@pytest.mark.parametrize("min_block_ops, decision", [
+    (None, "no repeated blocks of at least 8 ops "
+           "(gradient_checkpoint.min_block_ops); 4 repeated block(s) fell "
+           "under it (the largest of 4 ops); "),
+    (4, "4 repeated blocks of at least 4 ops "
+        "(gradient_checkpoint.min_block_ops), one checkpoint each"),
+])
+def test_auto_block_threshold_is_configurable_and_reported(
+    min_block_ops, decision, caplog, monkeypatch):
+  """Blocks under gradient_checkpoint.min_block_ops (default
+  MIN_BLOCK_OPS, 8) do not count, and the log line says which threshold
+  it applied and how many repeated blocks fell under it; lowered to 4,
+  each block's output is a checkpoint."""
+  assert epl.Config().gradient_checkpoint.min_block_ops == \
+      gradient_checkpoint.checkpoint_search.MIN_BLOCK_OPS == 8
+  if min_block_ops is not None:
+    monkeypatch.setenv("EPL_GRADIENT_CHECKPOINT_MIN_BLOCK_OPS",
+                       str(min_block_ops))
+  # EPL's logger writes to caplog (epl.init adds no handler of its own
+  # to a logger that has one).
+  monkeypatch.setattr(logging.getLogger("epl"), "handlers", [caplog.handler])
+  with caplog.at_level(logging.INFO, logger="epl"):
+    training.train(small_residual_blocks, steps=1, config=_gc("auto"))
+  lines = [r.getMessage() for r in caplog.records]
+  assert any(line.startswith("Gradient checkpointing (auto): " + decision)
+             for line in lines), lines
 
 
 def test_each_layer_is_recomputed_when_backward_reaches_it():

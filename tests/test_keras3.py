@@ -1,12 +1,14 @@
 """What EPL supports of Keras 3 (tf.keras on TF 2.16+ without
 TF_USE_LEGACY_KERAS): Keras 3 layers trained by a tf.compat.v1.train
 optimizer under data parallelism train exactly; Keras 3 optimizers,
-Model.fit/train_on_batch and epl.split raise an error naming Keras 3, the
-TensorFlow version and the fix.
+Model.fit/train_on_batch, epl.split and tf.compat.v1.layers raise an error
+naming Keras 3, the TensorFlow version and the fix, which `epl.init` has
+already logged unless the environment chose Keras 3.
 
 `make test-latest` runs the suite with TF_USE_LEGACY_KERAS=1 (tf.keras is
-tf-keras there), so each scenario runs in a subprocess without that
-variable: tests/clients/keras3_scenarios.py.
+tf-keras there; .venv-latest sets it itself), so each scenario runs in a
+subprocess with TF_USE_LEGACY_KERAS=0 (the environment's choice) or empty
+(as if unset): tests/clients/keras3_scenarios.py.
 """
 import importlib.metadata
 import os
@@ -44,14 +46,15 @@ pytestmark = pytest.mark.skipif(
                tf.__version__, _installed_keras()))
 
 
-def _run(scenario):
-  env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-  env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+def _run(scenario, legacy_keras="0"):
+  """What the scenario prints, then what it logs."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+             TF_USE_LEGACY_KERAS=legacy_keras)
   result = subprocess.run([sys.executable, str(SCRIPT), scenario],
                           capture_output=True, text=True, timeout=240,
                           check=False, env=env, cwd=str(ROOT))
   assert result.returncode == 0, result.stdout + result.stderr
-  return result.stdout
+  return result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -60,6 +63,10 @@ def test_keras3_layers_data_parallel_equal_single_device(replicas):
   assert "KERAS3_LAYERS_OK tf=%s keras=3." % tf.__version__ in out, out
   # Each of the 4 variables has a copy on every other replica.
   assert "replicas=%d copies=%d" % (replicas, 4 * (replicas - 1)) in out, out
+  # TF_USE_LEGACY_KERAS=0 chose Keras 3: epl.init says so at INFO only.
+  assert ("[EPL INFO] epl.init: TensorFlow %s uses Keras 3" % tf.__version__
+          in out), out
+  assert "[EPL WARNING]" not in out, out
 
 
 @pytest.mark.parametrize("scenario, what", [
@@ -85,3 +92,23 @@ def test_keras3_split_names_the_fix():
   assert "pip install 'tf-keras~=%s.0'" % tf.__version__.rsplit(".", 1)[0] \
       in out, out
   assert "TF_USE_LEGACY_KERAS=1" in out, out
+
+
+def test_init_warns_of_keras3_and_v1_layers_raise_the_fix():
+  """TF_USE_LEGACY_KERAS not chosen: epl.init warns at once, in one line,
+  of what will fail and the fix; the first tf.compat.v1.layers call raises
+  EPL's error, not TensorFlow's "`dense` is not available with Keras 3"."""
+  out = _run("v1_layers", legacy_keras="")
+  warnings = [line for line in out.splitlines()
+              if line.startswith("[EPL WARNING] epl.init: TensorFlow")]
+  assert len(warnings) == 1, out
+  assert "uses Keras 3: tf.compat.v1.layers" in warnings[0]
+  assert ("Fix: pip install 'tf-keras~=%s.0' and set TF_USE_LEGACY_KERAS=1"
+          % tf.__version__.rsplit(".", 1)[0]) in warnings[0]
+  (error,) = [line for line in out.splitlines()
+               if line.startswith("KERAS3_ERROR")]
+  assert error.startswith(
+      "KERAS3_ERROR tf.compat.v1.layers.dense is not available: TensorFlow "
+      "%s uses Keras 3" % tf.__version__), out
+  assert "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported" in \
+      error

@@ -2,6 +2,7 @@
 estimate counts parameters, optimizer state and activations right."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,9 @@ TIMEOUT = 240
 # A two-stage pipeline (2 micro-batches) on 2 logical CPU devices. Its
 # variable `flag` is initialised by a py_func that writes the file
 # "initialised"; after its first training step the script writes
-# "stepped". With "run_first" it runs a session before building a step.
+# "stepped". With "run_first" it runs a session before building a step;
+# with "monitored_checkpoint_dir", its MonitoredTrainingSession writes
+# events and checkpoints into the markers' folder "checkpoints".
 SCRIPT = textwrap.dedent("""
     import os, sys
     import numpy as np
@@ -66,8 +69,11 @@ SCRIPT = textwrap.dedent("""
     step = tf.compat.v1.train.get_or_create_global_step()
     train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
         loss, global_step=step)
-    if mode == "monitored":
-      with tf.compat.v1.train.MonitoredTrainingSession() as session:
+    if mode.startswith("monitored"):
+      checkpoint_dir = (os.path.join(markers, "checkpoints")
+                        if mode == "monitored_checkpoint_dir" else None)
+      with tf.compat.v1.train.MonitoredTrainingSession(
+          checkpoint_dir=checkpoint_dir) as session:
         session.run(train_op)
     else:
       with tf.compat.v1.Session() as session:
@@ -116,17 +122,27 @@ def _assert_plan_without_step(result):
   assert re.search(r"/device:CPU:1\s+1\s", out)
 
 
-@pytest.mark.parametrize("mode", ["session", "monitored"])
+@pytest.mark.parametrize("mode", ["session", "monitored",
+                                  "monitored_checkpoint_dir"])
 def test_dry_run_prints_plan_and_runs_no_step(script, mode):
+  """A dry run writes nothing: no marker, and no events file or checkpoint
+  in the script's checkpoint_dir (its hooks make their writers before EPL
+  plans)."""
   path, markers = script
   command = [sys.executable, str(path), mode, str(markers)]
   # Without the dry run the script initialises and trains (the markers
-  # work).
+  # work), and writes into its checkpoint_dir.
   code, out, err, written = _run(command, False, markers)
   assert code == 0, err[-3000:]
-  assert written == ["initialised", "stepped"] and "trained" in out
+  expected = ["initialised", "stepped"]
+  if mode == "monitored_checkpoint_dir":
+    expected.insert(0, "checkpoints")
+    assert any(name.startswith("events.out.tfevents.") for name in
+               os.listdir(os.path.join(markers, "checkpoints")))
+  assert written == expected and "trained" in out
   for name in written:
-    os.remove(os.path.join(markers, name))
+    target = os.path.join(markers, name)
+    (shutil.rmtree if os.path.isdir(target) else os.remove)(target)
   _assert_plan_without_step(_run(command, True, markers))
 
 
@@ -384,6 +400,11 @@ def test_estimate_matches_the_zero_formula(zero_level):
   for e in memory_estimate.estimate(result):
     persistent = e.parameters + e.gradients + e.optimizer_state
     assert persistent - 8 == expected, e.device
+  # epl-plan's TaskGraph line counts what the ZeRO table counts (it said 0
+  # for v1-v3, whose gradients are reduced on owners, not all-reduced).
+  (line,) = [l for l in dry_run.describe(result).splitlines()
+             if l.startswith("    0 '")]
+  assert "; 256 parameters, " in line, line
 
 
 def test_recomputed_segment_counts_on_every_stage_it_spans(monkeypatch):

@@ -20,8 +20,11 @@ import dataclasses
 import functools
 import importlib
 import logging
+import types
 
 import tensorflow as tf
+
+from epl.tf_compat import keras_selection
 
 logger = logging.getLogger("epl")
 
@@ -47,6 +50,10 @@ class KerasTargets:
   # `apply` (behind `apply_gradients` and Model.fit's update) and
   # `Model.fit`, `Model.train_on_batch`.
   keras3_training: tuple = ()
+  # Under Keras 3 only: ((owner, attribute), public name) of the TF1
+  # modules built on Keras 2 that Keras 3 lacks (`tf.compat.v1.layers`,
+  # the v1 RNN cells), which EPL replaces by a `Keras3MissingModule`.
+  keras3_missing_modules: tuple = ()
 
   @property
   def dense_class(self):
@@ -86,8 +93,11 @@ def targets():
         "'tf-keras~=%s.0') and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
         "is imported." % (tf.__version__, tf.__version__.rsplit(".", 1)[0]))
     logger.debug("Keras layer hooks not installed: %s", problem)
-    return KerasTargets(problem=problem,
-                        keras3_training=_keras3_training_targets())
+    return KerasTargets(
+        problem=problem, keras3_training=_keras3_training_targets(),
+        keras3_missing_modules=(
+            ((tf.compat.v1, "layers"), "tf.compat.v1.layers"),
+            ((tf.compat.v1.nn, "rnn_cell"), "tf.compat.v1.nn.rnn_cell")))
   frozen = [_find("tensorflow.python.keras.engine." + module, "Layer")
             for module in ("base_layer", "base_layer_v1")]
   prefix = package + ".src."
@@ -136,6 +146,57 @@ def fix_for_legacy_keras():
   TF_USE_LEGACY_KERAS=1."""
   return ("pip install 'tf-keras~=%s.0' and set TF_USE_LEGACY_KERAS=1 "
           "before TensorFlow is imported" % tf.__version__.rsplit(".", 1)[0])
+
+
+class Keras3MissingError(AttributeError):
+  """A TF1 Keras 2 API used under Keras 3. An AttributeError, as
+  TensorFlow's own (so `hasattr` answers False), that names the fix."""
+
+
+class Keras3MissingModule(types.ModuleType):
+  """Stands for a TF1 module that Keras 3 lacks (`tf.compat.v1.layers`):
+  its first use raises EPL's error, which names the fix, rather than
+  TensorFlow's ("`dense` is not available with Keras 3")."""
+
+  def __getattr__(self, attribute):
+    if attribute.startswith("__"):
+      raise AttributeError(attribute)
+    raise Keras3MissingError(
+        "%s.%s is not available: TensorFlow %s uses Keras 3 (keras %s), "
+        "which has no TF1 layers or RNN cells. Use Keras 2: %s (`make "
+        "venv-latest` builds an environment with both)." % (
+            self.__name__, attribute, tf.__version__, tf.keras.__version__,
+            fix_for_legacy_keras()))
+
+
+def init_notice():
+  """(logging level, line) that `epl.init` logs about the Keras behind
+  tf.keras, or None when there is nothing to say: TF_USE_LEGACY_KERAS
+  removed (`epl.tf_compat.keras_selection`), or Keras 3 behind
+  tf.compat.v1.layers. Keras 3 is a WARNING unless the environment chose it
+  (TF_USE_LEGACY_KERAS=0): the script uses only what EPL supports of it."""
+  dropped = keras_selection.dropped()
+  removed = (
+      "TF_USE_LEGACY_KERAS=%s was removed from this process's environment: "
+      "tf-keras is not installed, and TensorFlow's tf.keras fails with the "
+      "variable set and no tf-keras (RecursionError)" % dropped
+      if dropped is not None else None)
+  package = _keras_package()
+  if package is not None:
+    if removed is None:
+      return None
+    return logging.WARNING, "epl.init: %s; TensorFlow %s uses Keras 2 " \
+        "(package %s) without it." % (removed, tf.__version__, package)
+  keras3 = (
+      "TensorFlow %s uses Keras 3: tf.compat.v1.layers, the v1 RNN cells, "
+      "epl.split, Keras 3 optimizers and Model.fit will raise (EPL supports "
+      "Keras 3 layers trained by a tf.compat.v1.train optimizer)" %
+      tf.__version__)
+  if keras_selection.keras3_requested():
+    return logging.INFO, "epl.init: %s; TF_USE_LEGACY_KERAS=%s chose it." % (
+        keras3, keras_selection.value())
+  return logging.WARNING, "epl.init: %s%s. Fix: %s." % (
+      removed + "; " if removed else "", keras3, fix_for_legacy_keras())
 
 
 def keras3_training_error(what):

@@ -34,6 +34,7 @@ from epl.tools import memory_estimate
 from epl.ir.phase import Phase
 from epl.parallel.plan import pipeline_order
 from epl.tools import schedule_simulator
+from epl.tools import shadowing
 
 logger = logging.getLogger("epl")
 
@@ -82,12 +83,15 @@ def _taskgraph_lines(result):
   plan, state = result.plan, result.context.state
   parameters = [0] * plan.num_stages
   forward_ops = [0] * plan.num_stages
-  trained = {variable.name for points in result.gradient_points
-             for _, variable in points}
+  # Every trained variable, also those ZeRO v1-v3 reduce on their owner
+  # rather than all-reduce, at its size as the user built it (not v3's
+  # shard).
+  trained = {variable.name
+             for _, variable in memory_estimate.trained_points(result)}
   for op in result.subgraph.cloned:
     index = min(result.context.taskgraph_index(op), plan.num_stages - 1)
     if op.name in trained:
-      parameters[index] += memory_estimate.variable_elements(op)
+      parameters[index] += memory_estimate.unsharded_elements(result, op)
     elif (state.phase_of(op) is Phase.FORWARD and
           state.micro_batch_of(op) == 0):
       forward_ops[index] += 1
@@ -336,6 +340,12 @@ def main(argv=None):
     print(_usage(), file=sys.stderr)
     sys.exit(2)
   target = argv[1] if module else argv[0]
+  shadow = shadowing.shadowing_path(
+      os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
+  if shadow is not None:
+    print(shadowing.error(shadow, "epl-plan " + " ".join(argv)),
+          file=sys.stderr, flush=True)
+    sys.exit(2)
   sys.argv = [target] + argv[2 if module else 1:]
   try:
     if module:

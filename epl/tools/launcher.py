@@ -74,6 +74,7 @@ import time
 from epl.runtime import network_namespace
 from epl.tools import horovod_launch
 from epl.tools import private_network
+from epl.tools import shadowing
 
 _PREFIX = "[epl-launch] "
 
@@ -310,10 +311,24 @@ def command_line(command):
   if command and command[0].endswith(".sh"):
     return ["bash"] + command
   if command and command[0].endswith(".py"):
+    _refuse_shadowed_epl(os.path.dirname(os.path.abspath(command[0])),
+                         command)
     return [sys.executable] + command
   if not command:
     raise ValueError("give the script or command to run")
+  if "-m" in command:
+    _refuse_shadowed_epl(os.getcwd(), command)
   return command
+
+
+def _refuse_shadowed_epl(directory, command):
+  """Raises ValueError when the workers' Python, with `directory` first on
+  its path, would import something else as `epl`
+  (`epl.tools.shadowing`)."""
+  path = shadowing.shadowing_path(directory)
+  if path is not None:
+    raise ValueError(shadowing.error(path, "epl-launch " +
+                                     shlex.join(command)))
 
 
 def worker_env(addresses, index, local, args, gpus):

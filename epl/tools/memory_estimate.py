@@ -259,7 +259,7 @@ def trained_points(result):
   return points
 
 
-def _unsharded_elements(result, op):
+def unsharded_elements(result, op):
   """Elements of variable op `op` as the user built it: the whole
   variable, also where ZeRO v3 made each replica's copy one shard."""
   partition = result.zero_partition
@@ -493,7 +493,7 @@ def zero_parameters(result):
   for grad, variable in trained_points(result):
     trained.add(variable.name)
     stage = ctx.taskgraph_index(variable)
-    elements = _unsharded_elements(result, variable)
+    elements = unsharded_elements(result, variable)
     totals[stage][0] += elements
     totals[stage][1] += tf.as_dtype(variable.get_attr("dtype")).size * (
         elements)
@@ -504,7 +504,7 @@ def zero_parameters(result):
         not ctx.state.provenance.built_by_rewrite(op) and
         ctx.taskgraph_index(op) in totals):
       totals[ctx.taskgraph_index(op)][3] += tf.as_dtype(
-          op.get_attr("dtype")).size * _unsharded_elements(result, op)
+          op.get_attr("dtype")).size * unsharded_elements(result, op)
   for stage in sorted(totals):
     parameters, weights, gradients, optimizer = totals[stage]
     by_stage[stage] = StageParameters(

@@ -1,12 +1,13 @@
 """Keras 3 under EPL, one scenario per run: `python keras3_scenarios.py
-NAME`. tests/test_keras3.py runs it with TF_USE_LEGACY_KERAS unset, so that
-tf.keras is Keras 3, and reads what it prints.
+NAME`. tests/test_keras3.py runs it with TF_USE_LEGACY_KERAS=0 or empty (not
+unset: .venv-latest sets an unset one to 1), so that tf.keras is Keras 3,
+and reads what it prints.
 
 - layers_dp_<N>: Keras 3 Dense layers on a dataset tensor in a TF1 graph,
   trained by tf.compat.v1.train.MomentumOptimizer under epl.replicate on N
   CPU devices, equal to single-device TF on the same global batch.
-- optimizer_apply, model_fit, train_on_batch, split: each raises; the
-  error is printed.
+- optimizer_apply, model_fit, train_on_batch, split, v1_layers: each
+  raises; the error is printed.
 """
 import sys
 
@@ -77,15 +78,15 @@ def layers_dp(replicas):
       len(actual) - len(users)))
 
 
-def _refused(build):
+def _refused(build, error=RuntimeError):
   epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
   epl.set_default_strategy(epl.replicate(device_count=1))
   with tf.Graph().as_default():
     x, y = training.input_batch(MICRO)
     try:
       build(x, y)
-    except RuntimeError as error:
-      print("KERAS3_ERROR %s" % error)
+    except error as raised:
+      print("KERAS3_ERROR %s" % raised)
       return
   print("KERAS3_NO_ERROR")
 
@@ -129,6 +130,13 @@ def split():
     with epl.split(device_count=2):
       _model(x)
   _refused(build)
+
+
+def v1_layers():
+  def build(x, y):
+    del y
+    tf.compat.v1.layers.dense(x, 1)
+  _refused(build, AttributeError)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Repeated blocks first: name scopes at the same depth whose forward ops have
 the same multiset of op types (transformer layers `layer_0`, `layer_1`,
-...) are blocks; each block's output, the last tensor it hands to the ops
+...) and at least gradient_checkpoint.min_block_ops ops (MIN_BLOCK_OPS, 8,
+by default: smaller scopes are single layers, whose outputs are no better
+checkpoints than any other tensor) are blocks; each block's output, the last tensor it hands to the ops
 after it, is a checkpoint. Without repeated blocks, about sqrt(n) tensors
 are picked along the forward pass, at equal steps of the bytes its
 activations take, so each recomputed piece is about as large.
@@ -16,7 +18,10 @@ from epl.tf_compat import graph_edit
 logger = logging.getLogger("epl")
 
 MIN_REPEATS = 2     # a block signature must occur this often
-MIN_BLOCK_OPS = 8   # and a block have this many ops, to count
+# and a block have this many ops, to count: the default of
+# gradient_checkpoint.min_block_ops (auto parallel's block boundaries use it
+# as it is).
+MIN_BLOCK_OPS = 8
 _MAX_DEPTH = 20
 
 
@@ -25,9 +30,10 @@ def _scope(op, depth):
   return "/".join(parts[:depth]) if len(parts) > depth else None
 
 
-def repeated_blocks(forward_ops):
+def repeated_blocks(forward_ops, min_block_ops=MIN_BLOCK_OPS):
   """[[ops of one block], ...] in order of first op: name scopes (shallowest
-  first) whose op-type counts repeat at least MIN_REPEATS times."""
+  first) of at least `min_block_ops` ops whose op-type counts repeat at
+  least MIN_REPEATS times."""
   taken = []
   blocks = []
   for depth in range(1, _MAX_DEPTH + 1):
@@ -40,7 +46,7 @@ def repeated_blocks(forward_ops):
       scopes.setdefault(scope, []).append(op)
     by_signature = collections.defaultdict(list)
     for scope, ops in scopes.items():
-      if len(ops) >= MIN_BLOCK_OPS:
+      if len(ops) >= min_block_ops:
         # Casts are left out: mixed precision may cast the first or last
         # block's inputs or outputs differently.
         signature = tuple(sorted(collections.Counter(
@@ -92,17 +98,25 @@ def balanced_cut(forward_ops):
   return chosen
 
 
-def search(forward_ops):
-  """Checkpoint tensors for `forward_ops` (topologically ordered)."""
+def search(forward_ops, min_block_ops=MIN_BLOCK_OPS):
+  """Checkpoint tensors for `forward_ops` (topologically ordered); blocks
+  have at least `min_block_ops` ops."""
   forward_names = {op.name for op in forward_ops}
-  blocks = repeated_blocks(forward_ops)
+  blocks = repeated_blocks(forward_ops, min_block_ops)
   outputs = [block_output(ops, forward_names) for ops in blocks]
   outputs = [t for t in outputs if t is not None]
   if outputs:
-    logger.info("Gradient checkpointing (auto): %d repeated blocks, one "
-                "checkpoint each", len(outputs))
+    logger.info("Gradient checkpointing (auto): %d repeated blocks of at "
+                "least %d ops (gradient_checkpoint.min_block_ops), one "
+                "checkpoint each", len(outputs), min_block_ops)
     return outputs
   chosen = balanced_cut(forward_ops)
-  logger.info("Gradient checkpointing (auto): no repeated blocks; %d "
-              "checkpoints balanced by activation bytes", len(chosen))
+  # With no block at the threshold, every repeated scope is under it.
+  smaller = [] if blocks else repeated_blocks(forward_ops, 1)
+  logger.info("Gradient checkpointing (auto): no repeated blocks of at "
+              "least %d ops (gradient_checkpoint.min_block_ops); %d "
+              "repeated block(s) fell under it%s; %d checkpoints balanced by "
+              "activation bytes", min_block_ops, len(smaller),
+              " (the largest of %d ops)" % max(map(len, smaller))
+              if smaller else "", len(chosen))
   return chosen

@@ -68,7 +68,8 @@ def checkpoint_tensors(ctx, forward_ops):
   end = ctx.config.gradient_checkpoint.end_taskgraph
   return checkpoint_search.search(
       [op for op in forward_ops if not never_recomputed(op) and
-       (end < 0 or ctx.taskgraph_index(op) <= end)])
+       (end < 0 or ctx.taskgraph_index(op) <= end)],
+      ctx.config.gradient_checkpoint.min_block_ops)
 
 
 def _ancestors_within(roots, allowed, stop):
