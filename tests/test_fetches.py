@@ -214,3 +214,24 @@ def test_a_tensor_in_the_micro_batch_loop_comes_back_merged():
       "acc_loop", merge_activation=True):
     rows = session.run([train_op, activation])[1].shape[0]
     assert rows == chosen.batch * chosen.global_multiple
+
+
+@pytest.mark.timeout(FETCH_TIMEOUT)
+def test_micro_batches_of_a_loop_op_are_iterations_not_copies():
+  for session, train_op, _, activation in _layout_session("acc_loop"):
+    session.run(train_op)
+    view = epl.Graph.get()
+    with pytest.raises(ValueError, match=(
+        r"inside the micro-batch loop.*iterations of this one op")):
+      view.get_local_micro_batches(activation)
+
+
+@pytest.mark.timeout(FETCH_TIMEOUT)
+def test_a_summary_of_the_loss_runs_with_and_without_the_train_op():
+  for layout in ("split", "pipe_1f1b"):
+    for session, train_op, loss, _ in _layout_session(layout):
+      summary = tf.compat.v1.summary.scalar("loss", loss)
+      for run in ([train_op, summary], [summary]):
+        serialized = session.run(run)[-1]
+        assert tf.compat.v1.Summary.FromString(serialized).value[0].tag == (
+            "loss")

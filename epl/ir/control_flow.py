@@ -62,14 +62,26 @@ def value_in_loop(tensor):
   return in_loop(op)
 
 
-def outermost_loop_exit(op):
-  """An Exit of the outermost v1 while-loop around `op`: fetching it runs
-  the whole loop (ops inside a loop cannot be fetched)."""
+def _outermost_while_context(op):
   context = while_context(op)
   while graph_edit.containing_while_context_of(
       context.outer_context) is not None:
     context = graph_edit.containing_while_context_of(context.outer_context)
-  return context.loop_exits[0].op
+  return context
+
+
+def outermost_loop_exit(op):
+  """An Exit of the outermost v1 while-loop around `op`: fetching it runs
+  the whole loop (ops inside a loop cannot be fetched)."""
+  return _outermost_while_context(op).loop_exits[0].op
+
+
+def in_rewritten_loop(op, origins):
+  """Whether `op` runs in a v1 while-loop that the rewrite built (the
+  micro-batch loop of pipeline.accumulation "loop"), by the provenance
+  `origins` of the loop's pivot."""
+  return in_loop(op) and origins.built_by_rewrite(
+      _outermost_while_context(op).pivot.op)
 
 
 def loop_name(op):

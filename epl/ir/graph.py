@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from epl import collections as epl_collections
 from epl.env import Env
+from epl.ir import control_flow
 from epl.ir.graph_state import state_of
 from epl.ir.phase import ModelPhase, Phase
 
@@ -184,11 +185,22 @@ class Graph:
   def get_local_micro_batches(self, obj):
     """The copies of `obj` (an Operation or Tensor of micro-batch 0 of
     any local replica) in micro-batches 1.. of that replica, in order;
-    [] for what runs once per step."""
+    [] for what runs once per step. Raises for an op of the micro-batch
+    loop (pipeline.accumulation "loop"), whose micro-batches are the
+    iterations of one op, not copies."""
     obj = self._wrap(obj)
     result = self._rewrite()
     if result is None:
       return []
+    if control_flow.in_rewritten_loop(_op_of(obj), self._state.provenance):
+      raise ValueError(
+          "%r runs once per micro-batch inside the micro-batch loop "
+          "(pipeline.accumulation \"loop\"): its micro-batches are the "
+          "iterations of this one op, not copies of it. Merge its values "
+          "over micro-batches with epl.add_to_collection(tensor, "
+          "epl.GraphKeys.GLOBAL_CONCAT_OBJECTS), or set "
+          "pipeline.accumulation to \"copies\" to get one copy per "
+          "micro-batch." % _op_of(obj).name)
     local, origin = self._local_replica_of(_op_of(obj))
     copies = []
     for clones in result.copies.micro_batches[1:]:

@@ -18,7 +18,6 @@ import tensorflow as tf
 from epl.capture import io_slicing
 from epl.ir import control_flow
 from epl.ir.graph_state import state_of
-from epl.parallel.passes import accumulation_loop
 from epl.parallel import engine
 from epl.parallel.passes import fed_batches
 from epl.parallel.passes import zero_weights
@@ -116,17 +115,16 @@ def before_run(graph, fetches, feed_dict=None, one_worker=True):
     return fetches, []
   fetched = []
   coverage.fetched_ops(fetches, graph, fetched)
-  _check_not_in_micro_batch_loop(fetched)
+  _check_not_in_micro_batch_loop(fetched, state)
   return fetches, collective_groups.extra_targets(graph, fetched,
                                                   one_worker)
 
 
-def _check_not_in_micro_batch_loop(fetched):
+def _check_not_in_micro_batch_loop(fetched, state):
   """Raises, naming the fix, for a fetch that runs in the micro-batch loop
   (TensorFlow would only say it is "not fetchable")."""
   for op in fetched:
-    if control_flow.in_loop(op) and control_flow.loop_name(op).startswith(
-        accumulation_loop.LOOP_SCOPE + "/"):
+    if control_flow.in_rewritten_loop(op, state.provenance):
       raise ValueError(
           "EPL: %r is computed once per micro-batch inside the micro-batch "
           "loop (pipeline.accumulation \"loop\"), so a Session.run cannot "
