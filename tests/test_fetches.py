@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import collectives
 from epl.runtime import collective_groups
 from epl.runtime import failures
 from epl.tf_compat.ops import collective_ops
@@ -137,6 +138,19 @@ def test_a_collective_built_after_the_rewrite_raises_before_running():
 
 
 @pytest.mark.timeout(FETCH_TIMEOUT)
+def test_a_group_broken_by_hand_raises_at_the_rewrite():
+  # A collective of 2 with one member: the rewrite proves it can never
+  # complete, before the first step runs anything.
+  with pytest.raises(collectives.BrokenGroupError, match=(
+      r"after the rewrite, the graph has collective 'CollectiveReduceV2'.*"
+      r"group key 99, instance key 5\) needs 2 member\(s\), but 1 exist")):
+    for _ in _layout_session("dp", build_first=lambda: (
+        collective_ops.all_reduce_v2(tf.constant([1.0]), 2, 99, 5))):
+      pass
+  epl.shutdown()
+
+
+@pytest.mark.timeout(FETCH_TIMEOUT)
 def test_a_stalled_collective_times_out_naming_it():
   # Both members exist, but the second waits on an empty queue: only the
   # timeout can tell, and the error names the collective and its members.
@@ -163,13 +177,16 @@ def test_a_stalled_collective_times_out_naming_it():
   epl.shutdown()
 
 
-def _layout_session(layout, merge_activation=False):
-  """Builds `layout`'s model under EPL; yields (session, train_op, loss,
-  activation), the activation in GLOBAL_CONCAT_OBJECTS if asked."""
+def _layout_session(layout, merge_activation=False, build_first=None):
+  """Builds `layout`'s model under EPL (after `build_first()`, if given);
+  yields (session, train_op, loss, activation), the activation in
+  GLOBAL_CONCAT_OBJECTS if asked."""
   chosen = matrix.LAYOUTS[layout]
   epl.init(epl.Config(dict(chosen.config)))
   graph = tf.Graph()
   with graph.as_default():
+    if build_first is not None:
+      build_first()
     loss = chosen.build(chosen.batch, True)
     activation = _first_activation(graph)
     if merge_activation:

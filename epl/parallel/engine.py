@@ -19,6 +19,7 @@ import logging
 
 from epl.capture import capture
 from epl.env import Env
+from epl.ir import collectives
 from epl.ir.graph_state import state_of
 from epl.parallel.passes.resolve import resolve_training_ops
 from epl.parallel.passes import grouped_apply
@@ -286,6 +287,10 @@ def rewrite(graph, state, step, subgraph):
         "gradients": StepGradients.captured(step)})
   result = RewriteResult(ctx, artifacts)
   _log_plan(result)
+  if not ctx.cluster.is_distributed:
+    # Every member of every collective is in this graph: prove each group
+    # whole now rather than let a run wait for a member that never comes.
+    collectives.check_whole_groups(graph)
   return result
 
 

@@ -22,44 +22,16 @@ is checked only for the members on this worker; the collective timeout
 (`cluster.collective_timeout_seconds`, which every collective EPL builds
 carries) bounds what no check can prove.
 """
-import collections
 import weakref
 
+from epl.ir import collectives
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir.collectives import BrokenGroupError, group_size_of, instance_of
 from epl.ir.op_types import COLLECTIVE_TYPES
-from epl.tf_compat.ops import tensor_util
 
-
-class BrokenGroupError(ValueError):
-  """A run reaches a collective whose group cannot complete."""
-
-
-def _key_input(op, name):
-  """The input of collective `op` named `name` in its op definition
-  (group_size, group_key, instance_key)."""
-  names = [arg.name for arg in op.op_def.input_arg]
-  return op.inputs[names.index(name)]
-
-
-def _value_or_name(tensor):
-  """A key tensor's constant value, or its name when it is computed (the
-  per-step instance keys of sparse gathers, which a group's members
-  share)."""
-  value = tensor_util.constant_value(tensor)
-  return int(value) if value is not None else tensor.name
-
-
-def instance_of(op):
-  """(group key, instance key) of collective `op`: the members of one
-  collective instance share them."""
-  return (_value_or_name(_key_input(op, "group_key")),
-          _value_or_name(_key_input(op, "instance_key")))
-
-
-def group_size_of(op):
-  value = tensor_util.constant_value(_key_input(op, "group_size"))
-  return None if value is None else int(value)
+__all__ = ["BrokenGroupError", "extra_targets", "group_size_of",
+           "instance_of", "members_of"]
 
 
 class _GraphIndex:
@@ -70,10 +42,7 @@ class _GraphIndex:
 
   def __init__(self, graph):
     self.version = graph.version
-    self.members = collections.defaultdict(list)
-    for op in graph.get_operations():
-      if op.type in COLLECTIVE_TYPES:
-        self.members[instance_of(op)].append(op.name)
+    self.members = collectives.instances(graph)
     self.extra_targets = {}
 
 
@@ -101,11 +70,6 @@ def _target_for(op):
   if not control_flow.in_loop(op):
     return op
   return control_flow.outermost_loop_exit(op)
-
-
-def _describe(fetch_names, op):
-  return "%r (%s), reached from your fetch %s" % (
-      op.name, op.type, ", ".join(repr(n) for n in fetch_names[:3]))
 
 
 def extra_targets(graph, fetch_ops, one_worker):
@@ -153,18 +117,7 @@ def extra_targets(graph, fetch_ops, one_worker):
 
 def _check_whole(op, members, fetch_names):
   size = group_size_of(op)
-  if size is None or len(members) == size:
-    return
-  group_key, instance_key = instance_of(op)
-  raise BrokenGroupError(
-      "EPL: this Session.run would execute collective %s, whose group "
-      "(group key %s, instance key %s) needs %d member(s), but %d exist in "
-      "the graph (%s): it could never complete, so nothing ran. A "
-      "collective built after the first Session.run (a split layer's "
-      "argmax, top_k or loss built later, for an evaluation) has no copy "
-      "in the other replicas: build every split output you will fetch "
-      "before the first Session.run." % (
-          _describe(fetch_names, op), group_key, instance_key, size,
-          len(members), ", ".join("%r on %s" % (m.name, m.device or
-                                                "no device")
-                                  for m in members)))
+  if size is not None and len(members) != size:
+    raise collectives.broken_group_error(
+        op, members, "this Session.run, for your fetch %s, would execute" %
+        ", ".join(repr(n) for n in fetch_names[:3]))
