@@ -34,6 +34,7 @@ from epl.env import Env
 from epl.capture import capture
 from epl.ir import graph_state
 from epl.ir import provenance
+from epl.ir import variables
 from epl.parallel.ops import collective_gradients
 from epl.strategies.strategy import Split
 from epl.tf_compat.ops import collective_ops
@@ -110,16 +111,15 @@ def sharded_variables_in(graph):
 
 def sharding_of(graph, variable):
   """The ShardedVariable of `variable` (an op of `graph`): its own record,
-  or for an optimizer slot (a variable named `<split variable>/...` of the
-  same shape) its owner's; None when its replicas hold it whole."""
+  or for an optimizer slot of the same shape its owner's; None when its
+  replicas hold it whole."""
   recorded = sharded_variables_in(graph)
   if variable.name in recorded:
     return recorded[variable.name]
-  for name, info in recorded.items():
-    if variable.name.startswith(name + "/") and (
-        variable.get_attr("shape") ==
-        graph.get_operation_by_name(name).get_attr("shape")):
-      return info
+  owner = variables.slot_owner(variable)
+  if owner is not None and owner.name in recorded and (
+      variable.get_attr("shape") == owner.get_attr("shape")):
+    return recorded[owner.name]
   return None
 
 

@@ -15,6 +15,7 @@ from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
 from epl.ir import provenance
+from epl.ir import variables
 from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.ops import split_lowering
@@ -105,8 +106,7 @@ def _rekey_collectives(ctx, subgraph, copies):
 
 def _sharded_variables(ctx, subgraph):
   """{variable op name: ShardedVariable} of the split variables and of
-  their optimizer slots (variables named `<split variable>/...` of the
-  same shape)."""
+  their optimizer slots of the same shape."""
   sharded = {}
   for variable in subgraph.variables:
     info = split_lowering.sharding_of(ctx.graph, variable)
@@ -116,14 +116,16 @@ def _sharded_variables(ctx, subgraph):
 
 
 def _initializer(variable):
-  for consumer in variable.outputs[0].consumers():
-    if consumer.name == variable.name + "/Assign":
-      return consumer
-  raise ValueError("Split variable %r has no initializer %r." % (
-      variable.name, variable.name + "/Assign"))
+  assign = variables.initializer(variable)
+  if assign is None:
+    raise ValueError(
+        "Split variable %r has no initializer: no collection of its graph "
+        "holds its tf.Variable. Create it with tf.compat.v1.get_variable "
+        "or a Keras layer under epl.split." % variable.name)
+  return assign
 
 
-def _initialize_shards(ctx, copies, variables, sharded):
+def _initialize_shards(ctx, copies, split_variables, sharded):
   """Each replica's copy of a split variable gets its own shard's initial
   value, and runs wherever the user's initializer runs (the init op's
   group). The first replica of each shard on this worker runs a clone of
@@ -131,7 +133,7 @@ def _initialize_shards(ctx, copies, variables, sharded):
   (in other shard groups) copy its value, so that data-parallel copies of
   a shard start equal even from unseeded random initializers."""
   origins = ctx.state.provenance
-  for variable in variables:
+  for variable in split_variables:
     assign = _initializer(variable)
     value_ops = graph_editor.topological_order(
         graph_editor.ancestors([assign.inputs[1].op]))
@@ -262,10 +264,10 @@ def lower_split(ctx, subgraph, gradient_points, copies):
           _set_int_const(op, _shard_of(ctx, local, taskgraph.device_count))
     count = _rekey_collectives(ctx, subgraph, copies)
     sharded = _sharded_variables(ctx, subgraph)
-    variables = [v for v in subgraph.variables if v.name in sharded]
+    split_variables = [v for v in subgraph.variables if v.name in sharded]
     names = set(sharded)
     result["subgraph"] = subgraph.without_variables(names)
-    _initialize_shards(ctx, copies, variables, sharded)
+    _initialize_shards(ctx, copies, split_variables, sharded)
     split_points = []
     for points in gradient_points:
       split_points.extend((g, v) for g, v in points if v.name in names)
@@ -277,7 +279,7 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     update_checkpoints(ctx, copies)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
-              len(variables), count,
+              len(split_variables), count,
               [ctx.plan.split_groups(t) for t, plan in
                enumerate(ctx.plan.taskgraphs) if plan.kind == "split"])
   return result

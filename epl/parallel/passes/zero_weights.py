@@ -52,6 +52,7 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import variables
 from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.parallel.ops.split_lowering import ShardedVariable
@@ -392,7 +393,7 @@ def _whole_writes(ctx, copies, weights, substitutes):
       if writes is None:
         groups = graph_edit.control_outputs(writer)
         writes = write_shards(ctx, copies, writer, info, _shard_of)
-        if writer.name == name + "/Assign" and (
+        if writer is variables.initializer(variable) and (
             across_workers.spans_workers(ctx)):
           writes = _from_worker_zero(ctx, copies, variable, [writer] + writes)
           for group in groups:
