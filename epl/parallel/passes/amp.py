@@ -248,8 +248,7 @@ def convert_to_half(ctx, subgraph, gradients, gradient_points, copies,
   painted = paint(ops)
   converter = _Converter(ctx, user_devices, painted, dtype)
   remapped = {}
-  with ctx.graph.as_default(), ctx.graph.name_scope(None), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(""):
     half_copies = [(op, converter.convert(op)) for op in ops
                    if op.name in painted]
     for op, copy in half_copies:

@@ -9,7 +9,6 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir.op_types import PLACEHOLDER_TYPES
 from epl.tf_compat import graph_edit
 
@@ -45,8 +44,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
     return
   placeholders = [op for op in captured_step.shared
                   if op.type in PLACEHOLDER_TYPES and is_fed_batch(op)]
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      FED_BATCH_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(FED_BATCH_SCOPE):
     for placeholder in placeholders:
       fed = placeholder.outputs[0]
       readers = [c for c in fed.consumers()

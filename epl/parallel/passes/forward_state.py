@@ -7,7 +7,6 @@ batch statistics, and the replicas' moving statistics would drift apart.
 """
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 from epl.parallel.passes.training_subgraph import written_variables
@@ -48,8 +47,7 @@ def average_forward_state_updates(ctx, captured_step, subgraph, copies):
     return
   replicas = range(len(ctx.replicas))
   join_names = {op.name for op in captured_step.joins}
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      FORWARD_STATE_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(FORWARD_STATE_SCOPE):
     for write in writes:
       joins = [op for op in graph_editor.descendants([write])
                if op.name in join_names]

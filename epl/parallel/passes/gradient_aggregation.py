@@ -238,8 +238,7 @@ def aggregate_gradients(ctx, gradient_points, copies):
     return
   comm = ctx.config.communication
   reduce_op = comm.gradients_reduce_method
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
+  with ctx.building("EPL_GRADIENT_AGGREGATION"):
     # Each tf.gradients call's gradients reduce in chains of their own, so
     # that a train op run alone never waits on another's all-reduce.
     for chain, points in enumerate(gradient_points):

@@ -116,8 +116,7 @@ def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
         "cannot be loss-scaled. Use amp.dtype \"bfloat16\", which needs no "
         "loss scale, or let tf.gradients make grad_ys.")
   built = []
-  with ctx.graph.as_default(), ctx.graph.name_scope(None), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(""):
     scale, dynamic_state = _scale_tensor(ctx)
     for seed in seeds:
       tensor = seed.outputs[0]
@@ -183,8 +182,7 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
   """
   scale, good_steps = loss_scale_state
   cloned, shared = _writers(ctx, captured_step, subgraph)
-  with ctx.graph.as_default(), ctx.graph.name_scope(SCOPE + "/"), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(SCOPE + "/"):
     with tf.device(ctx.host_device(0)):
       # Values computed after an update (Adam's beta powers wait for the
       # updates) would make the gates wait for themselves: a cycle.

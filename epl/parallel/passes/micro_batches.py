@@ -5,7 +5,6 @@ import logging
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
@@ -154,8 +153,7 @@ def _loop_wanted(ctx):
 
 
 def _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points, result):
-  with capture.suspended(), ctx.graph.as_default(), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building():
     read_copies = _copies_per_micro_batch(ctx, loop_layout.reads,
                                           result["user_devices"])
     built, accumulated = accumulation_loop.run_as_loop(
@@ -237,8 +235,7 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
     clones.update(constants)
     copies.micro_batches.append(clones)
   accumulated = {}
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      ACCUMULATION_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(ACCUMULATION_SCOPE):
     for name, grad in points.items():
       if tensors_of(grad)[0].op.name not in selected_names:
         continue

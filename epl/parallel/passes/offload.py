@@ -11,7 +11,6 @@ not kept alive from the forward pass to the backward pass.
 """
 import logging
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
@@ -57,8 +56,7 @@ def offload_variables(ctx, copies):
   when offload.level is "v0".
   """
   moved = reads = 0
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      "EPL_OFFLOAD"), ctx.graph.control_dependencies(None), \
+  with ctx.building("EPL_OFFLOAD"), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for local in range(len(ctx.replicas)):
       ops = list(copies.clones[local].values())

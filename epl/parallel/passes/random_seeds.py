@@ -7,7 +7,6 @@ source: every replica and micro-batch would get the same dropout mask.
 from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir.op_types import FUNCTION_BODY_TYPES
 from epl.tf_compat import graph_edit
 
@@ -123,8 +122,7 @@ def vary_random_seeds(ctx, subgraph, copies):
             "micro-batch shares, so all would draw the same numbers. Build "
             "the random op outside the control flow and pass its result in, "
             "or give it no seed." % (op.name, op.type, inner))
-  with capture.suspended(), ctx.graph.as_default(), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building():
     for op in originals:
       if op.type in SEEDED_RANDOM_TYPES:
         seed, seed2 = op.get_attr("seed"), op.get_attr("seed2")

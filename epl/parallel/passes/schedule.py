@@ -6,7 +6,6 @@ from typing import Optional
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
@@ -283,8 +282,7 @@ def schedule_pipeline(ctx, subgraph, copies):
     return tuple([copies.op(local, op) for op in ops]
                  for ops in first_replica_ends[block])
 
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      None), ctx.graph.control_dependencies(None):
+  with ctx.building(""):
     for local, replica in enumerate(ctx.replicas):
       for order in orders:
         previous = None

@@ -11,7 +11,6 @@ import logging
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
 from epl.ir import provenance
@@ -229,8 +228,7 @@ def update_checkpoints(ctx, copies):
   sharded = ctx.state.split.rewritten
   if not sharded:
     return
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(SPLIT_SCOPE):
     full_tensor_checkpoints(ctx, copies, sharded, lambda local, group_size: (
         _shard_of(ctx, local, group_size)))
 
@@ -255,8 +253,7 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     return result
   _check_sharded_logits_use(ctx)
   origins = ctx.state.provenance
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(SPLIT_SCOPE):
     for local in range(len(ctx.replicas)):
       for op in copies.clones[local].values():
         if _is_shard_index(op, origins):

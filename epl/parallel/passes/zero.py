@@ -54,7 +54,6 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
@@ -468,8 +467,7 @@ def place_updates(ctx, zero_partition, captured_step, subgraph,
   result = {"gradient_points": gradient_points, "copies": copies}
   if partition is None:
     return result
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      None), ctx.graph.control_dependencies(None), \
+  with ctx.building(""), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for name, ops in partition.updates.items():
       if partition.owner[name]:

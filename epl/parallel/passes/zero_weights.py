@@ -49,7 +49,6 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import variables
@@ -461,8 +460,7 @@ def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
 def _building(ctx):
   """Ops built here go under WEIGHTS_SCOPE, with no control dependency or
   colocation of the caller's, and are not captured."""
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      WEIGHTS_SCOPE), ctx.graph.control_dependencies(None), \
+  with ctx.building(WEIGHTS_SCOPE), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     yield
 
