@@ -197,6 +197,72 @@ def _add_gradient_checks(step, gradients, plain_copies):
       graph_editor.add_control_inputs(update, checks)
 
 
+def _recompute_candidates(forward, checkpoints):
+  """Names of the forward ops that may be recomputed: those before a
+  checkpoint (ancestors of one, or branches off them that only backward
+  reads), not checkpoints themselves nor `never_recomputed`."""
+  forward_names = {op.name for op in forward}
+  checkpoint_ops = {t.op.name for t in checkpoints}
+  recomputable = {op.name for op in forward if not never_recomputed(op)}
+  before = _ancestors_within(
+      [t.op for c in checkpoints for t in c.op.inputs], forward_names,
+      stop=())
+  for op in forward:
+    # Branches off the recomputed part that only backward reads.
+    producers = [t.op.name for t in op.inputs]
+    if op.name in recomputable and op.name not in checkpoint_ops and any(
+        p in before for p in producers) and all(
+            p in before or p not in recomputable for p in producers):
+      before.add(op.name)
+  return (before & recomputable) - checkpoint_ops
+
+
+def _to_recompute(cloned, backward, candidates):
+  """The backward reads [(op, input index, tensor)] of `candidates`, and
+  the ops (in `cloned` order) their recomputation copies."""
+  # Shape readers run in forward and keep nothing alive: they keep reading
+  # the forward value.
+  reads = [(op, index, t) for op in backward
+           if op.type not in SHAPE_READER_TYPES
+           for index, t in enumerate(op.inputs) if t.op.name in candidates]
+  needed = _ancestors_within([t.op for _, _, t in reads], candidates,
+                             stop=())
+  return reads, [op for op in cloned if op.name in needed]
+
+
+def _check_gradients_possible(ctx, backward):
+  """Raises when gradient_checkpoint.check_gradients cannot copy the
+  backward pass plainly (a TF1 while-loop in it)."""
+  looped = [op.name for op in backward if control_flow.in_loop(op)]
+  if looped:
+    raise ValueError(
+        "gradient_checkpoint.check_gradients cannot check a backward pass "
+        "with a TF1 while-loop (op %r, in %r): its plain copy would pop "
+        "the forward loop's values a second time. Set "
+        "gradient_checkpoint.check_gradients to False (recomputation "
+        "itself works), or build the loop with control flow v2 "
+        "(tf.compat.v1.enable_control_flow_v2())." % (
+            looped[0], control_flow.loop_name(
+                ctx.graph.get_operation_by_name(looped[0]))))
+
+
+def _read_recomputed(ctx, reads, recomputed, copies, user_devices):
+  """Makes the backward `reads` read the recomputed copies, which become
+  BACKWARD ops of replica 0; returns {copy name: [its backward readers]}."""
+  state = ctx.state
+  readers = collections.defaultdict(list)
+  for op, index, tensor in reads:
+    copy = recomputed[tensor.op.name]
+    graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
+    readers[copy.name].append(op)
+  for name, copy in recomputed.items():
+    state.copy_tags(copies.clones[0][name], copy)
+    state.set_phase(copy, Phase.BACKWARD)
+    user_devices[copy.name] = user_devices.get(name, "")
+  copies.clones[0].update({copy.name: copy for copy in recomputed.values()})
+  return readers
+
+
 def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
                           user_devices):
   """Rewrites replica 0's backward to recompute non-checkpoint activations.
@@ -223,30 +289,11 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
   backward = [op for op in cloned if state.phase_of(op) is Phase.BACKWARD]
   checkpoints = [t for t in checkpoint_tensors(ctx, forward)
                  if t.op.name in forward_names]
-  checkpoint_ops = {t.op.name for t in checkpoints}
   logger.info("Gradient checkpointing (%s): %d checkpoint tensor(s)",
               ctx.config.gradient_checkpoint.type, len(checkpoints))
   logger.debug("Checkpoints: %s", [t.name for t in checkpoints])
-  recomputable = {op.name for op in forward if not never_recomputed(op)}
-  before = _ancestors_within(
-      [t.op for c in checkpoints for t in c.op.inputs], forward_names,
-      stop=())
-  for op in forward:
-    # Branches off the recomputed part that only backward reads.
-    producers = [t.op.name for t in op.inputs]
-    if op.name in recomputable and op.name not in checkpoint_ops and any(
-        p in before for p in producers) and all(
-            p in before or p not in recomputable for p in producers):
-      before.add(op.name)
-  candidates = (before & recomputable) - checkpoint_ops
-  # Shape readers run in forward and keep nothing alive: they keep reading
-  # the forward value.
-  reads = [(op, index, t) for op in backward
-           if op.type not in SHAPE_READER_TYPES
-           for index, t in enumerate(op.inputs) if t.op.name in candidates]
-  needed = _ancestors_within([t.op for _, _, t in reads], candidates,
-                             stop=())
-  to_copy = [op for op in cloned if op.name in needed]
+  reads, to_copy = _to_recompute(
+      cloned, backward, _recompute_candidates(forward, checkpoints))
   result = {"subgraph": subgraph, "copies": copies,
             "user_devices": user_devices, "recomputed_segments": []}
   if not to_copy:
@@ -256,36 +303,17 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
     return result
   plain_copies = None
   if ctx.config.gradient_checkpoint.check_gradients:
-    looped = [op.name for op in backward if control_flow.in_loop(op)]
-    if looped:
-      raise ValueError(
-          "gradient_checkpoint.check_gradients cannot check a backward pass "
-          "with a TF1 while-loop (op %r, in %r): its plain copy would pop "
-          "the forward loop's values a second time. Set "
-          "gradient_checkpoint.check_gradients to False (recomputation "
-          "itself works), or build the loop with control flow v2 "
-          "(tf.compat.v1.enable_control_flow_v2())." % (
-              looped[0], control_flow.loop_name(
-                  ctx.graph.get_operation_by_name(looped[0]))))
+    _check_gradients_possible(ctx, backward)
     plain_copies = _copy_plain_gradients(ctx, backward)
   recomputed = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
                                       lambda op: op.device,
                                       provenance=state.provenance,
                                       replica=ctx.replicas[0])
-  readers = collections.defaultdict(list)
-  for op, index, tensor in reads:
-    copy = recomputed[tensor.op.name]
-    graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
-    readers[copy.name].append(op)
-  for name, copy in recomputed.items():
-    state.copy_tags(copies.clones[0][name], copy)
-    state.set_phase(copy, Phase.BACKWARD)
-    user_devices[copy.name] = user_devices.get(name, "")
-  segments = _segments(forward, checkpoint_ops, recomputed)
+  readers = _read_recomputed(ctx, reads, recomputed, copies, user_devices)
+  segments = _segments(forward, {t.op.name for t in checkpoints}, recomputed)
   for segment in segments:
     _order_just_in_time(
         ctx, segment, [r for op in segment for r in readers[op.name]])
-  copies.clones[0].update({copy.name: copy for copy in recomputed.values()})
   logger.info("Gradient checkpointing: %d forward op(s) recomputed in "
               "backward", len(recomputed))
   if plain_copies is not None:
