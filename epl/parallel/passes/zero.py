@@ -241,28 +241,23 @@ def _split_variables(ctx, variables, updates):
   return set(split)
 
 
-def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
-  """Decides the owner of every trained variable; takes the updates out of
-  the cloned part (before the replicas are cloned).
-
-  Hands on the Partition (`zero_partition`, None when this worker holds
-  one replica) and the subgraph without each update's ops and slots (v2,
-  v3: nor the micro-batch sums that the owners build instead); v3 first
-  chooses the variables partitioned into shards
-  (`zero_weights.choose_sharded`), whose updates every replica keeps.
-  Changes nothing in the graph.
-  """
-  level = _check_level(ctx)
-  if level is None:
-    return {"subgraph": subgraph, "zero_partition": None}
-  gradient_owner, variables, points = {}, {}, []
+def _trained_variables(gradient_points):
+  """{name: variable op} of the variables of the gradient points, and the
+  points as one list."""
+  variables, points = {}, []
   for record_points in gradient_points:
     for grad, var in record_points:
       variables[var.name] = var
       points.append((grad, var))
-      for tensor in _tensors(grad):
-        gradient_owner[tensor.name] = var.name
-  for pairs in gradients.applied:
+  return variables, points
+
+
+def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
+  """{variable name: the APPLY ops of the subgraph that update it alone};
+  empty (with a warning) for a variable updated in an op shared with
+  others."""
+  gradient_owner = {}
+  for pairs in list(gradient_points) + list(gradients.applied):
     for grad, var in pairs:
       for tensor in _tensors(grad):
         gradient_owner[tensor.name] = var.name
@@ -277,14 +272,12 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "zero.level %s: the update of %s is built together with other "
         "variables' (one op for several); its optimizer state stays on every "
         "replica.", level, ", ".join(mixed))
-  split = _split_variables(ctx, variables, updates)
-  points = [(g, v) for g, v in points if v.name not in split]
-  weights = (zero_weights.choose_sharded(
-      ctx, points, {n: ops for n, ops in updates.items() if ops})
-              if level == "v3" else None)
-  sharded = set(weights.updates) if weights else set()
-  owned = [name for name in variables
-           if updates[name] and name not in sharded and name not in split]
+  return updates
+
+
+def _deal_owners(ctx, variables, owned, level):
+  """{variable name: owner local replica} of the `owned` variables, dealt
+  per TaskGraph so that each replica holds about as many elements."""
   owner = {}
   by_taskgraph = {}
   for name in owned:
@@ -301,6 +294,35 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "elements per replica %s", level, taskgraph, len(names),
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
+  return owner
+
+
+def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
+  """Decides the owner of every trained variable; takes the updates out of
+  the cloned part (before the replicas are cloned).
+
+  Hands on the Partition (`zero_partition`, None when this worker holds
+  one replica) and the subgraph without each update's ops and slots (v2,
+  v3: nor the micro-batch sums that the owners build instead); v3 first
+  chooses the variables partitioned into shards
+  (`zero_weights.choose_sharded`), whose updates every replica keeps.
+  Changes nothing in the graph.
+  """
+  level = _check_level(ctx)
+  if level is None:
+    return {"subgraph": subgraph, "zero_partition": None}
+  variables, points = _trained_variables(gradient_points)
+  updates = _updates(ctx, subgraph, gradients, gradient_points, variables,
+                     level)
+  split = _split_variables(ctx, variables, updates)
+  points = [(g, v) for g, v in points if v.name not in split]
+  weights = (zero_weights.choose_sharded(
+      ctx, points, {n: ops for n, ops in updates.items() if ops})
+              if level == "v3" else None)
+  sharded = set(weights.updates) if weights else set()
+  owned = [name for name in variables
+           if updates[name] and name not in sharded and name not in split]
+  owner = _deal_owners(ctx, variables, owned, level)
   owned_points = [(g, v) for g, v in points if v.name in owner]
   accumulations = (_owner_accumulations(
       ctx, subgraph, copies,
