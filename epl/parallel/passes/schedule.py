@@ -238,6 +238,42 @@ def _ends(ops):
   return first, last
 
 
+def _block_ends(copies, by_block):
+  """ends(local, block): the first and last ops of `block` in local replica
+  `local`, found once in the first replica and mapped."""
+  first_replica_ends = {}
+
+  def ends(local, block):
+    if block not in first_replica_ends:
+      first_replica_ends[block] = _ends(by_block[block])
+    return tuple([copies.op(local, op) for op in ops]
+                 for ops in first_replica_ends[block])
+  return ends
+
+
+def _chain_blocks(ctx, orders, stages, by_block, ends):
+  """On each device of each local replica, a NoOp after each block that
+  the next block in `orders` waits for."""
+  with ctx.building(""):
+    for local, replica in enumerate(ctx.replicas):
+      for order in orders:
+        previous = None
+        for kind, stage_index, micro_batch in order:
+          stage = stages[stage_index]
+          block = Block.of_pass(ctx.replicas[0], stage, kind, micro_batch)
+          if block not in by_block:
+            continue
+          first, last = ends(local, block)
+          if previous is not None:
+            for op in first:
+              graph_editor.add_control_inputs(op, [previous])
+          with tf.device(ctx.device(local, stage)), \
+              tf.control_dependencies(last):
+            previous = tf.no_op(name=epl_names.in_replica(
+                SCHEDULE_SCOPE, replica, "stage_%d" % stage,
+                "after_%s_%d" % (kind, micro_batch)))
+
+
 def schedule_pipeline(ctx, subgraph, copies):
   """Makes every pipeline device of every replica run its blocks in
   schedule order.
@@ -274,29 +310,5 @@ def schedule_pipeline(ctx, subgraph, copies):
     stages = list(range(plan.num_stages))
   orders = pipeline_order.device_orders(
       plan.schedule, len(stages), plan.num_micro_batch, plan.virtual_stages)
-  first_replica_ends = {}
-
-  def ends(local, block):
-    if block not in first_replica_ends:
-      first_replica_ends[block] = _ends(by_block[block])
-    return tuple([copies.op(local, op) for op in ops]
-                 for ops in first_replica_ends[block])
-
-  with ctx.building(""):
-    for local, replica in enumerate(ctx.replicas):
-      for order in orders:
-        previous = None
-        for kind, stage_index, micro_batch in order:
-          stage = stages[stage_index]
-          block = Block.of_pass(ctx.replicas[0], stage, kind, micro_batch)
-          if block not in by_block:
-            continue
-          first, last = ends(local, block)
-          if previous is not None:
-            for op in first:
-              graph_editor.add_control_inputs(op, [previous])
-          with tf.device(ctx.device(local, stage)), \
-              tf.control_dependencies(last):
-            previous = tf.no_op(name=epl_names.in_replica(
-                SCHEDULE_SCOPE, replica, "stage_%d" % stage,
-                "after_%s_%d" % (kind, micro_batch)))
+  _chain_blocks(ctx, orders, stages, by_block,
+                _block_ends(copies, by_block))
