@@ -285,6 +285,25 @@ _DENSE_UNSUPPORTED = ("activity_regularizer", "kernel_regularizer",
                       "bias_constraint")
 
 
+def _check_dense_arguments(strategy, name, reuse, unsupported):
+  """Raises for what a split dense layer cannot do: arguments it does not
+  support (`unsupported`, those dense() got beyond its own), reuse."""
+  unknown = set(unsupported) - set(_DENSE_UNSUPPORTED)
+  if unknown:
+    raise TypeError("dense() got unexpected arguments %s" % sorted(unknown))
+  given = sorted(k for k, v in unsupported.items() if v is not None)
+  if given:
+    raise ValueError(
+        "tf.compat.v1.layers.dense(name=%r) inside %r: %s not supported on a "
+        "split dense layer; build it outside the split scope or drop them." %
+        (name, strategy, ", ".join(given)))
+  if reuse:
+    raise ValueError(
+        "tf.compat.v1.layers.dense(name=%r, reuse=%r) inside %r: a split "
+        "dense layer cannot be reused; build it once." % (name, reuse,
+                                                         strategy))
+
+
 def dense(original, inputs, units, activation=None, use_bias=True,
           kernel_initializer=None, bias_initializer=None, trainable=True,
           name=None, reuse=None, **unsupported):
@@ -298,20 +317,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
     # Only what the caller set: TF's defaults are not all None.
     given = {k: v for k, v in given.items() if v is not None}
     return original(inputs, units, **given, **unsupported)
-  unknown = set(unsupported) - set(_DENSE_UNSUPPORTED)
-  if unknown:
-    raise TypeError("dense() got unexpected arguments %s" % sorted(unknown))
-  unsupported = sorted(k for k, v in unsupported.items() if v is not None)
-  if unsupported:
-    raise ValueError(
-        "tf.compat.v1.layers.dense(name=%r) inside %r: %s not supported on a "
-        "split dense layer; build it outside the split scope or drop them." %
-        (name, strategy, ", ".join(unsupported)))
-  if reuse:
-    raise ValueError(
-        "tf.compat.v1.layers.dense(name=%r, reuse=%r) inside %r: a split "
-        "dense layer cannot be reused; build it once." % (name, reuse,
-                                                         strategy))
+  _check_dense_arguments(strategy, name, reuse, unsupported)
   group_size = group_size_of(strategy)
   inputs = tf.convert_to_tensor(inputs)
   in_dim = tf.compat.dimension_value(inputs.shape[-1])
