@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from epl.capture import io_slicing
 from epl.ir import control_flow
+from epl.ir import names as epl_names
 from epl.ir.graph_state import state_of
-from epl.parallel.passes import accumulation_loop
 from epl.parallel import engine
 from epl.parallel.passes import fed_batches
 from epl.parallel.passes import zero_weights
@@ -126,7 +126,7 @@ def _check_not_in_micro_batch_loop(fetched):
   (TensorFlow would only say it is "not fetchable")."""
   for op in fetched:
     if control_flow.in_loop(op) and control_flow.loop_name(op).startswith(
-        accumulation_loop.LOOP_SCOPE + "/"):
+        epl_names.MICRO_BATCH_LOOP + "/"):
       raise ValueError(
           "EPL: %r is computed once per micro-batch inside the micro-batch "
           "loop (pipeline.accumulation \"loop\"), so a Session.run cannot "

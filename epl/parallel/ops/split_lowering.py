@@ -33,6 +33,7 @@ import tensorflow as tf
 from epl.env import Env
 from epl.capture import capture
 from epl.ir import graph_state
+from epl.ir import names as epl_names
 from epl.ir import provenance
 from epl.ir import variables
 from epl.parallel.ops import collective_gradients
@@ -42,8 +43,6 @@ from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 
-SHARD_INDEX_NAME = "EPL_SHARD_INDEX"
-RANDOM_SHARD_NAME = "EPL_SHARD_RANDOM"
 # Group key of every capture-time collective; the rewrite replaces it.
 PLACEHOLDER_GROUP_KEY = 1 << 20
 
@@ -173,7 +172,7 @@ def _settings():
 def shard_index():
   """This shard's index in its group (a Const the rewrite sets per replica)."""
   with capture.role_scope(provenance.SHARD_INDEX):
-    return tf.constant(0, tf.int32, name=SHARD_INDEX_NAME)
+    return tf.constant(0, tf.int32, name=epl_names.SHARD_INDEX)
 
 
 def _in_half_precision(exchange):
@@ -239,7 +238,7 @@ def _variance_scaling_shard(initializer, full_shape, shard_shape, dtype):
   fan = {"fan_in": fan_in, "fan_out": fan_out,
          "fan_avg": (fan_in + fan_out) / 2.0}[initializer.mode]
   variance = initializer.scale / max(1.0, fan)
-  name = RANDOM_SHARD_NAME
+  name = epl_names.SHARD_RANDOM
   # Recorded so that the rewrite gives each shard's copy its own seed.
   with capture.role_scope(provenance.SHARD_RANDOM):
     if initializer.distribution == "uniform":

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import (FUNCTION_BODY_TYPES, INPUT_READ_TYPES,
                              PLACEHOLDER_TYPES, VARIABLE_READ_TYPES,
                              VARIABLE_TYPES)
@@ -36,7 +37,6 @@ from epl.parallel.passes.random_seeds import SEED_INPUT_TYPES
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.tf_compat import graph_edit
 
-LOOP_SCOPE = "EPL_MICRO_BATCH_LOOP"
 _NOT_KEPT_DTYPES = (tf.resource, tf.variant)
 
 
@@ -459,7 +459,7 @@ def run_as_loop(ctx, plan_layout, copies, read_copies):
   outside_controls = {c.name: c for op in moved for c in op.control_inputs
                       if c.name not in moved_names and
                       c.name not in plan_layout.after_writes}
-  with tf.device(device), tf.name_scope(LOOP_SCOPE), \
+  with tf.device(device), tf.name_scope(epl_names.MICRO_BATCH_LOOP), \
       graph_edit.building_v1_control_flow():
     accumulated = _build_loop(ctx, plan_layout, copies, read_copies,
                               _Scale(count, mean), outside_controls)

@@ -12,6 +12,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from epl.ir import names as epl_names
 from epl.capture import capture
 from epl.communicators import backend
 from epl.communicators.collective import CollectiveKeys
@@ -62,7 +63,7 @@ class RewriteContext:
     """An int64 tensor that counts the steps that read it, run once per
     step on this worker's CPU (a one-shot iterator over 0, 1, 2, ...)."""
     if self._step_counter is None:
-      with self.building("EPL_STEP_COUNTER/"), \
+      with self.building(epl_names.STEP_COUNTER), \
           tf.device(self.host_device(0)):
         steps = tf.data.Dataset.range(2 ** 62)
         self._step_counter = tf.compat.v1.data.make_one_shot_iterator(

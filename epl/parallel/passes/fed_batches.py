@@ -9,11 +9,11 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from epl.ir import names as epl_names
 from epl.ir.op_types import PLACEHOLDER_TYPES
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
-FED_BATCH_SCOPE = "EPL_FED_BATCH"
 
 
 def is_fed_batch(placeholder):
@@ -44,7 +44,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
     return
   placeholders = [op for op in captured_step.shared
                   if op.type in PLACEHOLDER_TYPES and is_fed_batch(op)]
-  with ctx.building(FED_BATCH_SCOPE):
+  with ctx.building(epl_names.FED_BATCH):
     for placeholder in placeholders:
       fed = placeholder.outputs[0]
       readers = [c for c in fed.consumers()

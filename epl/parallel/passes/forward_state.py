@@ -8,11 +8,11 @@ batch statistics, and the replicas' moving statistics would drift apart.
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.passes.training_subgraph import written_variables
 from epl.tf_compat import graph_edit
 
-FORWARD_STATE_SCOPE = "EPL_FORWARD_STATE"
 # Collectives of forward state updates: a chain of their own.
 _CHAIN = "forward_state"
 
@@ -47,7 +47,7 @@ def average_forward_state_updates(ctx, captured_step, subgraph, copies):
     return
   replicas = range(len(ctx.replicas))
   join_names = {op.name for op in captured_step.joins}
-  with ctx.building(FORWARD_STATE_SCOPE):
+  with ctx.building(epl_names.FORWARD_STATE):
     for write in writes:
       joins = [op for op in graph_editor.descendants([write])
                if op.name in join_names]

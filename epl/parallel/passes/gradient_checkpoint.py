@@ -23,6 +23,7 @@ import tensorflow as tf
 from epl.parallel.cost import checkpoint_search
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
 from epl.tf_compat import graph_edit
@@ -30,8 +31,6 @@ from epl.tf_compat import graph_edit
 logger = logging.getLogger("epl")
 
 CHECKPOINTS_COLLECTION = "checkpoints"
-RECOMPUTE_PREFIX = "EPL_GRADIENT_CHECKPOINTS/"
-CHECK_PREFIX = "EPL_GRADIENT_CHECKPOINTS_CHECK/"
 # check_gradients tolerance: recomputation may reorder float additions.
 _RTOL, _ATOL = 1e-4, 1e-5
 
@@ -151,7 +150,8 @@ def _order_just_in_time(ctx, segment, readers):
 def _copy_plain_gradients(ctx, backward_ops):
   """A copy of the backward ops that reads the forward values, for
   check_gradients; {original op name: copy}."""
-  return graph_editor.clone_ops(ctx.graph, backward_ops, CHECK_PREFIX,
+  return graph_editor.clone_ops(ctx.graph, backward_ops,
+                                epl_names.GRADIENT_CHECKPOINTS_CHECK,
                                 lambda op: op.device,
                                 provenance=ctx.state.provenance,
                                 replica=ctx.replicas[0])
@@ -269,15 +269,14 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
 
   Forward ops that lie before a checkpoint (ancestors of one, or branches
   off them that only backward reads) and are not `never_recomputed` get a
-  copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on
-  the same device, built from the checkpoints and kept values; backward ops
-  that read such an op's output read the copy instead (shape readers
-  excepted). Ops after the last checkpoints are not recomputed: their
-  gradients come first, so recomputing them saves nothing. The copies
-  leading to one checkpoint wait (control edges) for the gradients flowing
-  into the backward ops that read them. The copies are BACKWARD ops of the original's
-  TaskGraph and join the cloned subgraph; their provenance names what
-  they copy. Forward ops, the optimizer and every other op are unchanged.
+  copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on the same device, built
+  from the checkpoints and kept values; backward ops that read such an
+  op's output read the copy instead (shape readers excepted). Ops after
+  the last checkpoints are not recomputed: their gradients come first, so
+  recomputing them saves nothing. The copies leading to one checkpoint
+  wait (control edges) for the gradients flowing into the backward ops
+  that read them. The copies are BACKWARD ops of the original's TaskGraph
+  in the cloned subgraph (provenance: what they copy); no other op changes.
   With gradient_checkpoint.check_gradients, the train op also asserts each
   step that the gradients equal those of a plain copy of the backward
   pass. Hands on the recomputed segments (`recomputed_segments`).
@@ -305,7 +304,8 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
   if ctx.config.gradient_checkpoint.check_gradients:
     _check_gradients_possible(ctx, backward)
     plain_copies = _copy_plain_gradients(ctx, backward)
-  recomputed = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
+  recomputed = graph_editor.clone_ops(ctx.graph, to_copy,
+                                      epl_names.GRADIENT_CHECKPOINTS,
                                       lambda op: op.device,
                                       provenance=state.provenance,
                                       replica=ctx.replicas[0])
@@ -317,7 +317,8 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
   logger.info("Gradient checkpointing: %d forward op(s) recomputed in "
               "backward", len(recomputed))
   if plain_copies is not None:
-    with ctx.graph.as_default(), ctx.graph.name_scope(CHECK_PREFIX):
+    with ctx.graph.as_default(), ctx.graph.name_scope(
+        epl_names.GRADIENT_CHECKPOINTS_CHECK):
       _add_gradient_checks(captured_step, gradients, plain_copies)
   result["subgraph"] = subgraph.adding(recomputed.values())
   result["recomputed_segments"] = segments

@@ -21,6 +21,7 @@ import logging
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.training_subgraph import is_variable_writer
@@ -33,9 +34,8 @@ logger = logging.getLogger("epl")
 INITIAL_SCALE = 2.0 ** 15
 INCREMENT_PERIOD = 2000
 MULTIPLIER = 2.0
-SCOPE = "EPL_AMP_LOSS_SCALE"
-SCALE_VARIABLE = SCOPE + "/loss_scale"
-GOOD_STEPS_VARIABLE = SCOPE + "/good_steps"
+SCALE_VARIABLE = epl_names.AMP_LOSS_SCALE + "/loss_scale"
+GOOD_STEPS_VARIABLE = epl_names.AMP_LOSS_SCALE + "/good_steps"
 
 
 def used(config):
@@ -74,7 +74,7 @@ def _scale_tensor(ctx):
   with tf.device(ctx.host_device(0)):
     if not dynamic(ctx.config):
       return tf.constant(ctx.config.amp.loss_scale, tf.float32,
-                         name=SCOPE + "/fixed"), None
+                         name=epl_names.AMP_LOSS_SCALE + "/fixed"), None
     scale = _State(SCALE_VARIABLE, INITIAL_SCALE, tf.float32)
     good_steps = _State(GOOD_STEPS_VARIABLE, 0, tf.int64)
     return scale.value, (scale, good_steps)
@@ -182,7 +182,7 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
   """
   scale, good_steps = loss_scale_state
   cloned, shared = _writers(ctx, captured_step, subgraph)
-  with ctx.building(SCOPE + "/"):
+  with ctx.building(epl_names.AMP_LOSS_SCALE + "/"):
     with tf.device(ctx.host_device(0)):
       # Values computed after an update (Adam's beta powers wait for the
       # updates) would make the gates wait for themselves: a cycle.

@@ -13,7 +13,6 @@ from epl.parallel.passes import accumulation_loop
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.training_subgraph import tensors_of
 
-ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
 logger = logging.getLogger("epl")
 
 
@@ -189,7 +188,7 @@ def _sum_copies(ctx, subgraph, points, selected_names, copies, built):
   """Sums each gradient over the micro-batches' copies; its readers in the
   subgraph read the sum. Returns the sums by point name."""
   accumulated = {}
-  with ctx.building(ACCUMULATION_SCOPE):
+  with ctx.building(names.MICRO_BATCH_ACCUMULATION):
     for name, grad in points.items():
       if tensors_of(grad)[0].op.name not in selected_names:
         continue

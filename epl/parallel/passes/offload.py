@@ -12,6 +12,7 @@ not kept alive from the forward pass to the backward pass.
 import logging
 
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes.variable_sync import read_value
@@ -56,7 +57,7 @@ def offload_variables(ctx, copies):
   when offload.level is "v0".
   """
   moved = reads = 0
-  with ctx.building("EPL_OFFLOAD"), \
+  with ctx.building(epl_names.OFFLOAD), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for local in range(len(ctx.replicas)):
       ops = list(copies.clones[local].values())

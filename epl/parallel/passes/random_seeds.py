@@ -7,6 +7,7 @@ source: every replica and micro-batch would get the same dropout mask.
 from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
+from epl.ir import names as epl_names
 from epl.ir.op_types import FUNCTION_BODY_TYPES
 from epl.tf_compat import graph_edit
 
@@ -136,6 +137,6 @@ def vary_random_seeds(ctx, subgraph, copies):
         for index, copy in _copies(ctx, copies, op):
           seed = copy.inputs[position]
           with tf.device(copy.device), tf.name_scope(
-              "EPL_RANDOM_SEEDS/%s" % copy.name):
+              "%s/%s" % (epl_names.RANDOM_SEEDS, copy.name)):
             offset = tf.constant([0, index], dtype=seed.dtype)
             graph_edit.update_input(copy, position, seed + offset)

@@ -13,7 +13,6 @@ from epl.ir.phase import Phase
 from epl.parallel.plan import pipeline_order
 from epl.tf_compat import graph_edit
 
-SCHEDULE_SCOPE = "EPL_SCHEDULE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,7 +269,7 @@ def _chain_blocks(ctx, orders, stages, by_block, ends):
           with tf.device(ctx.device(local, stage)), \
               tf.control_dependencies(last):
             previous = tf.no_op(name=epl_names.in_replica(
-                SCHEDULE_SCOPE, replica, "stage_%d" % stage,
+                epl_names.SCHEDULE, replica, "stage_%d" % stage,
                 "after_%s_%d" % (kind, micro_batch)))
 
 

@@ -13,6 +13,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir import provenance
 from epl.ir import variables
 from epl.ir.op_types import COLLECTIVE_TYPES
@@ -25,7 +26,6 @@ from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 
-SPLIT_SCOPE = "EPL_SPLIT"
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
 
@@ -153,7 +153,7 @@ def _initialize_shards(ctx, copies, split_variables, sharded):
       else:
         clones = graph_editor.clone_ops(
             ctx.graph, value_ops + [assign],
-            "%s_INIT_%d/%s/" % (SPLIT_SCOPE, ctx.replicas[local],
+            "%s_INIT_%d/%s/" % (epl_names.SPLIT, ctx.replicas[local],
                                 variable.name),
             lambda _, device=replica_variable.device: device,
             tensor_map={variable.outputs[0].name:
@@ -228,7 +228,7 @@ def update_checkpoints(ctx, copies):
   sharded = ctx.state.split.rewritten
   if not sharded:
     return
-  with ctx.building(SPLIT_SCOPE):
+  with ctx.building(epl_names.SPLIT):
     full_tensor_checkpoints(ctx, copies, sharded, lambda local, group_size: (
         _shard_of(ctx, local, group_size)))
 
@@ -253,7 +253,7 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     return result
   _check_sharded_logits_use(ctx)
   origins = ctx.state.provenance
-  with ctx.building(SPLIT_SCOPE):
+  with ctx.building(epl_names.SPLIT):
     for local in range(len(ctx.replicas)):
       for op in copies.clones[local].values():
         if _is_shard_index(op, origins):

@@ -152,7 +152,7 @@ class VariableSync:
     if not copies:
       return
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-        "EPL_VARIABLE_SYNC/%s" % writer.name), \
+        "%s/%s" % (names.VARIABLE_SYNC, writer.name)), \
         ctx.graph.control_dependencies(copies):
       self._substitutes[writer.name] = tf.group(copies, name="write")
       for output in writer.outputs:

@@ -68,7 +68,6 @@ from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
-ZERO_SCOPE = "EPL_ZERO"
 # The levels whose gradients are reduced on their owner only.
 _OWNER_REDUCING_LEVELS = ("v1", "v2", "v3")
 
@@ -401,7 +400,7 @@ def _keep_all_reduces(ctx, step, copies, partition):
         replica_tensor = copies.tensor(local, tensor)
         with tf.device(replica_tensor.device):
           sink = tf.identity(replica_tensor, name=epl_names.in_replica(
-              ZERO_SCOPE, ctx.replicas[local], var.name, "keep"))
+              epl_names.ZERO, ctx.replicas[local], var.name, "keep"))
         copies.clones[local][sink.op.name] = sink.op
         sinks.append(sink.op)
     _join_after(step, partition, var.name, sinks)
@@ -430,7 +429,7 @@ def _reduce_to_owners(ctx, copies, gradient_points, partition):
     peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
         if across else None
     with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
-        "%s/reduce/%s" % (ZERO_SCOPE, var.name)):
+        "%s/reduce/%s" % (epl_names.ZERO, var.name)):
       if isinstance(grad, tf.IndexedSlices):
         reduced = [tf.concat([p[i] for p in pieces], 0) for i in (0, 1)]
         if across:
@@ -461,13 +460,13 @@ def _broadcast_updates(ctx, step, copies, partition):
     owner = partition.owner[name]
     variable = partition.variables[name]
     with tf.control_dependencies(ops), tf.name_scope(
-        "%s/broadcast/%s" % (ZERO_SCOPE, name)):
+        "%s/broadcast/%s" % (epl_names.ZERO, name)):
       value = read_value(copies.op(owner, variable))
     for local in range(len(ctx.replicas)):
       if local != owner:
         writes.append(assign_value(
             copies.op(local, variable), value, epl_names.in_replica(
-                ZERO_SCOPE, ctx.replicas[local], name, "from_owner")))
+                epl_names.ZERO, ctx.replicas[local], name, "from_owner")))
     _join_after(step, partition, name, writes)
 
 

@@ -51,6 +51,7 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir import variables
 from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
@@ -66,7 +67,6 @@ from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
-WEIGHTS_SCOPE = "EPL_ZERO_WEIGHTS"
 # Op types an update may have and still apply shard by shard: elementwise
 # ops (on the variable, its slots and gradient, and scalars), variables,
 # their reads and writes; the fused dense apply kernels (Apply*,
@@ -458,9 +458,9 @@ def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
 
 @contextlib.contextmanager
 def _building(ctx):
-  """Ops built here go under WEIGHTS_SCOPE, with no control dependency or
-  colocation of the caller's, and are not captured."""
-  with ctx.building(WEIGHTS_SCOPE), \
+  """Ops built here go under `EPL_ZERO_WEIGHTS`, with no control dependency
+  or colocation of the caller's, and are not captured."""
+  with ctx.building(epl_names.ZERO_WEIGHTS), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     yield
 
