@@ -181,3 +181,14 @@ def test_no_function_over_max_lines():
   assert not long_functions, (
       "functions over %d lines (split them into named steps): %s" % (
           MAX_FUNCTION_LINES, "; ".join(long_functions)))
+
+
+def test_passes_edit_graphs_through_ir_only():
+  # epl.ir.graph_editor and epl.ir.control_flow give the passes the edits
+  # of epl.tf_compat.graph_edit (issue 36 item 4).
+  direct = sorted(module for module in MODULES
+                  if module.startswith("epl.parallel.passes.") and any(
+                      name == "epl.tf_compat.graph_edit"
+                      for name, _, _ in _imports(module)))
+  assert not direct, "passes that import epl.tf_compat.graph_edit: %s" % (
+      ", ".join(direct))

@@ -35,7 +35,6 @@ from epl.parallel.passes.forward_state import forward_writes
 from epl.parallel.passes.merge_outputs import MERGES
 from epl.parallel.passes.random_seeds import SEED_INPUT_TYPES
 from epl.parallel.passes.training_subgraph import tensors_of
-from epl.tf_compat import graph_edit
 
 _NOT_KEPT_DTYPES = (tf.resource, tf.variant)
 
@@ -106,7 +105,7 @@ class _Layout:
                          if w.inputs[1].op.name in self.moved_names]
     self.kept, self.kept_readers = self._kept_values(ctx)
     # Ops outside the loop that wait for one of its ops wait for the loop.
-    self.waiting = [(op, [w for w in graph_edit.control_outputs(op)
+    self.waiting = [(op, [w for w in graph_editor.control_outputs(op)
                           if w.name not in self.moved_names])
                     for op in self.moved]
 
@@ -299,10 +298,10 @@ def _move_into_loop(plan_layout, index, inputs, gate, outside_controls):
   `index`: inputs from outside enter it (the batch's inputs are read from
   their TensorArrays), control inputs from outside wait for `gate`."""
   moved, moved_names = plan_layout.moved, plan_layout.moved_names
-  context = graph_edit.control_flow_context(index.op)
+  context = control_flow.control_flow_context(index.op)
   for op in moved:
-    graph_edit.join_while_context(op, context)
-  pivot = graph_edit.while_control_pivot(context)
+    control_flow.join_while_context(op, context)
+  pivot = control_flow.while_control_pivot(context)
   arrays = dict((t.name, a) for t, a in inputs)
   entered = {}
 
@@ -311,23 +310,23 @@ def _move_into_loop(plan_layout, index, inputs, gate, outside_controls):
       array = arrays.get(tensor.name)
       entered[tensor.name] = (
           array.read(index) if array is not None else
-          graph_edit.enter_while_context(context, tensor))
+          control_flow.enter_while_context(context, tensor))
     return entered[tensor.name]
   gate_inside = tf.identity(gate).op if gate is not None else None
   for op in moved:
     for position, tensor in enumerate(op.inputs):
       if tensor.op.name not in moved_names:
-        graph_edit.update_input(op, position, inside(tensor))
+        graph_editor.update_input(op, position, inside(tensor))
     controls = list(op.control_inputs)
     if any(c.name not in moved_names for c in controls):
-      graph_edit.remove_all_control_inputs(op)
+      graph_editor.remove_all_control_inputs(op)
       kept_controls = [c for c in controls if c.name in moved_names]
       if any(c.name in outside_controls for c in controls):
         kept_controls.append(gate_inside)
       if kept_controls:
-        graph_edit.add_control_inputs(op, kept_controls)
+        graph_editor.add_control_inputs(op, kept_controls)
     if not op.inputs and not op.control_inputs:
-      graph_edit.add_control_inputs(op, [pivot])
+      graph_editor.add_control_inputs(op, [pivot])
 
 
 def _loop_body(plan_layout, inputs, gate, outside_controls, groups,
@@ -389,7 +388,7 @@ def _after_loop(plan_layout, copies, loop, groups, dense, sparse, scale,
   accumulated = {name: sums_by_name[grad.name] for name, grad in dense}
   for write in plan_layout.writes:
     if write.inputs[1].name in sums_by_name:
-      graph_edit.update_input(write, 1, sums_by_name[write.inputs[1].name])
+      graph_editor.update_input(write, 1, sums_by_name[write.inputs[1].name])
   _read_kept(plan_layout, copies, arrays, indices)
   sparse_arrays = arrays[len(plan_layout.kept):]
   for position, (name, grad) in enumerate(sparse):
@@ -460,7 +459,7 @@ def run_as_loop(ctx, plan_layout, copies, read_copies):
                       if c.name not in moved_names and
                       c.name not in plan_layout.after_writes}
   with tf.device(device), tf.name_scope(epl_names.MICRO_BATCH_LOOP), \
-      graph_edit.building_v1_control_flow():
+      control_flow.building_v1_control_flow():
     accumulated = _build_loop(ctx, plan_layout, copies, read_copies,
                               _Scale(count, mean), outside_controls)
   built = graph.get_operations()[first_new:]

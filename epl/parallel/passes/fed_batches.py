@@ -9,9 +9,9 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.op_types import PLACEHOLDER_TYPES
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -72,7 +72,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
             copy = copies.op(local, reader)
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
-                graph_edit.update_input(copy, position, piece)
+                graph_editor.update_input(copy, position, piece)
       ctx.state.fed_batch_parts[fed.name] = (parts, replicas,
                                              len(micro_batches))
       logger.info("EPL: the batch fed to placeholder %r is split into %d "

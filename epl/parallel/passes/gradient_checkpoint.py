@@ -26,7 +26,6 @@ from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -47,7 +46,7 @@ def never_recomputed(op):
   if (op.type in control_flow.V1_CONTROL_FLOW_TYPES or
       control_flow.context_of(op) is not None):
     return True
-  return any(t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
+  return any(t.dtype == tf.resource or graph_editor.is_ref_dtype(t.dtype)
              for t in op.inputs)
 
 
@@ -93,7 +92,7 @@ def _segments(forward, checkpoint_ops, copies):
   forward_names = {op.name for op in forward}
   reaches = {}
   for op in reversed(forward):
-    targets = [graph_edit.creation_index(c) if c.name in checkpoint_ops
+    targets = [graph_editor.creation_index(c) if c.name in checkpoint_ops
                else reaches.get(c.name)
                for t in op.outputs for c in t.consumers()
                if c.name in forward_names]
@@ -124,7 +123,7 @@ def _descendants(ops):
       continue
     seen.add(op.name)
     stack.extend(c for t in op.outputs for c in t.consumers())
-    stack.extend(graph_edit.control_outputs(op))
+    stack.extend(graph_editor.control_outputs(op))
   return seen
 
 
@@ -253,7 +252,7 @@ def _read_recomputed(ctx, reads, recomputed, copies, user_devices):
   readers = collections.defaultdict(list)
   for op, index, tensor in reads:
     copy = recomputed[tensor.op.name]
-    graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
+    graph_editor.update_input(op, index, copy.outputs[tensor.value_index])
     readers[copy.name].append(op)
   for name, copy in recomputed.items():
     state.copy_tags(copies.clones[0][name], copy)

@@ -26,7 +26,6 @@ from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes import amp
-from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import control_flow_ops
 
 logger = logging.getLogger("epl")
@@ -159,11 +158,11 @@ def _gate(op, should_apply):
   neither runs nor lets ops that wait for it run."""
   for index in reversed(range(len(op.inputs))):
     tensor = op.inputs[index]
-    if tensor.dtype != tf.resource and not graph_edit.is_ref_dtype(
+    if tensor.dtype != tf.resource and not graph_editor.is_ref_dtype(
         tensor.dtype):
       with tf.device(op.device):
         _, taken = control_flow_ops.switch(tensor, should_apply)
-      graph_edit.update_input(op, index, taken)
+      graph_editor.update_input(op, index, taken)
       return
   raise ValueError("AMP dynamic loss scale cannot skip %s (%s): it has no "
                    "value input to gate." % (op.name, op.type))
@@ -189,7 +188,7 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
       after_updates = {op.name for op in graph_editor.descendants(cloned)}
       applied = [t for op in cloned for t in op.inputs
                  if t.dtype.is_floating and
-                 not graph_edit.is_ref_dtype(t.dtype) and
+                 not graph_editor.is_ref_dtype(t.dtype) and
                  t.op.name not in after_updates]
       finite = tf.reduce_all(tf.stack(
           [tf.reduce_all(tf.math.is_finite(t)) for t in applied]),

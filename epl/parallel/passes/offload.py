@@ -16,7 +16,6 @@ from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes.variable_sync import read_value
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -44,7 +43,7 @@ def _read_just_in_time(ctx, consumer, reads):
   for index, variable in sorted(reads.items()):
     with ctx.graph.control_dependencies(others or None):
       fresh = read_value(variable)
-    graph_edit.update_input(consumer, index, fresh)
+    graph_editor.update_input(consumer, index, fresh)
 
 
 def offload_variables(ctx, copies):

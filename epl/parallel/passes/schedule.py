@@ -11,7 +11,6 @@ from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.plan import pipeline_order
-from epl.tf_compat import graph_edit
 
 
 
@@ -233,7 +232,7 @@ def _ends(ops):
   last = [op for op in ops
           if not any(c.name in names for t in op.outputs
                      for c in t.consumers()) and
-          not any(c.name in names for c in graph_edit.control_outputs(op))]
+          not any(c.name in names for c in graph_editor.control_outputs(op))]
   return first, last
 
 

@@ -21,7 +21,6 @@ from epl.ir.phase import Phase
 from epl.parallel.ops import split_lowering
 from epl.parallel.passes.split_checkpoint import full_tensor_checkpoints
 from epl.parallel.passes.variable_sync import assign_value, read_value
-from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
@@ -53,7 +52,7 @@ def _group_devices(ctx, replica, group_size):
 
 
 def _set_int_const(op, value):
-  graph_edit.set_attr(op, "value", attr_value_pb2.AttrValue(
+  graph_editor.set_attr(op, "value", attr_value_pb2.AttrValue(
       tensor=tensor_util.make_tensor_proto(value, tf.int32)))
 
 
@@ -65,7 +64,7 @@ def _set_shard_indices(ops, shard, origins):
     elif origins.role_of(op) == provenance.SHARD_RANDOM and (
         "seed2" in op.node_def.attr) and (
             op.get_attr("seed") or op.get_attr("seed2")):
-      graph_edit.set_attr(op, "seed2", attr_value_pb2.AttrValue(
+      graph_editor.set_attr(op, "seed2", attr_value_pb2.AttrValue(
           i=op.get_attr("seed2") + shard * _SEED_STRIDE))
 
 
@@ -96,9 +95,9 @@ def _rekey_collectives(ctx, subgraph, copies):
       group_key = ctx.keys.group_key(
           _group_devices(ctx, ctx.replicas[local], group_size))
       with tf.device(copy.device):
-        graph_edit.update_input(copy, 2, tf.constant(group_key, tf.int32,
+        graph_editor.update_input(copy, 2, tf.constant(group_key, tf.int32,
                                           name="group_key"))
-        graph_edit.update_input(copy, 3, tf.constant(instance_key, tf.int32,
+        graph_editor.update_input(copy, 3, tf.constant(instance_key, tf.int32,
                                           name="instance_key"))
   return len(lowered)
 

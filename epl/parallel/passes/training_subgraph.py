@@ -34,7 +34,6 @@ from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
                              VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.parallel.passes.resolve import mark_gradient_processing
-from epl.tf_compat import graph_edit
 
 # Collections of tensors merged over replicas (epl.GraphKeys).
 MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
@@ -104,7 +103,7 @@ def variable_behind(tensor):
   tensor."""
   while (tensor.op.type in BUFFER_FORWARDING_TYPES and
          (tensor.dtype == tf.resource or
-          graph_edit.is_ref_dtype(tensor.dtype))):
+          graph_editor.is_ref_dtype(tensor.dtype))):
     tensor = tensor.op.inputs[0]
   return tensor.op if tensor.op.type in VARIABLE_TYPES else None
 
@@ -118,10 +117,10 @@ def _written_inputs(op):
   if (op.type in RESOURCE_VARIABLE_READERS or
       op.type in BUFFER_FORWARDING_TYPES):
     return []
-  declared = graph_edit.declared_input_types(op)
+  declared = graph_editor.declared_input_types(op)
   return [index for index, dtype in enumerate(declared)
           if dtype == tf.resource or (
-              graph_edit.is_ref_dtype(dtype) and
+              graph_editor.is_ref_dtype(dtype) and
               op.type not in REFERENCE_KEEPING_TYPES)]
 
 
@@ -273,6 +272,6 @@ def select_training_subgraph(graph, state):
       global_steps=frozenset(global_step_ops),
       input_reads=tuple(sorted(
           (op for op in cloned if op.type in INPUT_READ_TYPES),
-          key=graph_edit.creation_index)))
+          key=graph_editor.creation_index)))
   return step, TrainingSubgraph.of(
       cloned, [op for op in cloned if op.type in VARIABLE_TYPES])

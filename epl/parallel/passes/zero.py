@@ -64,7 +64,6 @@ from epl.parallel.passes import zero_weights
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import balanced_partition, variable_size
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -347,7 +346,7 @@ def _remap_colocation(op, local, subgraph, copies):
     if target in subgraph.cloned_names:
       target = copies.clones[local][target].name
     groups.append(("loc:@" + target).encode())
-  graph_edit.set_attr(op, "_class", attr_value_pb2.AttrValue(
+  graph_editor.set_attr(op, "_class", attr_value_pb2.AttrValue(
       list=attr_value_pb2.AttrValue.ListValue(s=groups)))
 
 
@@ -357,7 +356,7 @@ def _move_to_owner(ctx, subgraph, copies, ops, local):
   for op in ops:
     for index, tensor in enumerate(op.inputs):
       if tensor.op.name in subgraph.cloned_names:
-        graph_edit.update_input(op, index, copies.tensor(local, tensor))
+        graph_editor.update_input(op, index, copies.tensor(local, tensor))
     _remap_colocation(op, local, subgraph, copies)
     graph_editor.set_device(op, ctx.device(local, ctx.taskgraph_index(op)))
     del copies.clones[0][op.name]

@@ -63,7 +63,6 @@ from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import variable_size
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -205,7 +204,7 @@ def _set_shard_shapes(ctx, copies, weights):
     shape = weights.full_shapes[name].as_list()
     shape[info.axis] = info.columns
     for local in range(len(ctx.replicas)):
-      graph_edit.set_attr(copies.op(local, variable), "shape",
+      graph_editor.set_attr(copies.op(local, variable), "shape",
                           tf.compat.v1.AttrValue(
                               shape=tf.TensorShape(shape).as_proto()))
 
@@ -390,7 +389,7 @@ def _whole_writes(ctx, copies, weights, substitutes):
                 weights.full_shapes[name].num_elements()))
       writes = weights.writes.get(writer.name)
       if writes is None:
-        groups = graph_edit.control_outputs(writer)
+        groups = graph_editor.control_outputs(writer)
         writes = write_shards(ctx, copies, writer, info, _shard_of)
         if writer is variables.initializer(variable) and (
             across_workers.spans_workers(ctx)):
@@ -407,7 +406,7 @@ def _whole_writes(ctx, copies, weights, substitutes):
         continue
       # Groups the user built since (the rewrite's own reads of a written
       # shard wait for the write too: they are not groups).
-      for group in graph_edit.control_outputs(writer):
+      for group in graph_editor.control_outputs(writer):
         if not ctx.state.provenance.built_by_rewrite(group):
           graph_editor.add_control_inputs(group, writes)
 
@@ -425,7 +424,7 @@ def _reads_outside_the_step(ctx, copies, weights):
     reads = [op.outputs[0] for op in variable.outputs[0].consumers()
              if op.type in VARIABLE_READ_TYPES and op.name not in step and
              not ctx.state.provenance.built_by_rewrite(op)]
-    if graph_edit.is_ref_dtype(variable.outputs[0].dtype):
+    if graph_editor.is_ref_dtype(variable.outputs[0].dtype):
       reads.append(variable.outputs[0])
     found.extend((name, read) for read in reads
                  if read.name not in weights.gathered)
