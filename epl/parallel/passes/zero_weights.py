@@ -391,8 +391,10 @@ def _whole_writes(ctx, copies, weights, substitutes):
       if writes is None:
         groups = graph_editor.control_outputs(writer)
         writes = write_shards(ctx, copies, writer, info, _shard_of)
-        if writer is variables.initializer(variable) and (
-            across_workers.spans_workers(ctx)):
+        # Only across workers: finding the initializer reads every
+        # collection of the graph.
+        if across_workers.spans_workers(ctx) and (
+            writer is variables.initializer(variable)):
           writes = _from_worker_zero(ctx, copies, variable, [writer] + writes)
           for group in groups:
             graph_editor.add_control_inputs(group, writes)
