@@ -169,10 +169,15 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
                      name=None):
   env = active()
-  if env is None or _apply_depth.value:
+  if env is None:
     return original(optimizer, grads_and_vars, global_step=global_step,
                     name=name)
   grads_and_vars = list(grads_and_vars)
+  if _apply_depth.value:
+    train_op = original(optimizer, grads_and_vars, global_step=global_step,
+                        name=name)
+    capture.record_slots(optimizer, grads_and_vars)
+    return train_op
   _apply_depth.value += 1
   try:
     with capture.phase_scope(Phase.APPLY):
@@ -182,6 +187,7 @@ def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
   finally:
     _apply_depth.value -= 1
   capture.record_apply(grads_and_vars, train_op, global_step)
+  capture.record_slots(optimizer, grads_and_vars)
   return train_op
 
 

@@ -19,7 +19,8 @@ LAYERS = (
     (("epl.cluster", "epl.env"),
      "workers and devices, the process-wide environment"),
     (("epl.ir",),
-     "graph state, TaskGraphs, phases, graph editing (`Cloner`)"),
+     "graph state, TaskGraphs, phases, graph editing (`Cloner`; the "
+     "passes' only way to edit), variables by structure, EPL's op names"),
     (("epl.strategies",), "`replicate`, `split` scopes"),
     (("epl.capture",),
      "what the TF hooks record at graph-build time; graph mode; IO slicing"),

@@ -100,7 +100,7 @@ def test_bfloat16_needs_no_loss_scale():
   assert names.half_precision("dense/MatMul", "bfloat16") in _half_ops(
       graph, "bfloat16")
   assert not [op for op in graph.get_operations()
-              if op.name.startswith(loss_scale.SCOPE)]
+              if op.name.startswith(names.AMP_LOSS_SCALE)]
 
 
 def test_debug_log_names_converted_ops(caplog):

@@ -23,8 +23,6 @@ import tensorflow as tf
 import epl
 from epl.ir import names
 from epl.ir.op_types import VARIABLE_TYPES
-from epl.parallel.passes import gradient_checkpoint
-from epl.parallel.passes import zero
 from examples.moe import model as moe
 from tests import sharding
 from tests import test_moe
@@ -176,13 +174,13 @@ class Saver:
 
 def _zero(config):
   return Saver("ZeRO " + config["zero.level"], config, lambda graph: (
-      _has_op(graph, lambda op: op.name.startswith(zero.ZERO_SCOPE))))
+      _has_op(graph, lambda op: op.name.startswith(names.ZERO))))
 
 
 def _gc(kind):
   return Saver("GC " + kind, {"gradient_checkpoint.type": kind},
                lambda graph: _has_op(graph, lambda op: op.name.startswith(
-                   gradient_checkpoint.RECOMPUTE_PREFIX)))
+                   names.GRADIENT_CHECKPOINTS)))
 
 
 def _amp(dtype, **extra):

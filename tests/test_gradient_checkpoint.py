@@ -9,6 +9,7 @@ import tensorflow as tf
 import epl
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.graph_state import state_of
 from epl.parallel.passes import gradient_checkpoint
 from epl.parallel.passes import schedule
@@ -52,7 +53,7 @@ def staged_checkpointed_model(x):
 
 def _recomputed(graph):
   return [op for op in graph.get_operations()
-          if op.name.startswith(gradient_checkpoint.RECOMPUTE_PREFIX)]
+          if op.name.startswith(epl_names.GRADIENT_CHECKPOINTS)]
 
 
 def _gc(kind, devices=1, **extra):
@@ -76,7 +77,7 @@ def test_single_device_equivalence(kind, optimizer):
   if kind == "collection":
     # Layers 0 and 1 (before the checkpoint) are recomputed, layers 2 and 3
     # (the last block) are not, nor is the checkpoint itself.
-    names = {op.name[len(gradient_checkpoint.RECOMPUTE_PREFIX):]
+    names = {op.name[len(epl_names.GRADIENT_CHECKPOINTS):]
              for op in recomputed}
     assert "dense0/Tanh" in names
     assert not any(n.startswith(("dense2", "dense3", "dense1/Tanh"))
@@ -90,7 +91,7 @@ def test_four_replicas():
                                     config=_gc("collection", 4))
   training.assert_close(actual, expected)
   assert graph.get_operation_by_name(
-      "EPL_REPLICA_3/" + gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/Tanh")
+      "EPL_REPLICA_3/" + epl_names.GRADIENT_CHECKPOINTS + "dense0/Tanh")
 
 
 @pytest.mark.parametrize("accumulation", ["copies", "loop"])
@@ -102,7 +103,7 @@ def test_micro_batches_and_replicas(accumulation):
       config=_gc("collection", 2, **{"pipeline.num_micro_batch": 2,
                                      "pipeline.accumulation": accumulation}))
   training.assert_close(actual, expected)
-  recomputed = gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/Tanh"
+  recomputed = epl_names.GRADIENT_CHECKPOINTS + "dense0/Tanh"
   if accumulation == "copies":
     assert graph.get_operation_by_name("EPL_MICRO_BATCH_1/" + recomputed)
   else:
@@ -121,7 +122,7 @@ def test_pipeline_two_stages_two_replicas(kind):
   state = state_of(graph)
   for op in _recomputed(graph):
     original = graph.get_operation_by_name(
-        op.name[len(gradient_checkpoint.RECOMPUTE_PREFIX):])
+        op.name[len(epl_names.GRADIENT_CHECKPOINTS):])
     # A recomputed op runs on its own stage's device, in backward.
     assert op.device == original.device
     assert state.taskgraph_of(op) is state.taskgraph_of(original)
@@ -140,7 +141,7 @@ def test_pipeline_zero_bubble():
   # (its W) reads: another stage's backward reads it, so it is stage 0's
   # B, not W.
   result = state_of(graph).rewrite_result
-  recomputed = gradient_checkpoint.RECOMPUTE_PREFIX + "dense1/Tanh"
+  recomputed = epl_names.GRADIENT_CHECKPOINTS + "dense1/Tanh"
   [block] = [b for b, ops in schedule.blocks(
       result.context, result.subgraph, result.copies).items()
              if recomputed in [op.name for op in ops]]
@@ -178,7 +179,7 @@ def test_recompute_waits_for_the_downstream_gradient():
   _, _, graph = training.train(checkpointed_model, steps=1,
                                config=_gc("collection"))
   first = graph.get_operation_by_name(
-      gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/MatMul")
+      epl_names.GRADIENT_CHECKPOINTS + "dense0/MatMul")
   waits = [op.name for op in first.control_inputs]
   # The recomputed layers wait for the gradient that reaches them (the
   # gradient of dense1's pre-activation, made after the backward of the
@@ -262,7 +263,7 @@ def test_auto_block_threshold_is_configurable_and_reported(
 def test_each_layer_is_recomputed_when_backward_reaches_it():
   _, _, graph = training.train(transformer_model, steps=1,
                                config=_gc("auto"))
-  prefix = gradient_checkpoint.RECOMPUTE_PREFIX
+  prefix = epl_names.GRADIENT_CHECKPOINTS
   first = graph.get_operation_by_name(prefix + "layer_1/q/Tensordot/transpose")
   waits_for = {op.name for op in graph_editor.ancestors([first])}
   # Layer 1 is recomputed after layer 2's backward, though the gate it
@@ -340,7 +341,7 @@ def test_with_amp_and_replicas():
   # Recomputing the half-precision layers gives the same values.
   training.assert_close(actual, expected)
   assert graph.get_operation_by_name(
-      gradient_checkpoint.RECOMPUTE_PREFIX + "dense0/MatMul_EPL_AMP_float16")
+      epl_names.GRADIENT_CHECKPOINTS + "dense0/MatMul_EPL_AMP_float16")
 
 
 @tf.custom_gradient

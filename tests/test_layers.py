@@ -161,3 +161,34 @@ def test_public_aliases_of_moved_modules():
   from epl.profiler.memory_profiler_hook import MemoryProfilerHook  # pylint: disable=import-outside-toplevel
   assert flops.__name__ == "epl.parallel.cost.flops"
   assert MemoryProfilerHook.__module__ == "epl.tools.memory_profiler_hook"
+
+
+# A function longer than this is split into named steps (issue 36 item 5).
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_over_max_lines():
+  long_functions = []
+  for module, path in sorted(MODULES.items()):
+    with open(path) as source:
+      tree = ast.parse(source.read(), path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          long_functions.append("%s.%s (line %d): %d lines" % (
+              module, node.name, node.lineno, lines))
+  assert not long_functions, (
+      "functions over %d lines (split them into named steps): %s" % (
+          MAX_FUNCTION_LINES, "; ".join(long_functions)))
+
+
+def test_passes_edit_graphs_through_ir_only():
+  # epl.ir.graph_editor and epl.ir.control_flow give the passes the edits
+  # of epl.tf_compat.graph_edit (issue 36 item 4).
+  direct = sorted(module for module in MODULES
+                  if module.startswith("epl.parallel.passes.") and any(
+                      name == "epl.tf_compat.graph_edit"
+                      for name, _, _ in _imports(module)))
+  assert not direct, "passes that import epl.tf_compat.graph_edit: %s" % (
+      ", ".join(direct))

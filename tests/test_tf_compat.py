@@ -6,8 +6,11 @@ what EPL assumes it does, checked on plain TensorFlow without EPL. A
 TensorFlow upgrade that renames or changes one fails here first; the fix
 goes into epl.tf_compat and epl.tf_compat.VERSIONS.
 """
+import collections
 import functools
+import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +33,26 @@ from epl.tf_compat import targets
 from epl.tf_compat import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_VERSION = tf_compat.parse_version(tf.__version__)
+# epl.tf_compat.VERSIONS entry -> the contract tests that check it.
+CONTRACTS = collections.defaultdict(list)
+
+
+def contract(*entries):
+  """Marks a test as the contract of `entries` (keys of
+  epl.tf_compat.VERSIONS)."""
+  def mark(test):
+    for entry in entries:
+      assert entry in tf_compat.VERSIONS, entry
+      CONTRACTS[entry].append(test.__name__)
+    return test
+  return mark
+
+
+def _python(script):
+  """Runs `script` in a fresh Python process (this one's environment)."""
+  return subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
 
 
 def _run(fetches, graph):
@@ -62,6 +85,7 @@ def _calls(monkeypatch):
 # ------------------------------------------------------------- graph_edit
 
 
+@contract("graph_edit.update_input")
 def test_update_input_rewires_a_data_edge():
   graph = tf.Graph()
   with graph.as_default():
@@ -73,6 +97,7 @@ def test_update_input_rewires_a_data_edge():
   assert _run(c, graph) == 2.0
 
 
+@contract("graph_edit.set_attr")
 def test_set_attr_changes_an_attribute():
   graph = tf.Graph()
   with graph.as_default():
@@ -83,6 +108,9 @@ def test_set_attr_changes_an_attribute():
   assert noise.op.node_def.attr["seed2"].i == 77
 
 
+@contract(
+    "graph_edit.add_control_inputs", "graph_edit.control_outputs",
+    "graph_edit.remove_all_control_inputs")
 def test_control_inputs_added_listed_and_removed():
   graph = tf.Graph()
   with graph.as_default():
@@ -95,6 +123,7 @@ def test_control_inputs_added_listed_and_removed():
   assert not graph_edit.control_outputs(first)
 
 
+@contract("graph_edit.set_device")
 def test_set_device_places_without_device_functions():
   graph = tf.Graph()
   with graph.as_default(), tf.device("/device:CPU:0"):
@@ -103,6 +132,7 @@ def test_set_device_places_without_device_functions():
   assert value.op.device == "/device:CPU:1"
 
 
+@contract("graph_edit.creation_index")
 def test_creation_index_follows_creation_order():
   graph = tf.Graph()
   with graph.as_default():
@@ -113,6 +143,7 @@ def test_creation_index_follows_creation_order():
   assert indices == sorted(indices) and len(set(indices)) == 3
 
 
+@contract("graph_edit.is_ref_dtype")
 def test_is_ref_dtype_tells_tf1_variables():
   graph = tf.Graph()
   with graph.as_default():
@@ -123,6 +154,7 @@ def test_is_ref_dtype_tells_tf1_variables():
   assert not graph_edit.is_ref_dtype(tf.float32)
 
 
+@contract("graph_edit.declared_input_types")
 def test_declared_input_types_tell_a_reference_taken_from_a_value_read():
   graph = tf.Graph()
   with graph.as_default():
@@ -144,6 +176,7 @@ def test_declared_input_types_tell_a_reference_taken_from_a_value_read():
   assert declared[list(save.inputs).index(variable_input)] == tf.float32
 
 
+@contract("graph_edit.create_op")
 def test_create_op_takes_attrs_as_given(calls):
   created = calls(targets.CREATE_OP)
   graph = tf.Graph()
@@ -159,6 +192,7 @@ def test_create_op_takes_attrs_as_given(calls):
   np.testing.assert_allclose(_run(copy.outputs[0], graph), [1.0, 4.0])
 
 
+@contract("graph_edit.default_original_op")
 def test_default_original_op_is_the_op_a_gradient_is_built_for():
   seen = []
 
@@ -176,6 +210,7 @@ def test_default_original_op_is_the_op_a_gradient_is_built_for():
   assert seen == [(y.op, y.op)]
 
 
+@contract("graph_edit.graph_function")
 def test_graph_function_finds_a_called_function():
   graph = tf.Graph()
   with graph.as_default():
@@ -187,6 +222,7 @@ def test_graph_function_finds_a_called_function():
   assert graph_edit.graph_function(graph, "no_such_function") is None
 
 
+@contract("graph_edit.in_graph_context")
 def test_in_graph_context_tells_a_nested_default_graph():
   assert not graph_edit.in_graph_context()
   with tf.Graph().as_default():
@@ -212,6 +248,9 @@ def _v1_loop_and_cond(graph):
                          [tf.constant(0), tf.constant(-2.0)])
 
 
+@contract(
+    "graph_edit.control_flow_context", "graph_edit.containing_while_context",
+    "graph_edit.containing_while_context_of", "graph_edit.nested_contexts")
 def test_control_flow_contexts_of_ops(control_flow_v1):
   del control_flow_v1
   graph = tf.Graph()
@@ -231,6 +270,9 @@ def test_control_flow_contexts_of_ops(control_flow_v1):
   assert all(c.IsCondContext() for c in graph_edit.nested_contexts(loop))
 
 
+@contract(
+    "graph_edit.control_flow_context_def", "graph_edit.context_def_kind",
+    "graph_edit.context_from_def", "graph_edit.set_control_flow_context")
 def test_control_flow_contexts_copied_under_a_scope(control_flow_v1):
   del control_flow_v1
   graph = tf.Graph()
@@ -252,6 +294,7 @@ def test_control_flow_contexts_copied_under_a_scope(control_flow_v1):
   assert graph_edit.control_flow_context(trigger) is copy
 
 
+@contract("graph_edit.building_in_context")
 def test_building_in_context_enters_a_loop(control_flow_v1):
   del control_flow_v1
   graph = tf.Graph()
@@ -269,6 +312,9 @@ def test_building_in_context_enters_a_loop(control_flow_v1):
       graph.get_operation_by_name("Const_1")) is None
 
 
+@contract(
+    "graph_edit.building_v1_control_flow", "graph_edit.join_while_context",
+    "graph_edit.enter_while_context", "graph_edit.while_control_pivot")
 def test_existing_ops_join_a_v1_loop_built_under_control_flow_v2():
   graph = tf.Graph()
   with graph.as_default():
@@ -306,6 +352,7 @@ def _variable_graph_def():
   return source.as_graph_def()
 
 
+@contract("importer.import_nodes")
 def test_import_nodes_keeps_shared_name_and_devices(calls):
   graph_def = _variable_graph_def()
   created = calls(targets.CREATE_OP)
@@ -323,6 +370,7 @@ def test_import_nodes_keeps_shared_name_and_devices(calls):
   assert not created  # the op-creation hook does not see imported ops
 
 
+@contract("importer.import_nodes", "importer.names_in_use")
 def test_import_nodes_maps_inputs_and_does_not_check_names():
   graph_def = tf.compat.v1.GraphDef()
   source = tf.Graph()
@@ -366,6 +414,7 @@ def _collective_graph():
   return graph, reduced, gathered, exchanged
 
 
+@contract("ops.collective_ops")
 def test_collective_ops_inputs_and_attributes():
   graph, reduced, gathered, exchanged = _collective_graph()
   assert (reduced.op.type, gathered.op.type, exchanged.op.type) == (
@@ -387,6 +436,9 @@ def test_collective_ops_inputs_and_attributes():
                                               "CollectiveBcastRecvV2")
 
 
+@contract(
+    "ops.control_flow_ops", "ops.gen_resource_variable_ops",
+    "ops.gen_state_ops", "ops.resource_variable_ops", "ops.tensor_util")
 def test_op_modules_that_epl_builds_with():
   graph = tf.Graph()
   with graph.as_default():
@@ -410,6 +462,7 @@ def test_op_modules_that_epl_builds_with():
     assert sess.run(on) == 2.0
 
 
+@contract("ops.EagerTensor")
 def test_eager_tensor_type():
   # The tests run in graph mode: only the type is checked here, and that a
   # graph tensor is not one.
@@ -420,6 +473,7 @@ def test_eager_tensor_type():
     assert not isinstance(tf.constant(1.0), ops.EagerTensor)
 
 
+@contract("ops.gradient_registered")
 def test_gradient_registered():
   assert ops.gradient_registered("MatMul")
   assert not ops.gradient_registered("EplNoSuchOpType")
@@ -428,6 +482,9 @@ def test_gradient_registered():
 # ------------------------------------------------------------------ stats
 
 
+@contract(
+    "stats.OpStats", "stats.register_statistics", "stats.stats_for_node_def",
+    "stats.tensor_shape_from_node_def_name")
 def test_flops_statistics_registry():
   graph = tf.Graph()
   with graph.as_default():
@@ -444,6 +501,7 @@ def test_flops_statistics_registry():
 # ---------------------------------------------------------------- targets
 
 
+@contract("targets.CREATE_OP")
 def test_create_op_hook_sees_every_op(calls):
   created = calls(targets.CREATE_OP)
   graph = tf.Graph()
@@ -456,6 +514,7 @@ def test_create_op_hook_sees_every_op(calls):
   assert names == {op.name for op in graph.get_operations()}
 
 
+@contract("targets.GRADIENTS")
 def test_gradients_helper_is_behind_tf_gradients(calls):
   helped = calls(targets.GRADIENTS)
   graph = tf.Graph()
@@ -471,6 +530,28 @@ def test_gradients_helper_is_behind_tf_gradients(calls):
   assert len(helped) == 3
 
 
+@contract("targets.DEFAULT_GRAD_YS")
+def test_default_grad_ys_makes_the_seeds_of_tf_gradients(calls):
+  seeded = calls(targets.DEFAULT_GRAD_YS)
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant([1.0, 2.0])
+    loss = tf.reduce_sum(x * x)
+    given = tf.constant(3.0)
+    tf.gradients([loss, 2.0 * loss], x, grad_ys=[None, given])
+  # Called once per tf.gradients call with its grad_ys and ys: the
+  # seed it makes for the output given none is a ones-fill.
+  assert len(seeded) == 1
+  grad_ys, ys = seeded[0][:2]
+  assert grad_ys[0] is None and grad_ys[1] is given and len(ys) == 2
+
+
+@contract("ops.onednn_graph_rewrites")
+def test_onednn_graph_rewrites_answers():
+  assert ops.onednn_graph_rewrites() in (True, False)
+
+
+@contract("targets.TAPE_GRADIENT")
 def test_tape_gradient_is_the_method_tapes_call(calls):
   taped = calls(targets.TAPE_GRADIENT)
   assert tf.GradientTape is targets.TAPE_GRADIENT[0]
@@ -491,6 +572,7 @@ def test_tape_gradient_is_the_method_tapes_call(calls):
     lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     lambda: tf.compat.v1.train.RMSPropOptimizer(0.1),
 ])
+@contract("targets.APPLY_GRADIENTS")
 def test_compat_v1_optimizers_apply_through_the_patched_method(make, calls):
   owner, attribute = targets.APPLY_GRADIENTS
   assert owner is tf.compat.v1.train.Optimizer
@@ -504,6 +586,7 @@ def test_compat_v1_optimizers_apply_through_the_patched_method(make, calls):
   assert [args[0] for args in applied] == [optimizer]
 
 
+@contract("training.base_finish")
 def test_base_finish_only_groups_the_updates():
   graph = tf.Graph()
   with graph.as_default():
@@ -517,6 +600,9 @@ def test_base_finish_only_groups_the_updates():
   assert [c.name for c in grouped.control_inputs] == ["update"]
 
 
+@contract(
+    "targets.GRAPH_FINALIZE", "targets.SESSION_INIT", "targets.SESSION_RUN",
+    "targets.WRITE_GRAPH")
 def test_graph_finalize_session_and_write_graph_entry_points(calls,
                                                              tmp_path):
   finalized = calls(targets.GRAPH_FINALIZE)
@@ -543,6 +629,9 @@ def test_graph_finalize_session_and_write_graph_entry_points(calls,
   assert graphs and graphs[0][1] == str(tmp_path)
 
 
+@contract(
+    "targets.DATASET_ITERATORS", "targets.DATASET_READERS",
+    "targets.LIST_FILES")
 def test_dataset_entry_points(calls, tmp_path):
   path = str(tmp_path / "data.txt")
   with open(path, "w") as out:
@@ -564,8 +653,11 @@ def test_dataset_entry_points(calls, tmp_path):
   assert isinstance(files, tf.data.Dataset)
 
 
+@contract(
+    "targets.EVENT_FILE_WRITER", "targets.SAVER_SAVE", "targets.SAVER_RESTORE")
 def test_saver_and_summary_entry_points(calls, tmp_path):
   saved = calls(targets.SAVER_SAVE)
+  restored = calls(targets.SAVER_RESTORE)
   writers = calls(targets.EVENT_FILE_WRITER)
   assert tf.compat.v1.train.Saver is targets.SAVER_SAVE[0]
   graph = tf.Graph()
@@ -574,13 +666,16 @@ def test_saver_and_summary_entry_points(calls, tmp_path):
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
-      saver.save(sess, str(tmp_path / "model"))
+      path = saver.save(sess, str(tmp_path / "model"))
+      saver.restore(sess, path)
     writer = tf.compat.v1.summary.FileWriter(str(tmp_path / "events"), graph)
     writer.close()
   assert [args[0] for args in saved] == [saver]
+  assert [args[:3] for args in restored] == [(saver, sess, path)]
   assert [args[0] for args in writers] == [str(tmp_path / "events")]
 
 
+@contract("targets.ARG_MAX", "targets.EQUAL", "targets.TOP_K")
 def test_generated_op_wrappers_behind_argmax_equal_top_k(calls):
   argmaxed = calls(targets.ARG_MAX)
   compared = calls(targets.EQUAL)
@@ -599,6 +694,7 @@ def test_generated_op_wrappers_behind_argmax_equal_top_k(calls):
 # ------------------------------------------------------------------ keras
 
 
+@contract("keras.targets")
 def test_keras_targets_are_what_v1_layers_use(calls):
   found = keras.targets()
   assert found.problem is None, found.problem
@@ -618,6 +714,7 @@ def test_keras_targets_are_what_v1_layers_use(calls):
   assert len(added) == 4 and len(dense) == 1
 
 
+@contract("keras.targets")
 def test_frozen_keras_targets_are_what_tf1_layer_subclasses_use(calls):
   # tensorflow.python.layers.base.Layer (TF's frozen Keras 2) adds its
   # weights through the frozen v1 base layer in TF1 graph mode: its class
@@ -662,11 +759,12 @@ def test_keras_3_installs_no_layer_hooks(monkeypatch):
   assert keras.targets().problem is None
 
 
+@contract("keras.keras3_training_targets")
 def test_keras3_training_targets_only_where_tf_keras_is_keras3():
   # Keras 3's optimizer `apply` and Model.fit/train_on_batch are refused
   # under EPL only where tf.keras is Keras 3 (tests/test_keras3.py runs
   # that case in a subprocess); Keras 2 ones are never touched.
-  found = keras._keras3_training_targets()  # pylint: disable=protected-access
+  found = keras.keras3_training_targets()
   if str(getattr(tf.keras, "__version__", "")).startswith("3."):
     owners = {owner for owner, _ in found}
     assert owners == {tf.keras.optimizers.Optimizer, tf.keras.Model}
@@ -692,6 +790,7 @@ def test_missing_keras_targets_raise_a_clear_error(monkeypatch):
 # ---------------------------------------------- estimator, horovod, VERSIONS
 
 
+@contract("estimator.targets")
 @pytest.mark.skipif(not tf_estimator.available(),
                     reason="tensorflow-estimator is not installed")
 def test_estimator_targets():
@@ -722,19 +821,52 @@ def test_estimator_import_is_watched_not_made():
       "epl.shutdown()\n"
       "assert not hooked(tf.estimator.RunConfig.__init__)\n"
       "print('ok')\n")
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+  result = _python(script)
   assert result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
+@contract("horovod.horovod_api")
 def test_horovod_missing_says_how_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
   with pytest.raises(ImportError, match="make horovod"):
     horovod.horovod_api()
 
 
-def test_versions_table_names_tf_and_keras_for_every_entry():
-  assert tf_compat.VERSIONS
-  for name, support in tf_compat.VERSIONS.items():
-    assert isinstance(support, tf_compat.Support), name
-    assert support.tensorflow and support.keras, name
+@pytest.mark.parametrize("entry", sorted(tf_compat.VERSIONS))
+def test_versions_entry_is_a_compat_function_with_a_contract(entry):
+  module, name = entry.split(".")
+  assert hasattr(importlib.import_module("epl.tf_compat." + module), name)
+  assert CONTRACTS[entry], "no contract test checks %s" % entry
+  supported = tf_compat.VERSIONS[entry]
+  assert supported.first <= supported.last
+  assert supported.keras in (tf_compat.ANY_KERAS, tf_compat.KERAS_2,
+                             tf_compat.KERAS_3)
+
+
+def test_this_tensorflow_is_in_every_required_range():
+  tf_compat.check(tf.__version__)
+  assert all(s.holds(TF_VERSION) for s in tf_compat.VERSIONS.values()
+             if not s.optional)
+
+
+@pytest.mark.parametrize("version", ["2.14.1", "2.22.0", "3.0.0rc1"])
+def test_an_unsupported_tensorflow_is_refused_naming_the_function(version):
+  with pytest.raises(ImportError, match=(
+      r"TensorFlow %s: epl\.tf_compat\.graph_edit\.update_input \(and \d+ "
+      r"more\) .* TensorFlow 2\.15-2\.21" % re.escape(version))):
+    tf_compat.check(version)
+
+
+def test_an_unsupported_tensorflow_fails_at_import():
+  # In a fresh process whose TensorFlow says it is 2.22: importing any
+  # compat module raises EPL's error before TensorFlow's internals load.
+  script = (
+      "import tensorflow as tf\n"
+      "tf.__version__ = '2.22.0'\n"
+      "try:\n"
+      "  from epl.tf_compat import graph_edit\n"
+      "except ImportError as error:\n"
+      "  print(error)\n")
+  result = _python(script)
+  assert "EPL does not support TensorFlow 2.22.0" in result.stdout, (
+      result.stdout + result.stderr[-3000:])

@@ -18,11 +18,10 @@ import threading
 
 import tensorflow as tf
 
+from epl.ir import variables
 from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
-from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.tf_compat import graph_edit
-from epl.tf_compat.ops import resource_variable_ops
 
 
 class _ThreadState(threading.local):
@@ -122,19 +121,6 @@ def on_op_created(env, op, strategy_after_cut):
       state.tag(op, None, Phase.OTHER)
 
 
-def variable_op(source):
-  """The variable op behind `source` (a variable, its handle or its ref
-  tensor); None when `source` is not a variable."""
-  if resource_variable_ops.is_resource_variable(source):
-    handle = getattr(source, "handle", None)
-    return handle.op if isinstance(handle, tf.Tensor) else None
-  if isinstance(source, tf.Variable):
-    return source.op
-  if isinstance(source, tf.Tensor) and source.op.type in VARIABLE_TYPES:
-    return source.op
-  return None
-
-
 def densify_sparse_gradients(grads):
   """IndexedSlices gradients as dense Tensors (communication.sparse_as_dense)."""
   return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
@@ -148,7 +134,7 @@ def record_gradients(sources, grads):
   for source, grad in zip(sources, grads):
     if grad is None:
       continue
-    variable = variable_op(source)
+    variable = variables.op_of(source)
     if variable is not None and not _is_function_graph(variable.graph):
       pairs.append((grad, variable))
   if pairs:
@@ -169,10 +155,23 @@ def record_loss_seeds(grad_ys, seeds):
 
 def record_apply(grads_and_vars, train_op, global_step):
   """Records one `apply_gradients` call: which gradients it applied."""
-  pairs = [(g, variable_op(v)) for g, v in grads_and_vars if g is not None]
+  pairs = [(g, variables.op_of(v)) for g, v in grads_and_vars if g is not None]
   pairs = [(g, v) for g, v in pairs if v is not None]
   if not pairs:
     return
   state_of(pairs[0][1].graph, create=True).apply_records.append(
       ApplyRecord(grads_and_vars=tuple(pairs), train_op=train_op,
                   global_step=global_step))
+
+
+def record_slots(optimizer, grads_and_vars):
+  """Records the slots `optimizer` (a `tf.compat.v1.train.Optimizer`) holds
+  for the variables it applied (`epl.ir.variables.slot_owner`); called for
+  every `apply_gradients`, inner ones too, as an optimizer that wraps
+  another holds no slots of its own."""
+  for name in optimizer.get_slot_names():
+    for _, variable in grads_and_vars:
+      owner = variables.op_of(variable)
+      slot = variables.op_of(optimizer.get_slot(variable, name))
+      if owner is not None and slot is not None:
+        state_of(owner.graph, create=True).slot_owners[slot.name] = owner

@@ -25,6 +25,7 @@ for (VariableSync on rank 0) would never send. Every Horovod op is marked
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from epl.ir import names as epl_names
 from epl.communicators.base import Communicator
 from epl.tf_compat import graph_edit
 from epl.tf_compat.horovod import horovod_api
@@ -58,7 +59,7 @@ class HorovodCommunicator(Communicator):
     self._device = self.devices[self.local_members[0]]
 
   def _name(self, kind):
-    return "EPL_HVD_%s_%d" % (kind, self._keys.instance_key())
+    return epl_names.horovod_op(kind, self._keys.instance_key())
 
   def _spread(self, value):
     """`value` for every local member, copied to each one's device."""

@@ -33,6 +33,15 @@ _COLLECTIONS = {"cond": tf.compat.v1.GraphKeys.COND_CONTEXT,
                 "while": tf.compat.v1.GraphKeys.WHILE_CONTEXT}
 
 
+# Building a TF1 while-loop and making existing ops join its frame, as
+# epl.tf_compat.graph_edit gives them.
+building_v1_control_flow = graph_edit.building_v1_control_flow
+control_flow_context = graph_edit.control_flow_context
+join_while_context = graph_edit.join_while_context
+enter_while_context = graph_edit.enter_while_context
+while_control_pivot = graph_edit.while_control_pivot
+
+
 def forward_input_ops(op):
   """Producers of op's data and control inputs, less a loop's back edge:
   with them, a graph with v1 while-loops is acyclic."""

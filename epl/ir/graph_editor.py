@@ -3,6 +3,9 @@
 TensorFlow cannot delete ops, so the rewrite only adds ops and re-wires
 inputs. Clones are built from each op's NodeDef: renamed under a prefix,
 re-placed, and with inputs remapped to the clones of their producers.
+The passes edit graphs through this module (and `control_flow` for v1
+loops) only; the edits TensorFlow has no public API for come from
+`epl.tf_compat.graph_edit`.
 """
 import collections
 
@@ -12,6 +15,19 @@ from tensorflow.core.framework import graph_pb2
 from epl.ir import control_flow
 from epl.tf_compat import graph_edit
 from epl.tf_compat import importer
+
+
+# Edits in place and facts TensorFlow's public API lacks, as
+# epl.tf_compat.graph_edit gives them.
+update_input = graph_edit.update_input
+set_attr = graph_edit.set_attr
+remove_all_control_inputs = graph_edit.remove_all_control_inputs
+control_outputs = graph_edit.control_outputs
+creation_index = graph_edit.creation_index
+is_ref_dtype = graph_edit.is_ref_dtype
+declared_input_types = graph_edit.declared_input_types
+create_op = graph_edit.create_op
+graph_function = graph_edit.graph_function
 
 
 def input_ops(op):

@@ -72,6 +72,10 @@ class GraphState:
     self._op_micro_batch = {}
     self.gradient_records: List[GradientRecord] = []
     self.apply_records: List[ApplyRecord] = []
+    # Slot variable op name -> the variable op it is a slot of, as each
+    # optimizer's `get_slot` answered after `apply_gradients`
+    # (epl.ir.variables).
+    self.slot_owners = {}
     # Names of the ones-fills `tf.gradients` seeded the backward pass with
     # (the losses' gradients), for the loss scale.
     self.loss_seeds = set()

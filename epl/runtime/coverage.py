@@ -11,8 +11,8 @@ which write values that come from no other variable, pass.
 """
 import tensorflow as tf
 
-from epl.capture.capture import variable_op
 from epl.ir import graph_editor
+from epl.ir import variables
 from epl.ir.graph_state import state_of
 from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
 from epl.parallel.passes.training_subgraph import written_variables
@@ -105,7 +105,7 @@ def check_run(graph, fetches):
   trainable = set()
   for variable in graph.get_collection(
       tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
-    op = variable_op(variable)
+    op = variables.op_of(variable)
     if op is not None:
       trainable.add(op.name)
   # Initialisers (also what var.load runs) write what the user chose.

@@ -17,93 +17,121 @@ of this package, and only from here (tests/test_layers.py checks it):
 - `horovod`: Horovod, imported on first use.
 
 This package imports only TensorFlow, Keras and the optional packages
-above, never the rest of EPL. tests/test_tf_compat.py has one contract test
-per private call and hook target: a TensorFlow upgrade that changes one
-fails there first.
+above, never the rest of EPL. `VERSIONS` gives, for each of its functions
+and hook targets, the TensorFlow versions it is known to work with; every
+module that imports TensorFlow's internals imports `version_check` first,
+which checks them (`check`), so an unsupported TensorFlow fails at once
+with one error naming the function and its range. tests/test_tf_compat.py has a contract test for every entry: a
+TensorFlow upgrade that changes one fails there first.
 """
-import collections
+from typing import NamedTuple, Tuple
 
-# TensorFlow and Keras versions each private call and hook target works
-# with. "2.15" is TF 2.15.x with its bundled Keras 2; "2.16-2.21" is TF
-# 2.16 to 2.21, with tf-keras under TF_USE_LEGACY_KERAS=1 ("tf-keras") or
-# with the default Keras 3 ("keras3"). A target that a version lacks is
-# not installed there; the feature that needs it raises and says so.
-Support = collections.namedtuple("Support", ["tensorflow", "keras"])
+# Which Keras a compat function needs.
+ANY_KERAS = "any"
+# Keras 2: bundled with TF 2.15; tf-keras on 2.16 and later under
+# TF_USE_LEGACY_KERAS=1 (not Keras 3: no keras.src.engine, other add_weight
+# arguments, no tf.compat.v1.layers).
+KERAS_2 = "keras2"
+KERAS_3 = "keras3"
 
-_ALL_TF = "2.15-2.21"
-_ANY_KERAS = "any (not used)"
-_LEGACY_KERAS = ("Keras 2 bundled with TF 2.15; tf-keras 2.16-2.21 under "
-                 "TF_USE_LEGACY_KERAS=1; not keras3 (no keras.src.engine, "
-                 "other add_weight arguments, no tf.compat.v1.layers)")
 
+class Range(NamedTuple):
+  """TensorFlow versions (major, minor), both ends included, that a compat
+  function is known to work with. `optional` says why the feature may be
+  absent; outside its range such a function is absent, and the feature
+  that needs it raises when used, instead of the import."""
+  first: Tuple[int, int]
+  last: Tuple[int, int]
+  keras: str = ANY_KERAS
+  optional: str = ""
+
+  def holds(self, version):
+    return self.first <= version <= self.last
+
+  def __str__(self):
+    return "%d.%d-%d.%d" % (self.first + self.last)
+
+
+_TESTED = Range((2, 15), (2, 21))
+_KERAS_2 = Range((2, 15), (2, 21), keras=KERAS_2)
+
+# Each function and hook target of this package, as "<module>.<name>", and
+# the TensorFlow versions it works with (tests/test_tf_compat.py checks
+# each).
 VERSIONS = {
-    # graph_edit
-    "Operation._update_input": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._set_attr": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._add_control_inputs": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._remove_all_control_inputs": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._set_device": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._control_outputs": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._id": Support(_ALL_TF, _ANY_KERAS),
-    "DType._is_ref_dtype": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._input_types": Support(_ALL_TF, _ANY_KERAS),
-    "Graph._create_op_internal": Support(_ALL_TF, _ANY_KERAS),
-    "Graph._default_original_op": Support(_ALL_TF, _ANY_KERAS),
-    "Graph._get_function": Support(_ALL_TF, _ANY_KERAS),
-    "ops._default_graph_stack.is_cleared": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._control_flow_context, _set_control_flow_context; "
-    "Graph._get/_set_control_flow_context; ControlFlowContext."
-    "_nested_contexts, to_control_flow_context_def; "
-    "control_flow_ops.from_control_flow_context_def; "
-    "control_flow_util.GetContainingWhileContext":
-        Support(_ALL_TF, _ANY_KERAS),
-    "control_flow_util.ENABLE_CONTROL_FLOW_V2; WhileContext._values, "
-    "AddValue, GetControlPivot": Support(_ALL_TF, _ANY_KERAS),
-    # importer
-    "importer._PopulateTFImportGraphDefOptions": Support(_ALL_TF,
-                                                         _ANY_KERAS),
-    "TF_GraphImportGraphDefWithResults": Support(_ALL_TF, _ANY_KERAS),
-    "Operation._from_c_op": Support(_ALL_TF, _ANY_KERAS),
-    "Graph._names_in_use": Support(_ALL_TF, _ANY_KERAS),
-    # ops
-    "collective_ops (V2: all_reduce, all_gather, all_to_all, broadcast)":
-        Support(_ALL_TF, _ANY_KERAS),
-    "gen_math_ops, gen_nn_ops, gen_resource_variable_ops, gen_state_ops":
-        Support(_ALL_TF, _ANY_KERAS),
-    "tensor_util, control_flow_ops.switch, resource_variable_ops":
-        Support(_ALL_TF, _ANY_KERAS),
-    "ops.gradient_registry": Support(_ALL_TF, _ANY_KERAS),
-    "_pywrap_util_port.IsMklEnabled": Support(_ALL_TF, _ANY_KERAS),
-    # stats
-    "ops.RegisterStatistics, flops_registry": Support(_ALL_TF, _ANY_KERAS),
-    # targets: the hooks epl.hooks installs
-    "Graph._create_op_helper": Support(_ALL_TF, _ANY_KERAS),
-    "Graph.finalize": Support(_ALL_TF, _ANY_KERAS),
-    "gradients_util._GradientsHelper": Support(_ALL_TF, _ANY_KERAS),
-    "GradientTape.gradient": Support(_ALL_TF, _ANY_KERAS),
-    "compat.v1 Optimizer.apply_gradients, Optimizer._finish":
-        Support(_ALL_TF, _ANY_KERAS),
-    "BaseSession.__init__, BaseSession.run": Support(_ALL_TF, _ANY_KERAS),
-    "dataset readers, Dataset.list_files, DatasetV1 iterators":
-        Support(_ALL_TF, _ANY_KERAS),
-    "Saver.save, EventFileWriter, training_util.write_graph":
-        Support(_ALL_TF, _ANY_KERAS),
-    "gen_math_ops.arg_max, equal; gen_nn_ops.top_kv2":
-        Support(_ALL_TF, _ANY_KERAS),
-    # keras
-    "Layer.add_weight (base_layer, base_layer_v1), Dense.__call__":
-        Support(_ALL_TF, _LEGACY_KERAS),
-    "tensorflow.python.keras.engine base_layer(_v1).Layer.add_weight "
-    "(TF's frozen Keras 2, under tensorflow.python.layers.base.Layer)":
-        Support(_ALL_TF, "TensorFlow's own copy, hooked beside Keras 2 "
-                "(bundled on 2.15, tf-keras 2.16-2.21); not keras3"),
-    "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
-    "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),
-    # estimator
-    "RunConfig.__init__, Estimator._call_model_fn, latest_checkpoint, "
-    "evaluate": Support("2.15 (tensorflow-estimator; gone from 2.16)",
-                        _ANY_KERAS),
-    # horovod
-    "horovod.tensorflow": Support("2.15 (Horovod 0.28.1 does not build "
-                                  "against 2.21)", _ANY_KERAS),
+    # graph_edit: editing ops in place; v1 control-flow contexts.
+    **{"graph_edit." + name: _TESTED for name in (
+        "update_input", "set_attr", "add_control_inputs",
+        "remove_all_control_inputs", "set_device", "control_outputs",
+        "creation_index", "is_ref_dtype", "declared_input_types",
+        "create_op", "default_original_op", "graph_function",
+        "in_graph_context", "control_flow_context",
+        "containing_while_context", "containing_while_context_of",
+        "control_flow_context_def", "context_def_kind", "context_from_def",
+        "building_in_context", "nested_contexts",
+        "set_control_flow_context", "building_v1_control_flow",
+        "join_while_context", "enter_while_context",
+        "while_control_pivot")},
+    # importer: adding nodes through the C API.
+    "importer.names_in_use": _TESTED,
+    "importer.import_nodes": _TESTED,
+    # ops: private op modules and framework types.
+    **{"ops." + name: _TESTED for name in (
+        "EagerTensor", "collective_ops", "control_flow_ops",
+        "gen_resource_variable_ops", "gen_state_ops",
+        "gradient_registered", "onednn_graph_rewrites",
+        "resource_variable_ops", "tensor_util")},
+    # stats: the per-op statistics registry.
+    **{"stats." + name: _TESTED for name in (
+        "OpStats", "register_statistics", "stats_for_node_def",
+        "tensor_shape_from_node_def_name")},
+    # targets: the entry points epl.hooks wraps.
+    **{"targets." + name: _TESTED for name in (
+        "CREATE_OP", "GRAPH_FINALIZE", "GRADIENTS", "DEFAULT_GRAD_YS",
+        "TAPE_GRADIENT", "APPLY_GRADIENTS", "SESSION_INIT", "SESSION_RUN",
+        "DATASET_READERS", "LIST_FILES", "DATASET_ITERATORS", "SAVER_SAVE",
+        "SAVER_RESTORE", "EVENT_FILE_WRITER", "WRITE_GRAPH", "ARG_MAX",
+        "EQUAL", "TOP_K")},
+    # training: TF1 optimizer internals.
+    "training.base_finish": _TESTED,
+    # keras: the Keras 2 layers epl.split hooks (and TensorFlow's frozen
+    # copy of them); under Keras 3 its training entry points, refused.
+    "keras.targets": _KERAS_2,
+    "keras.keras3_training_targets": Range(
+        (2, 16), (2, 21), keras=KERAS_3,
+        optional="Keras 3 is TensorFlow's Keras from 2.16"),
+    # estimator, horovod: optional packages.
+    "estimator.targets": Range(
+        (2, 15), (2, 15),
+        optional="tensorflow-estimator is gone from TensorFlow 2.16"),
+    "horovod.horovod_api": Range(
+        (2, 15), (2, 15),
+        optional="Horovod 0.28.1 does not build against TensorFlow 2.21"),
 }
+
+
+def parse_version(version):
+  """(major, minor) of a TensorFlow version string ("2.16.0rc1")."""
+  major, minor = version.split(".")[:2]
+  return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def check(version):
+  """Raises ImportError when TensorFlow `version` (a string) is outside the
+  range of a function EPL needs (every entry but the optional ones); the
+  error names the first such function and its range."""
+  found = parse_version(version)
+  outside = [(name, supported) for name, supported in VERSIONS.items()
+             if not supported.optional and not supported.holds(found)]
+  if outside:
+    name, supported = outside[0]
+    others = (" (and %d more)" % (len(outside) - 1)
+              if len(outside) > 1 else "")
+    raise ImportError(
+        "EPL does not support TensorFlow %s: epl.tf_compat.%s%s relies on "
+        "TensorFlow internals known to work with TensorFlow %s "
+        "(epl.tf_compat.VERSIONS). Install a TensorFlow in that range "
+        "(pip install 'epl[cpu]' for 2.15, 'epl[cpu-latest]' for 2.21); "
+        "to port EPL, run tests/test_tf_compat.py on it and widen the "
+        "range of each function whose contract holds." % (
+            version, name, others, supported))

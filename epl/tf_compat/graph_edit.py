@@ -8,6 +8,8 @@ renames or changes one fails in tests/test_tf_compat.py first.
 # pylint: disable=protected-access
 import contextlib
 
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.core.protobuf import control_flow_pb2
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import control_flow_ops

@@ -7,6 +7,8 @@ new node as a tf.Operation. Keeps every attribute of the NodeDefs as given,
 `shared_name` included: a caller that copies variables must rename it.
 """
 # pylint: disable=protected-access
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.client import pywrap_tf_session as c_api
 from tensorflow.python.framework import c_api_util
 from tensorflow.python.framework import importer

@@ -22,6 +22,8 @@ import importlib
 import logging
 import types
 
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 import tensorflow as tf
 
 from epl.tf_compat import keras_selection
@@ -94,7 +96,7 @@ def targets():
         "is imported." % (tf.__version__, tf.__version__.rsplit(".", 1)[0]))
     logger.debug("Keras layer hooks not installed: %s", problem)
     return KerasTargets(
-        problem=problem, keras3_training=_keras3_training_targets(),
+        problem=problem, keras3_training=keras3_training_targets(),
         keras3_missing_modules=(
             ((tf.compat.v1, "layers"), "tf.compat.v1.layers"),
             ((tf.compat.v1.nn, "rnn_cell"), "tf.compat.v1.nn.rnn_cell")))
@@ -127,7 +129,7 @@ def targets():
       problem=problem)
 
 
-def _keras3_training_targets():
+def keras3_training_targets():
   """Keras 3's optimizer `apply` and Model.fit/train_on_batch, when
   tf.keras is Keras 3; () otherwise."""
   try:

@@ -8,12 +8,12 @@ resource-variable check (`resource_variable_ops`), and whether this
 process runs TensorFlow's oneDNN graph rewrites (`_pywrap_util_port`).
 EPL's modules import them from here, never from `tensorflow.python`.
 """
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_ops
-from tensorflow.python.ops import gen_math_ops
-from tensorflow.python.ops import gen_nn_ops
 from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.ops import gen_state_ops
 from tensorflow.python.ops import resource_variable_ops
@@ -23,8 +23,8 @@ from tensorflow.python.util import _pywrap_util_port
 EagerTensor = _framework_ops.EagerTensor
 
 __all__ = [
-    "EagerTensor", "collective_ops", "control_flow_ops", "gen_math_ops",
-    "gen_nn_ops", "gen_resource_variable_ops", "gen_state_ops",
+    "EagerTensor", "collective_ops", "control_flow_ops",
+    "gen_resource_variable_ops", "gen_state_ops",
     "gradient_registered", "onednn_graph_rewrites", "resource_variable_ops",
     "tensor_util",
 ]

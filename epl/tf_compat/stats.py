@@ -4,6 +4,8 @@
 Importing this module registers TensorFlow's own FLOPs statistics
 (`flops_registry`), which TensorFlow only loads with its profiler.
 """
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.framework import graph_util
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.profiler.internal import flops_registry  # pylint: disable=unused-import  (registers TF's FLOPs statistics)

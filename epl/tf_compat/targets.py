@@ -7,6 +7,8 @@ made through `Graph._create_op_helper`), so wrapping the public name alone
 would miss calls. tests/test_tf_compat.py checks that each still is what
 the public API reaches.
 """
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers

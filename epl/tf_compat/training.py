@@ -1,5 +1,7 @@
 """Internals of the TF1 training API (`tf.compat.v1.train`)."""
 # pylint: disable=protected-access
+# First: checks the TensorFlow version before its internals are imported.
+from epl.tf_compat import version_check  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.training import optimizer as optimizer_lib
 
 

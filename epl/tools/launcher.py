@@ -112,6 +112,13 @@ def _parser():
                            "to every host that reaches it (docs/security.md)")
   parser.add_argument("--in_private_network", action="store_true",
                       help=argparse.SUPPRESS)
+  _add_machine_and_output_arguments(parser)
+  return parser
+
+
+def _add_machine_and_output_arguments(parser):
+  """epl-launch's arguments for several machines, the workers' output, and
+  how they run."""
   parser.add_argument("--machine_list", default=None,
                       help="comma-separated machines of a multi-machine job, "
                            "each 'host' or 'host:base_port'; every machine "
@@ -143,7 +150,6 @@ def _parser():
   parser.add_argument("command", nargs=argparse.REMAINDER,
                       help="script.sh, script.py or a command, with its "
                            "arguments")
-  return parser
 
 
 def _flag(value):

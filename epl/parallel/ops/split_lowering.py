@@ -33,7 +33,9 @@ import tensorflow as tf
 from epl.env import Env
 from epl.capture import capture
 from epl.ir import graph_state
+from epl.ir import names as epl_names
 from epl.ir import provenance
+from epl.ir import variables
 from epl.parallel.ops import collective_gradients
 from epl.strategies.strategy import Split
 from epl.tf_compat.ops import collective_ops
@@ -41,8 +43,6 @@ from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 
-SHARD_INDEX_NAME = "EPL_SHARD_INDEX"
-RANDOM_SHARD_NAME = "EPL_SHARD_RANDOM"
 # Group key of every capture-time collective; the rewrite replaces it.
 PLACEHOLDER_GROUP_KEY = 1 << 20
 
@@ -110,16 +110,15 @@ def sharded_variables_in(graph):
 
 def sharding_of(graph, variable):
   """The ShardedVariable of `variable` (an op of `graph`): its own record,
-  or for an optimizer slot (a variable named `<split variable>/...` of the
-  same shape) its owner's; None when its replicas hold it whole."""
+  or for an optimizer slot of the same shape its owner's; None when its
+  replicas hold it whole."""
   recorded = sharded_variables_in(graph)
   if variable.name in recorded:
     return recorded[variable.name]
-  for name, info in recorded.items():
-    if variable.name.startswith(name + "/") and (
-        variable.get_attr("shape") ==
-        graph.get_operation_by_name(name).get_attr("shape")):
-      return info
+  owner = variables.slot_owner(variable)
+  if owner is not None and owner.name in recorded and (
+      variable.get_attr("shape") == owner.get_attr("shape")):
+    return recorded[owner.name]
   return None
 
 
@@ -173,7 +172,7 @@ def _settings():
 def shard_index():
   """This shard's index in its group (a Const the rewrite sets per replica)."""
   with capture.role_scope(provenance.SHARD_INDEX):
-    return tf.constant(0, tf.int32, name=SHARD_INDEX_NAME)
+    return tf.constant(0, tf.int32, name=epl_names.SHARD_INDEX)
 
 
 def _in_half_precision(exchange):
@@ -239,7 +238,7 @@ def _variance_scaling_shard(initializer, full_shape, shard_shape, dtype):
   fan = {"fan_in": fan_in, "fan_out": fan_out,
          "fan_avg": (fan_in + fan_out) / 2.0}[initializer.mode]
   variance = initializer.scale / max(1.0, fan)
-  name = RANDOM_SHARD_NAME
+  name = epl_names.SHARD_RANDOM
   # Recorded so that the rewrite gives each shard's copy its own seed.
   with capture.role_scope(provenance.SHARD_RANDOM):
     if initializer.distribution == "uniform":
@@ -285,6 +284,25 @@ _DENSE_UNSUPPORTED = ("activity_regularizer", "kernel_regularizer",
                       "bias_constraint")
 
 
+def _check_dense_arguments(strategy, name, reuse, unsupported):
+  """Raises for what a split dense layer cannot do: arguments it does not
+  support (`unsupported`, those dense() got beyond its own), reuse."""
+  unknown = set(unsupported) - set(_DENSE_UNSUPPORTED)
+  if unknown:
+    raise TypeError("dense() got unexpected arguments %s" % sorted(unknown))
+  given = sorted(k for k, v in unsupported.items() if v is not None)
+  if given:
+    raise ValueError(
+        "tf.compat.v1.layers.dense(name=%r) inside %r: %s not supported on a "
+        "split dense layer; build it outside the split scope or drop them." %
+        (name, strategy, ", ".join(given)))
+  if reuse:
+    raise ValueError(
+        "tf.compat.v1.layers.dense(name=%r, reuse=%r) inside %r: a split "
+        "dense layer cannot be reused; build it once." % (name, reuse,
+                                                         strategy))
+
+
 def dense(original, inputs, units, activation=None, use_bias=True,
           kernel_initializer=None, bias_initializer=None, trainable=True,
           name=None, reuse=None, **unsupported):
@@ -298,20 +316,7 @@ def dense(original, inputs, units, activation=None, use_bias=True,
     # Only what the caller set: TF's defaults are not all None.
     given = {k: v for k, v in given.items() if v is not None}
     return original(inputs, units, **given, **unsupported)
-  unknown = set(unsupported) - set(_DENSE_UNSUPPORTED)
-  if unknown:
-    raise TypeError("dense() got unexpected arguments %s" % sorted(unknown))
-  unsupported = sorted(k for k, v in unsupported.items() if v is not None)
-  if unsupported:
-    raise ValueError(
-        "tf.compat.v1.layers.dense(name=%r) inside %r: %s not supported on a "
-        "split dense layer; build it outside the split scope or drop them." %
-        (name, strategy, ", ".join(unsupported)))
-  if reuse:
-    raise ValueError(
-        "tf.compat.v1.layers.dense(name=%r, reuse=%r) inside %r: a split "
-        "dense layer cannot be reused; build it once." % (name, reuse,
-                                                         strategy))
+  _check_dense_arguments(strategy, name, reuse, unsupported)
   group_size = group_size_of(strategy)
   inputs = tf.convert_to_tensor(inputs)
   in_dim = tf.compat.dimension_value(inputs.shape[-1])

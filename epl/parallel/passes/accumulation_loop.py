@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import (FUNCTION_BODY_TYPES, INPUT_READ_TYPES,
                              PLACEHOLDER_TYPES, VARIABLE_READ_TYPES,
                              VARIABLE_TYPES)
@@ -34,9 +35,7 @@ from epl.parallel.passes.forward_state import forward_writes
 from epl.parallel.passes.merge_outputs import MERGES
 from epl.parallel.passes.random_seeds import SEED_INPUT_TYPES
 from epl.parallel.passes.training_subgraph import tensors_of
-from epl.tf_compat import graph_edit
 
-LOOP_SCOPE = "EPL_MICRO_BATCH_LOOP"
 _NOT_KEPT_DTYPES = (tf.resource, tf.variant)
 
 
@@ -106,7 +105,7 @@ class _Layout:
                          if w.inputs[1].op.name in self.moved_names]
     self.kept, self.kept_readers = self._kept_values(ctx)
     # Ops outside the loop that wait for one of its ops wait for the loop.
-    self.waiting = [(op, [w for w in graph_edit.control_outputs(op)
+    self.waiting = [(op, [w for w in graph_editor.control_outputs(op)
                           if w.name not in self.moved_names])
                     for op in self.moved]
 
@@ -252,6 +251,194 @@ def _micro_batch_inputs(ctx, plan_layout, copies, read_copies):
   return sources
 
 
+class _Scale:
+  """Divides a sum of the micro-batches by their count M (for the mean):
+  one constant per dtype, built on first use."""
+
+  def __init__(self, count, mean):
+    self.count = count
+    self.mean = mean
+    self._counts = {}
+
+  def __call__(self, tensor, always=False):
+    if not (self.mean or always):
+      return tensor
+    if tensor.dtype not in self._counts:
+      self._counts[tensor.dtype] = tf.constant(self.count, tensor.dtype,
+                                               name="micro_batches")
+    return tensor / self._counts[tensor.dtype]
+
+
+def _input_arrays(sources, indices, count):
+  """[(input tensor, TensorArray of its value in each micro-batch)]."""
+  inputs = []
+  for tensor, values in sources:
+    array = _tensor_array(tensor, count)
+    for index, value in zip(indices, values):
+      array = array.write(index, value)
+    inputs.append((tensor, array))
+  return inputs
+
+
+def _summed_groups(plan_layout, dense):
+  """The dense values summed over the iterations, flattened into one loop
+  variable per dtype (and per kind: forward state updates are always
+  averaged): a loop variable costs seven ops per replica, a value in a flat
+  sum three. {(dtype, always averaged): [values]}."""
+  groups = collections.OrderedDict()
+  for _, grad in dense:
+    groups.setdefault((grad.dtype, False), []).append(grad)
+  for value in plan_layout.write_values:
+    groups.setdefault((value.dtype, True), []).append(value)
+  return groups
+
+
+def _move_into_loop(plan_layout, index, inputs, gate, outside_controls):
+  """Makes the moved ops join the frame of the loop whose counter is
+  `index`: inputs from outside enter it (the batch's inputs are read from
+  their TensorArrays), control inputs from outside wait for `gate`."""
+  moved, moved_names = plan_layout.moved, plan_layout.moved_names
+  context = control_flow.control_flow_context(index.op)
+  for op in moved:
+    control_flow.join_while_context(op, context)
+  pivot = control_flow.while_control_pivot(context)
+  arrays = dict((t.name, a) for t, a in inputs)
+  entered = {}
+
+  def inside(tensor):
+    if tensor.name not in entered:
+      array = arrays.get(tensor.name)
+      entered[tensor.name] = (
+          array.read(index) if array is not None else
+          control_flow.enter_while_context(context, tensor))
+    return entered[tensor.name]
+  gate_inside = tf.identity(gate).op if gate is not None else None
+  for op in moved:
+    for position, tensor in enumerate(op.inputs):
+      if tensor.op.name not in moved_names:
+        graph_editor.update_input(op, position, inside(tensor))
+    controls = list(op.control_inputs)
+    if any(c.name not in moved_names for c in controls):
+      graph_editor.remove_all_control_inputs(op)
+      kept_controls = [c for c in controls if c.name in moved_names]
+      if any(c.name in outside_controls for c in controls):
+        kept_controls.append(gate_inside)
+      if kept_controls:
+        graph_editor.add_control_inputs(op, kept_controls)
+    if not op.inputs and not op.control_inputs:
+      graph_editor.add_control_inputs(op, [pivot])
+
+
+def _loop_body(plan_layout, inputs, gate, outside_controls, groups,
+               kept_values):
+  """The while-loop's body: one micro-batch, its sums and kept values."""
+
+  def body(index, totals, arrays):
+    _move_into_loop(plan_layout, index, inputs, gate, outside_controls)
+    flat_shape = tf.constant([-1], name="flat")
+    flats = []
+    for values in groups.values():
+      parts = [tf.reshape(v, flat_shape) for v in values]
+      flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+    totals = [total + flat for total, flat in zip(totals, flats)]
+    arrays = [array.write(index, value)
+              for array, value in zip(arrays, kept_values)]
+    # The loop ends (its Exits fire) only after the last iteration has
+    # summed and kept everything: an update after the loop must not
+    # overwrite a variable that iteration still reads.
+    with tf.control_dependencies(
+        [t.op for t in totals] + [a.flow.op for a in arrays]):
+      return index + 1, totals, arrays
+  return body
+
+
+def _split_sums(groups, totals, scale):
+  """{value name: its sum over the micro-batches} from the flat sums."""
+  sums_by_name = {}
+  for ((_, always), values), total in zip(groups.items(), totals):
+    total = scale(total, always)
+    pieces = [total] if len(values) == 1 else tf.split(
+        total, [v.shape.num_elements() for v in values])
+    for value, piece in zip(values, pieces):
+      sums_by_name[value.name] = tf.reshape(piece, value.shape)
+  return sums_by_name
+
+
+def _read_kept(plan_layout, copies, arrays, indices):
+  """Records each kept value's value per iteration in `copies.loop_values`;
+  its readers read micro-batch 0's."""
+  copies.loop_values = {}
+  for tensor, array in zip(plan_layout.kept, arrays):
+    values = [array.read(index) for index in indices]
+    copies.loop_values[tensor.name] = values
+    graph_editor.replace_input_in(plan_layout.kept_readers[tensor.name],
+                                  tensor, values[0])
+
+
+def _after_loop(plan_layout, copies, loop, groups, dense, sparse, scale,
+                indices):
+  """Wires the loop's results to their readers; returns the accumulated
+  gradients by point name."""
+  done, totals, arrays = loop
+  for op, waiting in plan_layout.waiting:
+    for other in waiting:
+      graph_editor.remove_control_input(other, op)
+      graph_editor.add_control_inputs(other, [done.op])
+  sums_by_name = _split_sums(groups, totals, scale)
+  accumulated = {name: sums_by_name[grad.name] for name, grad in dense}
+  for write in plan_layout.writes:
+    if write.inputs[1].name in sums_by_name:
+      graph_editor.update_input(write, 1, sums_by_name[write.inputs[1].name])
+  _read_kept(plan_layout, copies, arrays, indices)
+  sparse_arrays = arrays[len(plan_layout.kept):]
+  for position, (name, grad) in enumerate(sparse):
+    values, rows = (graph_editor.with_unknown_sizes(
+        sparse_arrays[2 * position + part].concat()) for part in (0, 1))
+    accumulated[name] = tf.IndexedSlices(scale(values), rows,
+                                         grad.dense_shape)
+  for name, grad in plan_layout.points:
+    for old, new in zip(tensors_of(grad), tensors_of(accumulated[name])):
+      graph_editor.replace_input_in(
+          plan_layout.gradient_readers[old.name], old, new)
+  return accumulated
+
+
+def _build_loop(ctx, plan_layout, copies, read_copies, scale,
+                outside_controls):
+  """The loop's ops (see `run_as_loop`), in the default graph's current
+  device and scope; returns the accumulated gradients by point name."""
+  count = scale.count
+  sources = _micro_batch_inputs(ctx, plan_layout, copies, read_copies)
+  # One constant per micro-batch index, dtype and count, which every
+  # TensorArray and sum shares.
+  indices = [tf.constant(m, name="micro_batch_%d" % m)
+             for m in range(count)]
+  inputs = _input_arrays(sources, indices, count)
+  gate = None
+  if outside_controls:
+    with tf.control_dependencies(list(outside_controls.values())):
+      gate = tf.constant(True, name="after_outside_inputs")
+  dense = [(name, grad) for name, grad in plan_layout.points
+           if not isinstance(grad, tf.IndexedSlices)]
+  sparse = [(name, grad) for name, grad in plan_layout.points
+            if isinstance(grad, tf.IndexedSlices)]
+  groups = _summed_groups(plan_layout, dense)
+  sums = [tf.zeros([sum(v.shape.num_elements() for v in values)], dtype)
+          for (dtype, _), values in groups.items()]
+  sparse_parts = [part for _, grad in sparse
+                  for part in (grad.values, grad.indices)]
+  kept = [_tensor_array(t, count)
+          for t in list(plan_layout.kept) + sparse_parts]
+  kept_values = list(plan_layout.kept) + sparse_parts
+  loop = tf.compat.v1.while_loop(
+      lambda index, *_: index < count,
+      _loop_body(plan_layout, inputs, gate, outside_controls, groups,
+                 kept_values),
+      (tf.constant(0), sums, kept), parallel_iterations=1, back_prop=False)
+  return _after_loop(plan_layout, copies, loop, groups, dense, sparse, scale,
+                     indices)
+
+
 def run_as_loop(ctx, plan_layout, copies, read_copies):
   """Builds the loop of `plan_layout` (see the module) around the input
   reads' copies `read_copies` ([{name: copy}] for micro-batches 1..M-1);
@@ -271,134 +458,10 @@ def run_as_loop(ctx, plan_layout, copies, read_copies):
   outside_controls = {c.name: c for op in moved for c in op.control_inputs
                       if c.name not in moved_names and
                       c.name not in plan_layout.after_writes}
-  with tf.device(device), tf.name_scope(LOOP_SCOPE), \
-      graph_edit.building_v1_control_flow():
-    sources = _micro_batch_inputs(ctx, plan_layout, copies, read_copies)
-    # One constant per micro-batch index, dtype and count, which every
-    # TensorArray and sum shares.
-    indices = [tf.constant(m, name="micro_batch_%d" % m)
-               for m in range(count)]
-    counts = {}
-
-    def scaled(tensor, always=False):
-      if not (mean or always):
-        return tensor
-      if tensor.dtype not in counts:
-        counts[tensor.dtype] = tf.constant(count, tensor.dtype,
-                                           name="micro_batches")
-      return tensor / counts[tensor.dtype]
-    inputs = []
-    for tensor, values in sources:
-      array = _tensor_array(tensor, count)
-      for index, value in zip(indices, values):
-        array = array.write(index, value)
-      inputs.append((tensor, array))
-    gate = None
-    if outside_controls:
-      with tf.control_dependencies(list(outside_controls.values())):
-        gate = tf.constant(True, name="after_outside_inputs")
-    dense = [(name, grad) for name, grad in plan_layout.points
-             if not isinstance(grad, tf.IndexedSlices)]
-    sparse = [(name, grad) for name, grad in plan_layout.points
-              if isinstance(grad, tf.IndexedSlices)]
-    # The dense values summed over the iterations, flattened into one loop
-    # variable per dtype (and per kind: forward state updates are always
-    # averaged): a loop variable costs seven ops per replica, a value in a
-    # flat sum three.
-    groups = collections.OrderedDict()
-    for _, grad in dense:
-      groups.setdefault((grad.dtype, False), []).append(grad)
-    for value in plan_layout.write_values:
-      groups.setdefault((value.dtype, True), []).append(value)
-    sums = [tf.zeros([sum(v.shape.num_elements() for v in values)], dtype)
-            for (dtype, _), values in groups.items()]
-    kept = [_tensor_array(t, count) for t in plan_layout.kept] + [
-        _tensor_array(part, count) for _, grad in sparse
-        for part in (grad.values, grad.indices)]
-    kept_values = list(plan_layout.kept) + [
-        part for _, grad in sparse for part in (grad.values, grad.indices)]
-
-    def body(index, totals, arrays):
-      context = graph_edit.control_flow_context(index.op)
-      for op in moved:
-        graph_edit.join_while_context(op, context)
-      pivot = graph_edit.while_control_pivot(context)
-      entered = {}
-
-      def inside(tensor):
-        if tensor.name not in entered:
-          array = dict((t.name, a) for t, a in inputs).get(tensor.name)
-          entered[tensor.name] = (
-              array.read(index) if array is not None else
-              graph_edit.enter_while_context(context, tensor))
-        return entered[tensor.name]
-      gate_inside = tf.identity(gate).op if gate is not None else None
-      for op in moved:
-        for position, tensor in enumerate(op.inputs):
-          if tensor.op.name not in moved_names:
-            graph_edit.update_input(op, position, inside(tensor))
-        controls = list(op.control_inputs)
-        if any(c.name not in moved_names for c in controls):
-          graph_edit.remove_all_control_inputs(op)
-          kept_controls = [c for c in controls if c.name in moved_names]
-          if any(c.name in outside_controls for c in controls):
-            kept_controls.append(gate_inside)
-          if kept_controls:
-            graph_edit.add_control_inputs(op, kept_controls)
-        if not op.inputs and not op.control_inputs:
-          graph_edit.add_control_inputs(op, [pivot])
-      flat_shape = tf.constant([-1], name="flat")
-      flats = []
-      for values in groups.values():
-        parts = [tf.reshape(v, flat_shape) for v in values]
-        flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
-      totals = [total + flat for total, flat in zip(totals, flats)]
-      arrays = [array.write(index, value)
-                for array, value in zip(arrays, kept_values)]
-      # The loop ends (its Exits fire) only after the last iteration has
-      # summed and kept everything: an update after the loop must not
-      # overwrite a variable that iteration still reads.
-      with tf.control_dependencies(
-          [t.op for t in totals] + [a.flow.op for a in arrays]):
-        return index + 1, totals, arrays
-
-    done, totals, arrays = tf.compat.v1.while_loop(
-        lambda index, *_: index < count, body,
-        (tf.constant(0), sums, kept), parallel_iterations=1,
-        back_prop=False)
-
-    for op, waiting in plan_layout.waiting:
-      for other in waiting:
-        graph_editor.remove_control_input(other, op)
-        graph_editor.add_control_inputs(other, [done.op])
-    sums_by_name = {}
-    for ((_, always), values), total in zip(groups.items(), totals):
-      total = scaled(total, always)
-      pieces = [total] if len(values) == 1 else tf.split(
-          total, [v.shape.num_elements() for v in values])
-      for value, piece in zip(values, pieces):
-        sums_by_name[value.name] = tf.reshape(piece, value.shape)
-    accumulated = {name: sums_by_name[grad.name] for name, grad in dense}
-    for write in plan_layout.writes:
-      if write.inputs[1].name in sums_by_name:
-        graph_edit.update_input(write, 1, sums_by_name[write.inputs[1].name])
-    copies.loop_values = {}
-    for tensor, array in zip(plan_layout.kept, arrays):
-      values = [array.read(index) for index in indices]
-      copies.loop_values[tensor.name] = values
-      graph_editor.replace_input_in(plan_layout.kept_readers[tensor.name],
-                                    tensor, values[0])
-    sparse_arrays = arrays[len(plan_layout.kept):]
-    for position, (name, grad) in enumerate(sparse):
-      values, indices = (graph_editor.with_unknown_sizes(
-          sparse_arrays[2 * position + part].concat())
-                         for part in (0, 1))
-      accumulated[name] = tf.IndexedSlices(scaled(values), indices,
-                                           grad.dense_shape)
-    for name, grad in plan_layout.points:
-      for old, new in zip(tensors_of(grad), tensors_of(accumulated[name])):
-        graph_editor.replace_input_in(
-            plan_layout.gradient_readers[old.name], old, new)
+  with tf.device(device), tf.name_scope(epl_names.MICRO_BATCH_LOOP), \
+      control_flow.building_v1_control_flow():
+    accumulated = _build_loop(ctx, plan_layout, copies, read_copies,
+                              _Scale(count, mean), outside_controls)
   built = graph.get_operations()[first_new:]
   for op in built:
     if state.taskgraph_of(op) is None:

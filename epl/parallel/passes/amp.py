@@ -23,7 +23,6 @@ from epl.ir import names
 from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.gradient_checkpoint import CHECKPOINTS_COLLECTION
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -118,7 +117,7 @@ def paint(ops):
 def _is_weight(tensor):
   op = tensor.op
   if op.type == "Identity":
-    return bool(op.inputs) and graph_edit.is_ref_dtype(op.inputs[0].dtype)
+    return bool(op.inputs) and graph_editor.is_ref_dtype(op.inputs[0].dtype)
   return op.type in _WEIGHT_SOURCES
 
 
@@ -186,13 +185,13 @@ class _Converter:
     attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
     attrs["T"] = attr_value_pb2.AttrValue(type=self.dtype.as_datatype_enum)
     with control_flow.building_next_to(op):
-      copy = graph_edit.create_op(
+      copy = graph_editor.create_op(
           self.ctx.graph, op.type, inputs,
           dtypes=[self.dtype if i in outputs else t.dtype
                   for i, t in enumerate(op.outputs)],
           name=names.half_precision(op.name, self.dtype.name), attrs=attrs,
           op_def=op.op_def)
-    graph_edit.set_device(copy, op.device)
+    graph_editor.set_device(copy, op.device)
     self.ctx.state.provenance.record_copy(copy, op,
                                           replica=self.ctx.replicas[0])
     graph_editor.add_control_inputs(
@@ -219,10 +218,10 @@ class _Converter:
         self._keep(new.op, op)
       graph_editor.replace_input_in(readers, tensor, new)
       remapped[tensor.name] = new
-    for waiting in list(graph_edit.control_outputs(op)):
+    for waiting in list(graph_editor.control_outputs(op)):
       controls = [copy if c is op else c for c in waiting.control_inputs]
-      graph_edit.remove_all_control_inputs(waiting)
-      graph_edit.add_control_inputs(waiting, controls)
+      graph_editor.remove_all_control_inputs(waiting)
+      graph_editor.add_control_inputs(waiting, controls)
     return remapped
 
 
@@ -248,8 +247,7 @@ def convert_to_half(ctx, subgraph, gradients, gradient_points, copies,
   painted = paint(ops)
   converter = _Converter(ctx, user_devices, painted, dtype)
   remapped = {}
-  with ctx.graph.as_default(), ctx.graph.name_scope(None), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(""):
     half_copies = [(op, converter.convert(op)) for op in ops
                    if op.name in painted]
     for op, copy in half_copies:

@@ -7,10 +7,13 @@ passes allocate in pass order (so that every worker derives the same
 keys). The artifacts the passes hand each other are values of the types
 below (and `TrainingSubgraph`, `CapturedStep`); the engine declares them.
 """
+import contextlib
 import dataclasses
 
 import tensorflow as tf
 
+from epl.ir import names as epl_names
+from epl.capture import capture
 from epl.communicators import backend
 from epl.communicators.collective import CollectiveKeys
 from epl.parallel.plan import planner
@@ -37,6 +40,17 @@ class RewriteContext:
       self._plan = planner.plan_of(self.graph, for_rewrite=True)
     return self._plan
 
+  @contextlib.contextmanager
+  def building(self, scope=None):
+    """Ops built inside are EPL's own, in this graph: not captured, under
+    name scope `scope` ("" the root; None keeps the caller's), and waiting
+    for none of the control dependencies the caller's ops wait for."""
+    with capture.suspended(), self.graph.as_default():
+      name_scope = (self.graph.name_scope(scope) if scope is not None
+                    else contextlib.nullcontext())
+      with name_scope, self.graph.control_dependencies(None):
+        yield
+
   @property
   def replicas(self):
     """The global indices of the replicas this worker builds; the first
@@ -49,8 +63,7 @@ class RewriteContext:
     """An int64 tensor that counts the steps that read it, run once per
     step on this worker's CPU (a one-shot iterator over 0, 1, 2, ...)."""
     if self._step_counter is None:
-      with self.graph.as_default(), self.graph.name_scope(
-          "EPL_STEP_COUNTER/"), self.graph.control_dependencies(None), \
+      with self.building(epl_names.STEP_COUNTER), \
           tf.device(self.host_device(0)):
         steps = tf.data.Dataset.range(2 ** 62)
         self._step_counter = tf.compat.v1.data.make_one_shot_iterator(

@@ -9,12 +9,11 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from epl.capture import capture
+from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import PLACEHOLDER_TYPES
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
-FED_BATCH_SCOPE = "EPL_FED_BATCH"
 
 
 def is_fed_batch(placeholder):
@@ -45,8 +44,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
     return
   placeholders = [op for op in captured_step.shared
                   if op.type in PLACEHOLDER_TYPES and is_fed_batch(op)]
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      FED_BATCH_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.FED_BATCH):
     for placeholder in placeholders:
       fed = placeholder.outputs[0]
       readers = [c for c in fed.consumers()
@@ -74,7 +72,7 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
             copy = copies.op(local, reader)
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
-                graph_edit.update_input(copy, position, piece)
+                graph_editor.update_input(copy, position, piece)
       ctx.state.fed_batch_parts[fed.name] = (parts, replicas,
                                              len(micro_batches))
       logger.info("EPL: the batch fed to placeholder %r is split into %d "

@@ -7,13 +7,11 @@ batch statistics, and the replicas' moving statistics would drift apart.
 """
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.passes.training_subgraph import written_variables
-from epl.tf_compat import graph_edit
 
-FORWARD_STATE_SCOPE = "EPL_FORWARD_STATE"
 # Collectives of forward state updates: a chain of their own.
 _CHAIN = "forward_state"
 
@@ -48,8 +46,7 @@ def average_forward_state_updates(ctx, captured_step, subgraph, copies):
     return
   replicas = range(len(ctx.replicas))
   join_names = {op.name for op in captured_step.joins}
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      FORWARD_STATE_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.FORWARD_STATE):
     for write in writes:
       joins = [op for op in graph_editor.descendants([write])
                if op.name in join_names]
@@ -66,11 +63,11 @@ def average_forward_state_updates(ctx, captured_step, subgraph, copies):
         means = ctx.communicator(taskgraph, _CHAIN).all_reduce(means, "mean")
       for local in replicas:
         replica_copies = [copies.op(local, c) for c in micro_batch_writes]
-        graph_edit.update_input(replica_copies[0], 1, means[local])
+        graph_editor.update_input(replica_copies[0], 1, means[local])
         for copy in replica_copies:
           # Once per step: in no micro-batch's block of the schedule.
           ctx.state.set_micro_batch(copy, None)
-          for waiting in list(graph_edit.control_outputs(copy)):
+          for waiting in list(graph_editor.control_outputs(copy)):
             if waiting.name not in join_names:
               graph_editor.remove_control_input(waiting, copy)
         for join in joins:

@@ -7,6 +7,7 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.passes import gradient_buckets
 from epl.parallel.passes.training_subgraph import tensors_of
@@ -238,8 +239,7 @@ def aggregate_gradients(ctx, gradient_points, copies):
     return
   comm = ctx.config.communication
   reduce_op = comm.gradients_reduce_method
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.GRADIENT_AGGREGATION):
     # Each tf.gradients call's gradients reduce in chains of their own, so
     # that a train op run alone never waits on another's all-reduce.
     for chain, points in enumerate(gradient_points):

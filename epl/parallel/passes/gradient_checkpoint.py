@@ -23,15 +23,13 @@ import tensorflow as tf
 from epl.parallel.cost import checkpoint_search
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
 CHECKPOINTS_COLLECTION = "checkpoints"
-RECOMPUTE_PREFIX = "EPL_GRADIENT_CHECKPOINTS/"
-CHECK_PREFIX = "EPL_GRADIENT_CHECKPOINTS_CHECK/"
 # check_gradients tolerance: recomputation may reorder float additions.
 _RTOL, _ATOL = 1e-4, 1e-5
 
@@ -48,7 +46,7 @@ def never_recomputed(op):
   if (op.type in control_flow.V1_CONTROL_FLOW_TYPES or
       control_flow.context_of(op) is not None):
     return True
-  return any(t.dtype == tf.resource or graph_edit.is_ref_dtype(t.dtype)
+  return any(t.dtype == tf.resource or graph_editor.is_ref_dtype(t.dtype)
              for t in op.inputs)
 
 
@@ -94,7 +92,7 @@ def _segments(forward, checkpoint_ops, copies):
   forward_names = {op.name for op in forward}
   reaches = {}
   for op in reversed(forward):
-    targets = [graph_edit.creation_index(c) if c.name in checkpoint_ops
+    targets = [graph_editor.creation_index(c) if c.name in checkpoint_ops
                else reaches.get(c.name)
                for t in op.outputs for c in t.consumers()
                if c.name in forward_names]
@@ -125,7 +123,7 @@ def _descendants(ops):
       continue
     seen.add(op.name)
     stack.extend(c for t in op.outputs for c in t.consumers())
-    stack.extend(graph_edit.control_outputs(op))
+    stack.extend(graph_editor.control_outputs(op))
   return seen
 
 
@@ -151,7 +149,8 @@ def _order_just_in_time(ctx, segment, readers):
 def _copy_plain_gradients(ctx, backward_ops):
   """A copy of the backward ops that reads the forward values, for
   check_gradients; {original op name: copy}."""
-  return graph_editor.clone_ops(ctx.graph, backward_ops, CHECK_PREFIX,
+  return graph_editor.clone_ops(ctx.graph, backward_ops,
+                                epl_names.GRADIENT_CHECKPOINTS_CHECK,
                                 lambda op: op.device,
                                 provenance=ctx.state.provenance,
                                 replica=ctx.replicas[0])
@@ -197,36 +196,12 @@ def _add_gradient_checks(step, gradients, plain_copies):
       graph_editor.add_control_inputs(update, checks)
 
 
-def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
-                          user_devices):
-  """Rewrites replica 0's backward to recompute non-checkpoint activations.
-
-  Forward ops that lie before a checkpoint (ancestors of one, or branches
-  off them that only backward reads) and are not `never_recomputed` get a
-  copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on
-  the same device, built from the checkpoints and kept values; backward ops
-  that read such an op's output read the copy instead (shape readers
-  excepted). Ops after the last checkpoints are not recomputed: their
-  gradients come first, so recomputing them saves nothing. The copies
-  leading to one checkpoint wait (control edges) for the gradients flowing
-  into the backward ops that read them. The copies are BACKWARD ops of the original's
-  TaskGraph and join the cloned subgraph; their provenance names what
-  they copy. Forward ops, the optimizer and every other op are unchanged.
-  With gradient_checkpoint.check_gradients, the train op also asserts each
-  step that the gradients equal those of a plain copy of the backward
-  pass. Hands on the recomputed segments (`recomputed_segments`).
-  """
-  state = ctx.state
-  cloned = subgraph.cloned
-  forward = [op for op in cloned if state.phase_of(op) is Phase.FORWARD]
+def _recompute_candidates(forward, checkpoints):
+  """Names of the forward ops that may be recomputed: those before a
+  checkpoint (ancestors of one, or branches off them that only backward
+  reads), not checkpoints themselves nor `never_recomputed`."""
   forward_names = {op.name for op in forward}
-  backward = [op for op in cloned if state.phase_of(op) is Phase.BACKWARD]
-  checkpoints = [t for t in checkpoint_tensors(ctx, forward)
-                 if t.op.name in forward_names]
   checkpoint_ops = {t.op.name for t in checkpoints}
-  logger.info("Gradient checkpointing (%s): %d checkpoint tensor(s)",
-              ctx.config.gradient_checkpoint.type, len(checkpoints))
-  logger.debug("Checkpoints: %s", [t.name for t in checkpoints])
   recomputable = {op.name for op in forward if not never_recomputed(op)}
   before = _ancestors_within(
       [t.op for c in checkpoints for t in c.op.inputs], forward_names,
@@ -238,7 +213,12 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
         p in before for p in producers) and all(
             p in before or p not in recomputable for p in producers):
       before.add(op.name)
-  candidates = (before & recomputable) - checkpoint_ops
+  return (before & recomputable) - checkpoint_ops
+
+
+def _to_recompute(cloned, backward, candidates):
+  """The backward reads [(op, input index, tensor)] of `candidates`, and
+  the ops (in `cloned` order) their recomputation copies."""
   # Shape readers run in forward and keep nothing alive: they keep reading
   # the forward value.
   reads = [(op, index, t) for op in backward
@@ -246,7 +226,72 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
            for index, t in enumerate(op.inputs) if t.op.name in candidates]
   needed = _ancestors_within([t.op for _, _, t in reads], candidates,
                              stop=())
-  to_copy = [op for op in cloned if op.name in needed]
+  return reads, [op for op in cloned if op.name in needed]
+
+
+def _check_gradients_possible(ctx, backward):
+  """Raises when gradient_checkpoint.check_gradients cannot copy the
+  backward pass plainly (a TF1 while-loop in it)."""
+  looped = [op.name for op in backward if control_flow.in_loop(op)]
+  if looped:
+    raise ValueError(
+        "gradient_checkpoint.check_gradients cannot check a backward pass "
+        "with a TF1 while-loop (op %r, in %r): its plain copy would pop "
+        "the forward loop's values a second time. Set "
+        "gradient_checkpoint.check_gradients to False (recomputation "
+        "itself works), or build the loop with control flow v2 "
+        "(tf.compat.v1.enable_control_flow_v2())." % (
+            looped[0], control_flow.loop_name(
+                ctx.graph.get_operation_by_name(looped[0]))))
+
+
+def _read_recomputed(ctx, reads, recomputed, copies, user_devices):
+  """Makes the backward `reads` read the recomputed copies, which become
+  BACKWARD ops of replica 0; returns {copy name: [its backward readers]}."""
+  state = ctx.state
+  readers = collections.defaultdict(list)
+  for op, index, tensor in reads:
+    copy = recomputed[tensor.op.name]
+    graph_editor.update_input(op, index, copy.outputs[tensor.value_index])
+    readers[copy.name].append(op)
+  for name, copy in recomputed.items():
+    state.copy_tags(copies.clones[0][name], copy)
+    state.set_phase(copy, Phase.BACKWARD)
+    user_devices[copy.name] = user_devices.get(name, "")
+  copies.clones[0].update({copy.name: copy for copy in recomputed.values()})
+  return readers
+
+
+def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
+                          user_devices):
+  """Rewrites replica 0's backward to recompute non-checkpoint activations.
+
+  Forward ops that lie before a checkpoint (ancestors of one, or branches
+  off them that only backward reads) and are not `never_recomputed` get a
+  copy named `EPL_GRADIENT_CHECKPOINTS/<name>` on the same device, built
+  from the checkpoints and kept values; backward ops that read such an
+  op's output read the copy instead (shape readers excepted). Ops after
+  the last checkpoints are not recomputed: their gradients come first, so
+  recomputing them saves nothing. The copies leading to one checkpoint
+  wait (control edges) for the gradients flowing into the backward ops
+  that read them. The copies are BACKWARD ops of the original's TaskGraph
+  in the cloned subgraph (provenance: what they copy); no other op changes.
+  With gradient_checkpoint.check_gradients, the train op also asserts each
+  step that the gradients equal those of a plain copy of the backward
+  pass. Hands on the recomputed segments (`recomputed_segments`).
+  """
+  state = ctx.state
+  cloned = subgraph.cloned
+  forward = [op for op in cloned if state.phase_of(op) is Phase.FORWARD]
+  forward_names = {op.name for op in forward}
+  backward = [op for op in cloned if state.phase_of(op) is Phase.BACKWARD]
+  checkpoints = [t for t in checkpoint_tensors(ctx, forward)
+                 if t.op.name in forward_names]
+  logger.info("Gradient checkpointing (%s): %d checkpoint tensor(s)",
+              ctx.config.gradient_checkpoint.type, len(checkpoints))
+  logger.debug("Checkpoints: %s", [t.name for t in checkpoints])
+  reads, to_copy = _to_recompute(
+      cloned, backward, _recompute_candidates(forward, checkpoints))
   result = {"subgraph": subgraph, "copies": copies,
             "user_devices": user_devices, "recomputed_segments": []}
   if not to_copy:
@@ -256,40 +301,23 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
     return result
   plain_copies = None
   if ctx.config.gradient_checkpoint.check_gradients:
-    looped = [op.name for op in backward if control_flow.in_loop(op)]
-    if looped:
-      raise ValueError(
-          "gradient_checkpoint.check_gradients cannot check a backward pass "
-          "with a TF1 while-loop (op %r, in %r): its plain copy would pop "
-          "the forward loop's values a second time. Set "
-          "gradient_checkpoint.check_gradients to False (recomputation "
-          "itself works), or build the loop with control flow v2 "
-          "(tf.compat.v1.enable_control_flow_v2())." % (
-              looped[0], control_flow.loop_name(
-                  ctx.graph.get_operation_by_name(looped[0]))))
+    _check_gradients_possible(ctx, backward)
     plain_copies = _copy_plain_gradients(ctx, backward)
-  recomputed = graph_editor.clone_ops(ctx.graph, to_copy, RECOMPUTE_PREFIX,
+  recomputed = graph_editor.clone_ops(ctx.graph, to_copy,
+                                      epl_names.GRADIENT_CHECKPOINTS,
                                       lambda op: op.device,
                                       provenance=state.provenance,
                                       replica=ctx.replicas[0])
-  readers = collections.defaultdict(list)
-  for op, index, tensor in reads:
-    copy = recomputed[tensor.op.name]
-    graph_edit.update_input(op, index, copy.outputs[tensor.value_index])
-    readers[copy.name].append(op)
-  for name, copy in recomputed.items():
-    state.copy_tags(copies.clones[0][name], copy)
-    state.set_phase(copy, Phase.BACKWARD)
-    user_devices[copy.name] = user_devices.get(name, "")
-  segments = _segments(forward, checkpoint_ops, recomputed)
+  readers = _read_recomputed(ctx, reads, recomputed, copies, user_devices)
+  segments = _segments(forward, {t.op.name for t in checkpoints}, recomputed)
   for segment in segments:
     _order_just_in_time(
         ctx, segment, [r for op in segment for r in readers[op.name]])
-  copies.clones[0].update({copy.name: copy for copy in recomputed.values()})
   logger.info("Gradient checkpointing: %d forward op(s) recomputed in "
               "backward", len(recomputed))
   if plain_copies is not None:
-    with ctx.graph.as_default(), ctx.graph.name_scope(CHECK_PREFIX):
+    with ctx.graph.as_default(), ctx.graph.name_scope(
+        epl_names.GRADIENT_CHECKPOINTS_CHECK):
       _add_gradient_checks(captured_step, gradients, plain_copies)
   result["subgraph"] = subgraph.adding(recomputed.values())
   result["recomputed_segments"] = segments

@@ -21,11 +21,11 @@ import logging
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes import amp
-from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import control_flow_ops
 
 logger = logging.getLogger("epl")
@@ -33,9 +33,8 @@ logger = logging.getLogger("epl")
 INITIAL_SCALE = 2.0 ** 15
 INCREMENT_PERIOD = 2000
 MULTIPLIER = 2.0
-SCOPE = "EPL_AMP_LOSS_SCALE"
-SCALE_VARIABLE = SCOPE + "/loss_scale"
-GOOD_STEPS_VARIABLE = SCOPE + "/good_steps"
+SCALE_VARIABLE = epl_names.AMP_LOSS_SCALE + "/loss_scale"
+GOOD_STEPS_VARIABLE = epl_names.AMP_LOSS_SCALE + "/good_steps"
 
 
 def used(config):
@@ -74,7 +73,7 @@ def _scale_tensor(ctx):
   with tf.device(ctx.host_device(0)):
     if not dynamic(ctx.config):
       return tf.constant(ctx.config.amp.loss_scale, tf.float32,
-                         name=SCOPE + "/fixed"), None
+                         name=epl_names.AMP_LOSS_SCALE + "/fixed"), None
     scale = _State(SCALE_VARIABLE, INITIAL_SCALE, tf.float32)
     good_steps = _State(GOOD_STEPS_VARIABLE, 0, tf.int64)
     return scale.value, (scale, good_steps)
@@ -116,8 +115,7 @@ def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
         "cannot be loss-scaled. Use amp.dtype \"bfloat16\", which needs no "
         "loss scale, or let tf.gradients make grad_ys.")
   built = []
-  with ctx.graph.as_default(), ctx.graph.name_scope(None), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(""):
     scale, dynamic_state = _scale_tensor(ctx)
     for seed in seeds:
       tensor = seed.outputs[0]
@@ -160,11 +158,11 @@ def _gate(op, should_apply):
   neither runs nor lets ops that wait for it run."""
   for index in reversed(range(len(op.inputs))):
     tensor = op.inputs[index]
-    if tensor.dtype != tf.resource and not graph_edit.is_ref_dtype(
+    if tensor.dtype != tf.resource and not graph_editor.is_ref_dtype(
         tensor.dtype):
       with tf.device(op.device):
         _, taken = control_flow_ops.switch(tensor, should_apply)
-      graph_edit.update_input(op, index, taken)
+      graph_editor.update_input(op, index, taken)
       return
   raise ValueError("AMP dynamic loss scale cannot skip %s (%s): it has no "
                    "value input to gate." % (op.name, op.type))
@@ -183,15 +181,14 @@ def skip_nonfinite_updates(ctx, loss_scale_state, captured_step, subgraph,
   """
   scale, good_steps = loss_scale_state
   cloned, shared = _writers(ctx, captured_step, subgraph)
-  with ctx.graph.as_default(), ctx.graph.name_scope(SCOPE + "/"), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.AMP_LOSS_SCALE + "/"):
     with tf.device(ctx.host_device(0)):
       # Values computed after an update (Adam's beta powers wait for the
       # updates) would make the gates wait for themselves: a cycle.
       after_updates = {op.name for op in graph_editor.descendants(cloned)}
       applied = [t for op in cloned for t in op.inputs
                  if t.dtype.is_floating and
-                 not graph_edit.is_ref_dtype(t.dtype) and
+                 not graph_editor.is_ref_dtype(t.dtype) and
                  t.op.name not in after_updates]
       finite = tf.reduce_all(tf.stack(
           [tf.reduce_all(tf.math.is_finite(t)) for t in applied]),

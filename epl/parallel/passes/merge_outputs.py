@@ -1,8 +1,8 @@
 """Fetches of tensors merged over replicas (epl.GraphKeys collections)."""
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.parallel.passes import across_workers
 
 # Summary ops: one that records a merged tensor records its merged value.
@@ -40,8 +40,7 @@ def merge_global_objects(ctx, copies):
     # fetch returns its value in micro-batch 0, as the user's op (micro-
     # batch 0) returns it when the micro-batches are copies.
     substitutes[name] = values[0]
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      "EPL_MERGED_OUTPUTS"), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.MERGED_OUTPUTS):
     for key, merge in MERGES.items():
       for tensor in ctx.graph.get_collection(key):
         if not isinstance(tensor, tf.Tensor):

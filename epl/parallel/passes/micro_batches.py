@@ -5,7 +5,6 @@ import logging
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
@@ -14,7 +13,6 @@ from epl.parallel.passes import accumulation_loop
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.training_subgraph import tensors_of
 
-ACCUMULATION_SCOPE = "EPL_MICRO_BATCH_ACCUMULATION"
 logger = logging.getLogger("epl")
 
 
@@ -154,14 +152,78 @@ def _loop_wanted(ctx):
 
 
 def _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points, result):
-  with capture.suspended(), ctx.graph.as_default(), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building():
     read_copies = _copies_per_micro_batch(ctx, loop_layout.reads,
                                           result["user_devices"])
     built, accumulated = accumulation_loop.run_as_loop(
         ctx, loop_layout, result["copies"], read_copies)
     built = [op for clones in read_copies for op in clones.values()] + built
   result["copies"].clones[0].update({op.name: op for op in built})
+  result["subgraph"] = subgraph.adding(built)
+  result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
+  return result
+
+
+def _micro_batch_zero(ctx, subgraph, gradients, copies):
+  """Tags the ops of one micro-batch as micro-batch 0 (input reads become
+  FORWARD) and records them as `copies.micro_batches[0]`; returns the
+  gradients to accumulate by point name and those ops."""
+  state = ctx.state
+  points = collections.OrderedDict()
+  # The gradients tf.gradients made, so that post-processing (clipping)
+  # sees the accumulated gradient, as it would see the gradient of one big
+  # batch.
+  for grad in gradients.raw_gradients():
+    points.setdefault(tensors_of(grad)[0].name, grad)
+  selected = _micro_batch_ops(ctx, subgraph, list(points.values()))
+  for op in selected:
+    if op.type in INPUT_READ_TYPES:
+      state.set_phase(op, Phase.FORWARD)
+    state.set_micro_batch(op, 0)
+  copies.micro_batches = [{op.name: op for op in selected}]
+  return points, selected
+
+
+def _sum_copies(ctx, subgraph, points, selected_names, copies, built):
+  """Sums each gradient over the micro-batches' copies; its readers in the
+  subgraph read the sum. Returns the sums by point name."""
+  accumulated = {}
+  with ctx.building(names.MICRO_BATCH_ACCUMULATION):
+    for name, grad in points.items():
+      if tensors_of(grad)[0].op.name not in selected_names:
+        continue
+      readers = [(tensor, [c for c in tensor.consumers()
+                           if c.name in subgraph.cloned_names and
+                           c.name not in selected_names])
+                 for tensor in tensors_of(grad)]
+      grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
+      first_built = len(built)
+      total = _accumulate(ctx, grad, grads, built)
+      copies.accumulations[tensors_of(total)[0].name] = Accumulation(
+          [grad] + grads, built[first_built:])
+      for (old, consumers), new in zip(readers, tensors_of(total)):
+        graph_editor.replace_input_in(consumers, old, new)
+      accumulated[name] = total
+  return accumulated
+
+
+def _accumulate_copies(ctx, subgraph, selected, points, gradient_points,
+                       result):
+  """Runs the micro-batches as copies of `selected` (constants shared) and
+  sums their gradients."""
+  copies = result["copies"]
+  selected_names = {op.name for op in selected}
+  constants = shared_constants(selected)
+  built = []
+  for clones in _copies_per_micro_batch(
+      ctx, [op for op in selected if op.name not in constants],
+      result["user_devices"]):
+    built.extend(clones.values())
+    clones.update(constants)
+    copies.micro_batches.append(clones)
+  accumulated = _sum_copies(ctx, subgraph, points, selected_names, copies,
+                            built)
+  copies.clones[0].update({op.name: op for op in built})
   result["subgraph"] = subgraph.adding(built)
   result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
   return result
@@ -198,19 +260,7 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   training step keep their names, inputs and devices.
   """
   count = ctx.plan.num_micro_batch
-  state = ctx.state
-  points = collections.OrderedDict()
-  # The gradients tf.gradients made, so that post-processing (clipping)
-  # sees the accumulated gradient, as it would see the gradient of one big
-  # batch.
-  for grad in gradients.raw_gradients():
-    points.setdefault(tensors_of(grad)[0].name, grad)
-  selected = _micro_batch_ops(ctx, subgraph, list(points.values()))
-  for op in selected:
-    if op.type in INPUT_READ_TYPES:
-      state.set_phase(op, Phase.FORWARD)
-    state.set_micro_batch(op, 0)
-  copies.micro_batches = [{op.name: op for op in selected}]
+  points, selected = _micro_batch_zero(ctx, subgraph, gradients, copies)
   result = {"subgraph": subgraph, "gradient_points": gradient_points,
             "copies": copies, "user_devices": user_devices}
   if count == 1:
@@ -227,34 +277,5 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
         "\"loop\"): %s %s. Set pipeline.accumulation to \"copies\" to "
         "choose copies.", count, count,
         ("op %r" % reason[0]) if reason[0] else "the step", reason[1])
-  selected_names = {op.name for op in selected}
-  constants = shared_constants(selected)
-  built = []
-  for clones in _copies_per_micro_batch(
-      ctx, [op for op in selected if op.name not in constants],
-      user_devices):
-    built.extend(clones.values())
-    clones.update(constants)
-    copies.micro_batches.append(clones)
-  accumulated = {}
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      ACCUMULATION_SCOPE), ctx.graph.control_dependencies(None):
-    for name, grad in points.items():
-      if tensors_of(grad)[0].op.name not in selected_names:
-        continue
-      readers = [(tensor, [c for c in tensor.consumers()
-                           if c.name in subgraph.cloned_names and
-                           c.name not in selected_names])
-                 for tensor in tensors_of(grad)]
-      grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
-      first_built = len(built)
-      total = _accumulate(ctx, grad, grads, built)
-      copies.accumulations[tensors_of(total)[0].name] = Accumulation(
-          [grad] + grads, built[first_built:])
-      for (old, consumers), new in zip(readers, tensors_of(total)):
-        graph_editor.replace_input_in(consumers, old, new)
-      accumulated[name] = total
-  copies.clones[0].update({op.name: op for op in built})
-  result["subgraph"] = subgraph.adding(built)
-  result["gradient_points"] = _with_accumulated(gradient_points, accumulated)
-  return result
+  return _accumulate_copies(ctx, subgraph, selected, points, gradient_points,
+                            result)

@@ -11,12 +11,11 @@ not kept alive from the forward pass to the backward pass.
 """
 import logging
 
-from epl.capture import capture
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes.variable_sync import read_value
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
@@ -44,7 +43,7 @@ def _read_just_in_time(ctx, consumer, reads):
   for index, variable in sorted(reads.items()):
     with ctx.graph.control_dependencies(others or None):
       fresh = read_value(variable)
-    graph_edit.update_input(consumer, index, fresh)
+    graph_editor.update_input(consumer, index, fresh)
 
 
 def offload_variables(ctx, copies):
@@ -57,8 +56,7 @@ def offload_variables(ctx, copies):
   when offload.level is "v0".
   """
   moved = reads = 0
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      "EPL_OFFLOAD"), ctx.graph.control_dependencies(None), \
+  with ctx.building(epl_names.OFFLOAD), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for local in range(len(ctx.replicas)):
       ops = list(copies.clones[local].values())

@@ -7,9 +7,9 @@ source: every replica and micro-batch would get the same dropout mask.
 from tensorflow.core.framework import attr_value_pb2
 import tensorflow as tf
 
-from epl.capture import capture
+from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir.op_types import FUNCTION_BODY_TYPES
-from epl.tf_compat import graph_edit
 
 # Stateful random ops seeded by their `seed` and `seed2` attributes.
 SEEDED_RANDOM_TYPES = frozenset([
@@ -52,7 +52,7 @@ def _seeded_random_in_functions(graph, op, seen=None):
     if name in seen:
       continue
     seen.add(name)
-    function = graph_edit.graph_function(graph, name)
+    function = graph_editor.graph_function(graph, name)
     if function is None:
       continue
     for node in function.definition.node_def:
@@ -123,21 +123,20 @@ def vary_random_seeds(ctx, subgraph, copies):
             "micro-batch shares, so all would draw the same numbers. Build "
             "the random op outside the control flow and pass its result in, "
             "or give it no seed." % (op.name, op.type, inner))
-  with capture.suspended(), ctx.graph.as_default(), \
-      ctx.graph.control_dependencies(None):
+  with ctx.building():
     for op in originals:
       if op.type in SEEDED_RANDOM_TYPES:
         seed, seed2 = op.get_attr("seed"), op.get_attr("seed2")
         if not seed and not seed2:
           continue
         for index, copy in _copies(ctx, copies, op):
-          graph_edit.set_attr(copy, "seed2", attr_value_pb2.AttrValue(
+          graph_editor.set_attr(copy, "seed2", attr_value_pb2.AttrValue(
               i=_derived_seed2(seed, seed2, index)))
       elif op.type in SEED_INPUT_TYPES:
         position = [a.name for a in op.op_def.input_arg].index("seed")
         for index, copy in _copies(ctx, copies, op):
           seed = copy.inputs[position]
           with tf.device(copy.device), tf.name_scope(
-              "EPL_RANDOM_SEEDS/%s" % copy.name):
+              "%s/%s" % (epl_names.RANDOM_SEEDS, copy.name)):
             offset = tf.constant([0, index], dtype=seed.dtype)
-            graph_edit.update_input(copy, position, seed + offset)
+            graph_editor.update_input(copy, position, seed + offset)

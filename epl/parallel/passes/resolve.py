@@ -12,7 +12,6 @@ import collections
 
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
-from epl.tf_compat import graph_edit
 
 
 def mark_gradient_processing(state, ops):
@@ -81,7 +80,7 @@ def resolve_training_ops(ctx, subgraph):
     found = [state.taskgraph_of(c) for output in op.outputs
              for c in output.consumers()
              if c.name in names and state.taskgraph_of(c) is not None]
-    found += [state.taskgraph_of(c) for c in graph_edit.control_outputs(op)
+    found += [state.taskgraph_of(c) for c in graph_editor.control_outputs(op)
               if c.name in names and state.taskgraph_of(c) is not None]
     return min(found, key=lambda t: t.index) if found else None
 

@@ -6,15 +6,12 @@ from typing import Optional
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.phase import Phase
 from epl.parallel.plan import pipeline_order
-from epl.tf_compat import graph_edit
 
-SCHEDULE_SCOPE = "EPL_SCHEDULE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,8 +232,44 @@ def _ends(ops):
   last = [op for op in ops
           if not any(c.name in names for t in op.outputs
                      for c in t.consumers()) and
-          not any(c.name in names for c in graph_edit.control_outputs(op))]
+          not any(c.name in names for c in graph_editor.control_outputs(op))]
   return first, last
+
+
+def _block_ends(copies, by_block):
+  """ends(local, block): the first and last ops of `block` in local replica
+  `local`, found once in the first replica and mapped."""
+  first_replica_ends = {}
+
+  def ends(local, block):
+    if block not in first_replica_ends:
+      first_replica_ends[block] = _ends(by_block[block])
+    return tuple([copies.op(local, op) for op in ops]
+                 for ops in first_replica_ends[block])
+  return ends
+
+
+def _chain_blocks(ctx, orders, stages, by_block, ends):
+  """On each device of each local replica, a NoOp after each block that
+  the next block in `orders` waits for."""
+  with ctx.building(""):
+    for local, replica in enumerate(ctx.replicas):
+      for order in orders:
+        previous = None
+        for kind, stage_index, micro_batch in order:
+          stage = stages[stage_index]
+          block = Block.of_pass(ctx.replicas[0], stage, kind, micro_batch)
+          if block not in by_block:
+            continue
+          first, last = ends(local, block)
+          if previous is not None:
+            for op in first:
+              graph_editor.add_control_inputs(op, [previous])
+          with tf.device(ctx.device(local, stage)), \
+              tf.control_dependencies(last):
+            previous = tf.no_op(name=epl_names.in_replica(
+                epl_names.SCHEDULE, replica, "stage_%d" % stage,
+                "after_%s_%d" % (kind, micro_batch)))
 
 
 def schedule_pipeline(ctx, subgraph, copies):
@@ -275,30 +308,5 @@ def schedule_pipeline(ctx, subgraph, copies):
     stages = list(range(plan.num_stages))
   orders = pipeline_order.device_orders(
       plan.schedule, len(stages), plan.num_micro_batch, plan.virtual_stages)
-  first_replica_ends = {}
-
-  def ends(local, block):
-    if block not in first_replica_ends:
-      first_replica_ends[block] = _ends(by_block[block])
-    return tuple([copies.op(local, op) for op in ops]
-                 for ops in first_replica_ends[block])
-
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      None), ctx.graph.control_dependencies(None):
-    for local, replica in enumerate(ctx.replicas):
-      for order in orders:
-        previous = None
-        for kind, stage_index, micro_batch in order:
-          stage = stages[stage_index]
-          block = Block.of_pass(ctx.replicas[0], stage, kind, micro_batch)
-          if block not in by_block:
-            continue
-          first, last = ends(local, block)
-          if previous is not None:
-            for op in first:
-              graph_editor.add_control_inputs(op, [previous])
-          with tf.device(ctx.device(local, stage)), \
-              tf.control_dependencies(last):
-            previous = tf.no_op(name=epl_names.in_replica(
-                SCHEDULE_SCOPE, replica, "stage_%d" % stage,
-                "after_%s_%d" % (kind, micro_batch)))
+  _chain_blocks(ctx, orders, stages, by_block,
+                _block_ends(copies, by_block))

@@ -5,7 +5,6 @@ variables, whose reads are no snapshots, after their replica's reads."""
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.parallel.passes.training_subgraph import value_readers, written_variables
-from epl.tf_compat import graph_edit
 
 
 def _run_with(write, step_names, cache):
@@ -91,7 +90,7 @@ def order_reference_updates(ctx, captured_step, subgraph, copies):
     for update in updates:
       update = copies.op(local, update)
       variables = [v for v in written_variables(update)
-                   if graph_edit.is_ref_dtype(v.outputs[0].dtype)]
+                   if graph_editor.is_ref_dtype(v.outputs[0].dtype)]
       if not variables:
         continue
       if control_flow.in_loop(update):

@@ -11,21 +11,20 @@ import logging
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from epl.capture import capture
 from epl.communicators.collective import CollectiveCommunicator
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
 from epl.ir import provenance
+from epl.ir import variables
 from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.ops import split_lowering
 from epl.parallel.passes.split_checkpoint import full_tensor_checkpoints
 from epl.parallel.passes.variable_sync import assign_value, read_value
-from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
 
-SPLIT_SCOPE = "EPL_SPLIT"
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
 
@@ -53,7 +52,7 @@ def _group_devices(ctx, replica, group_size):
 
 
 def _set_int_const(op, value):
-  graph_edit.set_attr(op, "value", attr_value_pb2.AttrValue(
+  graph_editor.set_attr(op, "value", attr_value_pb2.AttrValue(
       tensor=tensor_util.make_tensor_proto(value, tf.int32)))
 
 
@@ -65,7 +64,7 @@ def _set_shard_indices(ops, shard, origins):
     elif origins.role_of(op) == provenance.SHARD_RANDOM and (
         "seed2" in op.node_def.attr) and (
             op.get_attr("seed") or op.get_attr("seed2")):
-      graph_edit.set_attr(op, "seed2", attr_value_pb2.AttrValue(
+      graph_editor.set_attr(op, "seed2", attr_value_pb2.AttrValue(
           i=op.get_attr("seed2") + shard * _SEED_STRIDE))
 
 
@@ -96,17 +95,16 @@ def _rekey_collectives(ctx, subgraph, copies):
       group_key = ctx.keys.group_key(
           _group_devices(ctx, ctx.replicas[local], group_size))
       with tf.device(copy.device):
-        graph_edit.update_input(copy, 2, tf.constant(group_key, tf.int32,
+        graph_editor.update_input(copy, 2, tf.constant(group_key, tf.int32,
                                           name="group_key"))
-        graph_edit.update_input(copy, 3, tf.constant(instance_key, tf.int32,
+        graph_editor.update_input(copy, 3, tf.constant(instance_key, tf.int32,
                                           name="instance_key"))
   return len(lowered)
 
 
 def _sharded_variables(ctx, subgraph):
   """{variable op name: ShardedVariable} of the split variables and of
-  their optimizer slots (variables named `<split variable>/...` of the
-  same shape)."""
+  their optimizer slots of the same shape."""
   sharded = {}
   for variable in subgraph.variables:
     info = split_lowering.sharding_of(ctx.graph, variable)
@@ -116,14 +114,16 @@ def _sharded_variables(ctx, subgraph):
 
 
 def _initializer(variable):
-  for consumer in variable.outputs[0].consumers():
-    if consumer.name == variable.name + "/Assign":
-      return consumer
-  raise ValueError("Split variable %r has no initializer %r." % (
-      variable.name, variable.name + "/Assign"))
+  assign = variables.initializer(variable)
+  if assign is None:
+    raise ValueError(
+        "Split variable %r has no initializer: no collection of its graph "
+        "holds its tf.Variable. Create it with tf.compat.v1.get_variable "
+        "or a Keras layer under epl.split." % variable.name)
+  return assign
 
 
-def _initialize_shards(ctx, copies, variables, sharded):
+def _initialize_shards(ctx, copies, split_variables, sharded):
   """Each replica's copy of a split variable gets its own shard's initial
   value, and runs wherever the user's initializer runs (the init op's
   group). The first replica of each shard on this worker runs a clone of
@@ -131,7 +131,7 @@ def _initialize_shards(ctx, copies, variables, sharded):
   (in other shard groups) copy its value, so that data-parallel copies of
   a shard start equal even from unseeded random initializers."""
   origins = ctx.state.provenance
-  for variable in variables:
+  for variable in split_variables:
     assign = _initializer(variable)
     value_ops = graph_editor.topological_order(
         graph_editor.ancestors([assign.inputs[1].op]))
@@ -152,7 +152,7 @@ def _initialize_shards(ctx, copies, variables, sharded):
       else:
         clones = graph_editor.clone_ops(
             ctx.graph, value_ops + [assign],
-            "%s_INIT_%d/%s/" % (SPLIT_SCOPE, ctx.replicas[local],
+            "%s_INIT_%d/%s/" % (epl_names.SPLIT, ctx.replicas[local],
                                 variable.name),
             lambda _, device=replica_variable.device: device,
             tensor_map={variable.outputs[0].name:
@@ -227,8 +227,7 @@ def update_checkpoints(ctx, copies):
   sharded = ctx.state.split.rewritten
   if not sharded:
     return
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.SPLIT):
     full_tensor_checkpoints(ctx, copies, sharded, lambda local, group_size: (
         _shard_of(ctx, local, group_size)))
 
@@ -253,8 +252,7 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     return result
   _check_sharded_logits_use(ctx)
   origins = ctx.state.provenance
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      SPLIT_SCOPE), ctx.graph.control_dependencies(None):
+  with ctx.building(epl_names.SPLIT):
     for local in range(len(ctx.replicas)):
       for op in copies.clones[local].values():
         if _is_shard_index(op, origins):
@@ -262,10 +260,10 @@ def lower_split(ctx, subgraph, gradient_points, copies):
           _set_int_const(op, _shard_of(ctx, local, taskgraph.device_count))
     count = _rekey_collectives(ctx, subgraph, copies)
     sharded = _sharded_variables(ctx, subgraph)
-    variables = [v for v in subgraph.variables if v.name in sharded]
+    split_variables = [v for v in subgraph.variables if v.name in sharded]
     names = set(sharded)
     result["subgraph"] = subgraph.without_variables(names)
-    _initialize_shards(ctx, copies, variables, sharded)
+    _initialize_shards(ctx, copies, split_variables, sharded)
     split_points = []
     for points in gradient_points:
       split_points.extend((g, v) for g, v in points if v.name in names)
@@ -277,7 +275,7 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     update_checkpoints(ctx, copies)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
-              len(variables), count,
+              len(split_variables), count,
               [ctx.plan.split_groups(t) for t, plan in
                enumerate(ctx.plan.taskgraphs) if plan.kind == "split"])
   return result

@@ -13,7 +13,6 @@ from epl.ir import graph_editor
 from epl.ir.op_types import VARIABLE_ASSIGN_TYPES
 from epl.parallel.passes.variable_sync import (assign_value, read_value,
                                       variable_read_by)
-from epl.tf_compat import graph_edit
 
 
 def _restored_value(assign):
@@ -75,7 +74,7 @@ def _save_full_tensor(ctx, copies, save, sharded):
       full = joined_shards(shards, info)
     # The Saver's tensors carry the shard's shape where the full tensor
     # now flows.
-    graph_edit.update_input(save, index,
+    graph_editor.update_input(save, index,
                             graph_editor.with_unknown_sizes(full))
 
 
@@ -98,7 +97,7 @@ def write_shards(ctx, copies, assign, info, shard_of):
         shard_slice(full, info, shard_of(local, info.group_size), rank))
 
   with tf.device(assign.device):
-    graph_edit.update_input(assign, 1, shard(0))
+    graph_editor.update_input(assign, 1, shard(0))
   writes = []
   for local in range(1, len(ctx.replicas)):
     copy = copies.op(local, variable)

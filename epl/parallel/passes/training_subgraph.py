@@ -34,7 +34,6 @@ from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
                              VARIABLE_TYPES)
 from epl.ir.phase import Phase
 from epl.parallel.passes.resolve import mark_gradient_processing
-from epl.tf_compat import graph_edit
 
 # Collections of tensors merged over replicas (epl.GraphKeys).
 MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
@@ -104,7 +103,7 @@ def variable_behind(tensor):
   tensor."""
   while (tensor.op.type in BUFFER_FORWARDING_TYPES and
          (tensor.dtype == tf.resource or
-          graph_edit.is_ref_dtype(tensor.dtype))):
+          graph_editor.is_ref_dtype(tensor.dtype))):
     tensor = tensor.op.inputs[0]
   return tensor.op if tensor.op.type in VARIABLE_TYPES else None
 
@@ -118,10 +117,10 @@ def _written_inputs(op):
   if (op.type in RESOURCE_VARIABLE_READERS or
       op.type in BUFFER_FORWARDING_TYPES):
     return []
-  declared = graph_edit.declared_input_types(op)
+  declared = graph_editor.declared_input_types(op)
   return [index for index, dtype in enumerate(declared)
           if dtype == tf.resource or (
-              graph_edit.is_ref_dtype(dtype) and
+              graph_editor.is_ref_dtype(dtype) and
               op.type not in REFERENCE_KEEPING_TYPES)]
 
 
@@ -195,12 +194,9 @@ def _global_step_ops(graph, state):
   return {v.op.name for v in global_steps}
 
 
-def select_training_subgraph(graph, state):
-  """The training step (CapturedStep) and its per-replica part
-  (TrainingSubgraph): the step's ops split into cloned, shared and
-  joins."""
-  updates, after_updates = find_updates(state)
-  joins = [op for op in after_updates if op.type == "NoOp"]
+def _other_roots(graph, state):
+  """The ops besides the updates that the training step runs from: merged
+  outputs, forward state updates, split collectives."""
   merged = [t.op for key in MERGED_COLLECTIONS
             for t in graph.get_collection(key) if isinstance(t, tf.Tensor)]
   # Forward state updates (batch norm) that the user fetches alongside the
@@ -216,17 +212,14 @@ def select_training_subgraph(graph, state):
   split_collectives = [op for op in graph.get_operations()
                        if state.provenance.role_of(op) == (
                            provenance.SPLIT_COLLECTIVE)]
-  roots = after_updates + merged + forward_updates + split_collectives
-  training_ops = graph_editor.ancestors(roots)
-  # The pivots of TF1 conds and loops, which a copy of them needs.
-  training_ops = graph_editor.ancestors(
-      roots + control_flow.structure_ops(training_ops))
-  join_names = {op.name for op in joins}
-  # Gradient clipping built outside every scope works per replica.
-  mark_gradient_processing(state, training_ops)
+  return merged + forward_updates + split_collectives
 
+
+def _shared_ops(state, training_ops, global_step_ops):
+  """Names of the step's ops that run once for all replicas: the input
+  pipeline, placeholders, tables, the global step, OTHER ops but input
+  reads, variables nothing in the step writes."""
   shared = _input_pipeline_ops(training_ops)
-  global_step_ops = _global_step_ops(graph, state)
   written = {v.name for op in training_ops for v in written_variables(op)}
   for op in training_ops:
     if (op.type in PLACEHOLDER_TYPES or op.type in TABLE_TYPES or
@@ -237,6 +230,26 @@ def select_training_subgraph(graph, state):
       shared.add(op.name)
     elif op.type in VARIABLE_TYPES and op.name not in written:
       shared.add(op.name)
+  return shared
+
+
+def select_training_subgraph(graph, state):
+  """The training step (CapturedStep) and its per-replica part
+  (TrainingSubgraph): the step's ops split into cloned, shared and
+  joins."""
+  updates, after_updates = find_updates(state)
+  joins = [op for op in after_updates if op.type == "NoOp"]
+  roots = after_updates + _other_roots(graph, state)
+  training_ops = graph_editor.ancestors(roots)
+  # The pivots of TF1 conds and loops, which a copy of them needs.
+  training_ops = graph_editor.ancestors(
+      roots + control_flow.structure_ops(training_ops))
+  join_names = {op.name for op in joins}
+  # Gradient clipping built outside every scope works per replica.
+  mark_gradient_processing(state, training_ops)
+
+  global_step_ops = _global_step_ops(graph, state)
+  shared = _shared_ops(state, training_ops, global_step_ops)
   # Writes of a shared variable (the global_step increment) run once.
   shared_writes = [
       op for op in training_ops
@@ -259,6 +272,6 @@ def select_training_subgraph(graph, state):
       global_steps=frozenset(global_step_ops),
       input_reads=tuple(sorted(
           (op for op in cloned if op.type in INPUT_READ_TYPES),
-          key=graph_edit.creation_index)))
+          key=graph_editor.creation_index)))
   return step, TrainingSubgraph.of(
       cloned, [op for op in cloned if op.type in VARIABLE_TYPES])

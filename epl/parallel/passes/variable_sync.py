@@ -18,7 +18,6 @@ from epl.ir.op_types import VARIABLE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes import across_workers
 from epl.parallel.passes.training_subgraph import written_variables
-from epl.tf_compat import graph_edit
 from epl.tf_compat.ops import gen_resource_variable_ops
 from epl.tf_compat.ops import gen_state_ops
 
@@ -39,7 +38,7 @@ def variable_read_by(tensor):
   op = tensor.op
   if op.type == "ReadVariableOp" or (
       op.type == "Identity" and op.inputs and
-      graph_edit.is_ref_dtype(op.inputs[0].dtype)):
+      graph_editor.is_ref_dtype(op.inputs[0].dtype)):
     op = op.inputs[0].op
   return op if op.type in VARIABLE_TYPES else None
 
@@ -106,7 +105,7 @@ class VariableSync:
       return self._copies[key]
     ctx = self._ctx
     copies = []
-    waiting = {op.name for op in graph_edit.control_outputs(writer)}
+    waiting = {op.name for op in graph_editor.control_outputs(writer)}
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
         None), ctx.graph.control_dependencies([writer]), \
         ctx.graph.colocate_with(None, ignore_existing=True):
@@ -121,7 +120,7 @@ class VariableSync:
             variable.name + "/sync_from_replica_0")
         copies.append(assign_value(self._copies_of.op(local, variable),
                                    value, name))
-    self._done.update(op.name for op in graph_edit.control_outputs(writer)
+    self._done.update(op.name for op in graph_editor.control_outputs(writer)
                       if op.name not in waiting)
     self._copies[key] = copies
     return copies
@@ -152,7 +151,7 @@ class VariableSync:
     if not copies:
       return
     with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-        "EPL_VARIABLE_SYNC/%s" % writer.name), \
+        "%s/%s" % (names.VARIABLE_SYNC, writer.name)), \
         ctx.graph.control_dependencies(copies):
       self._substitutes[writer.name] = tf.group(copies, name="write")
       for output in writer.outputs:
@@ -170,7 +169,7 @@ class VariableSync:
           continue
         self._substituted.add(op.name)
         writes.append(op)
-    return sorted(writes, key=graph_edit.creation_index)
+    return sorted(writes, key=graph_editor.creation_index)
 
   def _new_groups(self):
     """Ops with a write to a replicated variable among their control inputs
@@ -184,10 +183,10 @@ class VariableSync:
       for writer in variable.outputs[0].consumers():
         if self._written_variable(writer) is None:
           continue
-        for group in graph_edit.control_outputs(writer):
+        for group in graph_editor.control_outputs(writer):
           if group.name not in self._done:
             groups[group.name] = group
-    return sorted(groups.values(), key=graph_edit.creation_index)
+    return sorted(groups.values(), key=graph_editor.creation_index)
 
   def update(self):
     """Handles the writes and groups of writes not handled yet (built since

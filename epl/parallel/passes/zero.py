@@ -54,7 +54,6 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from epl.capture import capture
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
@@ -65,11 +64,9 @@ from epl.parallel.passes import zero_weights
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import balanced_partition, variable_size
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
-ZERO_SCOPE = "EPL_ZERO"
 # The levels whose gradients are reduced on their owner only.
 _OWNER_REDUCING_LEVELS = ("v1", "v2", "v3")
 
@@ -242,28 +239,23 @@ def _split_variables(ctx, variables, updates):
   return set(split)
 
 
-def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
-  """Decides the owner of every trained variable; takes the updates out of
-  the cloned part (before the replicas are cloned).
-
-  Hands on the Partition (`zero_partition`, None when this worker holds
-  one replica) and the subgraph without each update's ops and slots (v2,
-  v3: nor the micro-batch sums that the owners build instead); v3 first
-  chooses the variables partitioned into shards
-  (`zero_weights.choose_sharded`), whose updates every replica keeps.
-  Changes nothing in the graph.
-  """
-  level = _check_level(ctx)
-  if level is None:
-    return {"subgraph": subgraph, "zero_partition": None}
-  gradient_owner, variables, points = {}, {}, []
+def _trained_variables(gradient_points):
+  """{name: variable op} of the variables of the gradient points, and the
+  points as one list."""
+  variables, points = {}, []
   for record_points in gradient_points:
     for grad, var in record_points:
       variables[var.name] = var
       points.append((grad, var))
-      for tensor in _tensors(grad):
-        gradient_owner[tensor.name] = var.name
-  for pairs in gradients.applied:
+  return variables, points
+
+
+def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
+  """{variable name: the APPLY ops of the subgraph that update it alone};
+  empty (with a warning) for a variable updated in an op shared with
+  others."""
+  gradient_owner = {}
+  for pairs in list(gradient_points) + list(gradients.applied):
     for grad, var in pairs:
       for tensor in _tensors(grad):
         gradient_owner[tensor.name] = var.name
@@ -278,14 +270,12 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "zero.level %s: the update of %s is built together with other "
         "variables' (one op for several); its optimizer state stays on every "
         "replica.", level, ", ".join(mixed))
-  split = _split_variables(ctx, variables, updates)
-  points = [(g, v) for g, v in points if v.name not in split]
-  weights = (zero_weights.choose_sharded(
-      ctx, points, {n: ops for n, ops in updates.items() if ops})
-              if level == "v3" else None)
-  sharded = set(weights.updates) if weights else set()
-  owned = [name for name in variables
-           if updates[name] and name not in sharded and name not in split]
+  return updates
+
+
+def _deal_owners(ctx, variables, owned, level):
+  """{variable name: owner local replica} of the `owned` variables, dealt
+  per TaskGraph so that each replica holds about as many elements."""
   owner = {}
   by_taskgraph = {}
   for name in owned:
@@ -302,6 +292,35 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
         "elements per replica %s", level, taskgraph, len(names),
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
+  return owner
+
+
+def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
+  """Decides the owner of every trained variable; takes the updates out of
+  the cloned part (before the replicas are cloned).
+
+  Hands on the Partition (`zero_partition`, None when this worker holds
+  one replica) and the subgraph without each update's ops and slots (v2,
+  v3: nor the micro-batch sums that the owners build instead); v3 first
+  chooses the variables partitioned into shards
+  (`zero_weights.choose_sharded`), whose updates every replica keeps.
+  Changes nothing in the graph.
+  """
+  level = _check_level(ctx)
+  if level is None:
+    return {"subgraph": subgraph, "zero_partition": None}
+  variables, points = _trained_variables(gradient_points)
+  updates = _updates(ctx, subgraph, gradients, gradient_points, variables,
+                     level)
+  split = _split_variables(ctx, variables, updates)
+  points = [(g, v) for g, v in points if v.name not in split]
+  weights = (zero_weights.choose_sharded(
+      ctx, points, {n: ops for n, ops in updates.items() if ops})
+              if level == "v3" else None)
+  sharded = set(weights.updates) if weights else set()
+  owned = [name for name in variables
+           if updates[name] and name not in sharded and name not in split]
+  owner = _deal_owners(ctx, variables, owned, level)
   owned_points = [(g, v) for g, v in points if v.name in owner]
   accumulations = (_owner_accumulations(
       ctx, subgraph, copies,
@@ -327,7 +346,7 @@ def _remap_colocation(op, local, subgraph, copies):
     if target in subgraph.cloned_names:
       target = copies.clones[local][target].name
     groups.append(("loc:@" + target).encode())
-  graph_edit.set_attr(op, "_class", attr_value_pb2.AttrValue(
+  graph_editor.set_attr(op, "_class", attr_value_pb2.AttrValue(
       list=attr_value_pb2.AttrValue.ListValue(s=groups)))
 
 
@@ -337,7 +356,7 @@ def _move_to_owner(ctx, subgraph, copies, ops, local):
   for op in ops:
     for index, tensor in enumerate(op.inputs):
       if tensor.op.name in subgraph.cloned_names:
-        graph_edit.update_input(op, index, copies.tensor(local, tensor))
+        graph_editor.update_input(op, index, copies.tensor(local, tensor))
     _remap_colocation(op, local, subgraph, copies)
     graph_editor.set_device(op, ctx.device(local, ctx.taskgraph_index(op)))
     del copies.clones[0][op.name]
@@ -380,7 +399,7 @@ def _keep_all_reduces(ctx, step, copies, partition):
         replica_tensor = copies.tensor(local, tensor)
         with tf.device(replica_tensor.device):
           sink = tf.identity(replica_tensor, name=epl_names.in_replica(
-              ZERO_SCOPE, ctx.replicas[local], var.name, "keep"))
+              epl_names.ZERO, ctx.replicas[local], var.name, "keep"))
         copies.clones[local][sink.op.name] = sink.op
         sinks.append(sink.op)
     _join_after(step, partition, var.name, sinks)
@@ -409,7 +428,7 @@ def _reduce_to_owners(ctx, copies, gradient_points, partition):
     peers = across_workers.peer_communicator(ctx, owner, taskgraph) \
         if across else None
     with tf.device(ctx.device(owner, taskgraph)), tf.name_scope(
-        "%s/reduce/%s" % (ZERO_SCOPE, var.name)):
+        "%s/reduce/%s" % (epl_names.ZERO, var.name)):
       if isinstance(grad, tf.IndexedSlices):
         reduced = [tf.concat([p[i] for p in pieces], 0) for i in (0, 1)]
         if across:
@@ -440,13 +459,13 @@ def _broadcast_updates(ctx, step, copies, partition):
     owner = partition.owner[name]
     variable = partition.variables[name]
     with tf.control_dependencies(ops), tf.name_scope(
-        "%s/broadcast/%s" % (ZERO_SCOPE, name)):
+        "%s/broadcast/%s" % (epl_names.ZERO, name)):
       value = read_value(copies.op(owner, variable))
     for local in range(len(ctx.replicas)):
       if local != owner:
         writes.append(assign_value(
             copies.op(local, variable), value, epl_names.in_replica(
-                ZERO_SCOPE, ctx.replicas[local], name, "from_owner")))
+                epl_names.ZERO, ctx.replicas[local], name, "from_owner")))
     _join_after(step, partition, name, writes)
 
 
@@ -468,8 +487,7 @@ def place_updates(ctx, zero_partition, captured_step, subgraph,
   result = {"gradient_points": gradient_points, "copies": copies}
   if partition is None:
     return result
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      None), ctx.graph.control_dependencies(None), \
+  with ctx.building(""), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     for name, ops in partition.updates.items():
       if partition.owner[name]:

@@ -49,9 +49,10 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir import names as epl_names
+from epl.ir import variables
 from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.parallel.ops.split_lowering import ShardedVariable
@@ -62,11 +63,9 @@ from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import variable_size
-from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
 
-WEIGHTS_SCOPE = "EPL_ZERO_WEIGHTS"
 # Op types an update may have and still apply shard by shard: elementwise
 # ops (on the variable, its slots and gradient, and scalars), variables,
 # their reads and writes; the fused dense apply kernels (Apply*,
@@ -205,7 +204,7 @@ def _set_shard_shapes(ctx, copies, weights):
     shape = weights.full_shapes[name].as_list()
     shape[info.axis] = info.columns
     for local in range(len(ctx.replicas)):
-      graph_edit.set_attr(copies.op(local, variable), "shape",
+      graph_editor.set_attr(copies.op(local, variable), "shape",
                           tf.compat.v1.AttrValue(
                               shape=tf.TensorShape(shape).as_proto()))
 
@@ -390,10 +389,12 @@ def _whole_writes(ctx, copies, weights, substitutes):
                 weights.full_shapes[name].num_elements()))
       writes = weights.writes.get(writer.name)
       if writes is None:
-        groups = graph_edit.control_outputs(writer)
+        groups = graph_editor.control_outputs(writer)
         writes = write_shards(ctx, copies, writer, info, _shard_of)
-        if writer.name == name + "/Assign" and (
-            across_workers.spans_workers(ctx)):
+        # Only across workers: finding the initializer reads every
+        # collection of the graph.
+        if across_workers.spans_workers(ctx) and (
+            writer is variables.initializer(variable)):
           writes = _from_worker_zero(ctx, copies, variable, [writer] + writes)
           for group in groups:
             graph_editor.add_control_inputs(group, writes)
@@ -407,7 +408,7 @@ def _whole_writes(ctx, copies, weights, substitutes):
         continue
       # Groups the user built since (the rewrite's own reads of a written
       # shard wait for the write too: they are not groups).
-      for group in graph_edit.control_outputs(writer):
+      for group in graph_editor.control_outputs(writer):
         if not ctx.state.provenance.built_by_rewrite(group):
           graph_editor.add_control_inputs(group, writes)
 
@@ -425,7 +426,7 @@ def _reads_outside_the_step(ctx, copies, weights):
     reads = [op.outputs[0] for op in variable.outputs[0].consumers()
              if op.type in VARIABLE_READ_TYPES and op.name not in step and
              not ctx.state.provenance.built_by_rewrite(op)]
-    if graph_edit.is_ref_dtype(variable.outputs[0].dtype):
+    if graph_editor.is_ref_dtype(variable.outputs[0].dtype):
       reads.append(variable.outputs[0])
     found.extend((name, read) for read in reads
                  if read.name not in weights.gathered)
@@ -458,10 +459,9 @@ def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
 
 @contextlib.contextmanager
 def _building(ctx):
-  """Ops built here go under WEIGHTS_SCOPE, with no control dependency or
-  colocation of the caller's, and are not captured."""
-  with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
-      WEIGHTS_SCOPE), ctx.graph.control_dependencies(None), \
+  """Ops built here go under `EPL_ZERO_WEIGHTS`, with no control dependency
+  or colocation of the caller's, and are not captured."""
+  with ctx.building(epl_names.ZERO_WEIGHTS), \
       ctx.graph.colocate_with(None, ignore_existing=True):
     yield
 
