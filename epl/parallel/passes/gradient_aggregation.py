@@ -237,7 +237,8 @@ def aggregate_gradients(ctx, gradient_points, copies):
   if ctx.plan.num_replicas == 1:
     return
   comm = ctx.config.communication
-  reduce_op = comm.gradients_reduce_method
+  # The communicators' name of the plan's reduction ("mean" or "sum").
+  reduce_op = ctx.plan.decisions.reduction.value.value
   with capture.suspended(), ctx.graph.as_default(), ctx.graph.name_scope(
       "EPL_GRADIENT_AGGREGATION"), ctx.graph.control_dependencies(None):
     # Each tf.gradients call's gradients reduce in chains of their own, so

@@ -25,6 +25,7 @@ from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
+from epl.parallel.plan.decisions import Checkpoints
 from epl.tf_compat import graph_edit
 
 logger = logging.getLogger("epl")
@@ -54,8 +55,7 @@ def never_recomputed(op):
 
 def checkpoint_tensors(ctx, forward_ops):
   """The checkpoint tensors gradient_checkpoint.type asks for."""
-  kind = ctx.config.gradient_checkpoint.type
-  if kind == "collection":
+  if ctx.plan.decisions.checkpoints.value is Checkpoints.COLLECTION:
     tensors = [t for t in ctx.graph.get_collection(CHECKPOINTS_COLLECTION)
                if isinstance(t, tf.Tensor)]
     if not tensors:
@@ -225,7 +225,7 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
                  if t.op.name in forward_names]
   checkpoint_ops = {t.op.name for t in checkpoints}
   logger.info("Gradient checkpointing (%s): %d checkpoint tensor(s)",
-              ctx.config.gradient_checkpoint.type, len(checkpoints))
+              ctx.plan.decisions.checkpoints.value.value, len(checkpoints))
   logger.debug("Checkpoints: %s", [t.name for t in checkpoints])
   recomputable = {op.name for op in forward if not never_recomputed(op)}
   before = _ancestors_within(
