@@ -303,9 +303,10 @@ def _log_plan(result):
       len(result.step.shared), len(subgraph.variables))
 
 
-def rewrite(graph, state, step, subgraph):
-  """Runs the rewrite passes over `graph`, whose training step is `step`
-  with per-replica part `subgraph`; returns the RewriteResult."""
+def run_passes(graph, state, step, subgraph, until=None):
+  """Runs the rewrite passes (up to pass `until`, when given) over `graph`,
+  whose training step is `step` with per-replica part `subgraph`; returns
+  (context, manager, {artifact: value})."""
   env = Env.get()
   ctx = RewriteContext(graph, state, env.config, env.cluster,
                        planner.plan_of(graph, for_rewrite=True))
@@ -313,8 +314,14 @@ def rewrite(graph, state, step, subgraph):
   with capture.suspended():
     artifacts = manager.run(ctx, {
         "captured_step": step, "subgraph": subgraph,
-        "gradients": StepGradients.captured(step)})
-  result = RewriteResult(ctx, manager, artifacts)
+        "gradients": StepGradients.captured(step)}, until=until)
+  return ctx, manager, artifacts
+
+
+def rewrite(graph, state, step, subgraph):
+  """Runs the rewrite passes over `graph`, whose training step is `step`
+  with per-replica part `subgraph`; returns the RewriteResult."""
+  result = RewriteResult(*run_passes(graph, state, step, subgraph))
   _log_plan(result)
   return result
 

@@ -216,18 +216,23 @@ class PassManager:
     `register` keeps a topological order of their dependencies."""
     return list(self._passes)
 
-  def run(self, ctx, given):
+  def run(self, ctx, given, until=None):
     """Runs the enabled passes over `ctx`; returns {artifact: value} of
     every artifact given or written (those reached through the context
     excepted).
 
     `given`: {name: value} of the given artifacts not reached through the
-    context.
+    context. `until`: the name of the last pass to run (to look at the
+    artifacts as that pass left them); all of them when None.
     """
+    names = [p.name for p in self._passes]
+    if until is not None and until not in names:
+      raise PassError("No pass named %r is registered." % until)
+    last = len(names) if until is None else names.index(until) + 1
     values = dict(given)
     written = set(self._given)
     log = ctx.config.log.passes
-    for pass_ in self.passes:
+    for pass_ in self._passes[:last]:
       if not pass_.enabled(ctx):
         if log:
           logger.info("EPL pass %s: off (runs when %s)", pass_.name,
