@@ -68,6 +68,13 @@ class Reduction(enum.Enum):
   SUM = "sum"
 
 
+class Communication(enum.Enum):
+  """What carries the replicas' collectives (gradients, variable sync)."""
+  COLLECTIVES = "TensorFlow collectives"
+  LOCAL_SUMS = "local sums"
+  HOROVOD = "Horovod"
+
+
 class Checkpoints(enum.Enum):
   """Where gradient checkpointing takes its checkpoints."""
   NONE = ""
@@ -101,6 +108,7 @@ class Decisions:
   zero: Decision
   offload: Decision
   reduction: Decision
+  communication: Decision
   checkpoints: Decision
 
   def lines(self, notable_only=False):
@@ -162,9 +170,23 @@ def _loss_scaling(config, precision):
                   "amp.loss_scale is %s" % config.amp.loss_scale)
 
 
-def decide(config, num_stages, has_split):
+def _communication(config, device_type, all_local):
+  if config.communication.backend == "horovod":
+    return Decision(Communication.HOROVOD,
+                    "communication.backend is \"horovod\"")
+  if config.communication.local_cpu_reduce and device_type == "CPU" and (
+      all_local):
+    return Decision(Communication.LOCAL_SUMS, "every replica is a CPU "
+                    "device of this process and "
+                    "communication.local_cpu_reduce is on")
+  return Decision(Communication.COLLECTIVES,
+                  "communication.backend is \"collective\"")
+
+
+def decide(config, num_stages, has_split, device_type, all_local):
   """The Decisions for `config`, for a plan of `num_stages` TaskGraphs
-  (`has_split`: some are split)."""
+  (`has_split`: some are split) on devices of `device_type` ("CPU",
+  "GPU"), all of whose replicas this worker builds when `all_local`."""
   zero = Decision(ZeroLevel(config.zero.level),
                   "zero.level is %r" % config.zero.level)
   offload = Decision(Offload(config.offload.level),
@@ -184,6 +206,7 @@ def decide(config, num_stages, has_split):
           Reduction(config.communication.gradients_reduce_method),
           "communication.gradients_reduce_method is %r" %
           config.communication.gradients_reduce_method),
+      communication=_communication(config, device_type, all_local),
       checkpoints=Decision(
           Checkpoints(config.gradient_checkpoint.type),
           "gradient_checkpoint.type is %r" %

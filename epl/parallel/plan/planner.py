@@ -146,8 +146,9 @@ def make_plan(cluster, taskgraphs, config):
   """Lays the TaskGraphs out on the cluster's devices and takes the
   decisions the passes apply (`decisions.decide`)."""
   plan = _layout(cluster, taskgraphs, config)
-  plan.decisions = plan_decisions.decide(config, plan.num_stages,
-                                         plan.has_split)
+  plan.decisions = plan_decisions.decide(
+      config, plan.num_stages, plan.has_split, cluster.device_type,
+      len(plan.local_replicas) == plan.num_replicas)
   return plan
 
 
