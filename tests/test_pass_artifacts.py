@@ -13,7 +13,7 @@ from epl.parallel.manager import Artifact, Pass, PassError, PassManager
 from epl.parallel.passes.training_subgraph import select_training_subgraph
 from epl.parallel.passes.variable_sync import VariableSync
 from epl.parallel.plan import planner
-from epl.parallel.plan.decisions import (Communication, LossScaling,
+from epl.parallel.plan.decisions import (Buckets, Communication, LossScaling,
                                          MicroBatching, Precision, Reduction,
                                          ZeroLevel)
 from epl.tools import dry_run
@@ -68,8 +68,13 @@ def test_the_plan_decides_once_with_typed_values_and_reasons():
   assert decisions.zero.value is ZeroLevel.NONE
   assert decisions.reduction.value is Reduction.MEAN
   assert decisions.communication.value is Communication.LOCAL_SUMS
-  collectives = _plan({"communication.local_cpu_reduce": False}).decisions
+  assert decisions.buckets.value is Buckets.PER_GRADIENT
+  assert decisions.max_buckets is None
+  collectives = _plan({"communication.local_cpu_reduce": False,
+                       "communication.max_splits": 3}).decisions
   assert collectives.communication.value is Communication.COLLECTIVES
+  assert collectives.buckets.value is Buckets.FUSED
+  assert collectives.max_buckets == 3
   decisions = _plan({"pipeline.num_micro_batch": 2, "zero.level": "v2",
                      "amp.level": "O1", "amp.loss_scale": 64,
                      "communication.gradients_reduce_method": "sum"}

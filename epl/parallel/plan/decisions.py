@@ -75,6 +75,13 @@ class Communication(enum.Enum):
   HOROVOD = "Horovod"
 
 
+class Buckets(enum.Enum):
+  """How dense gradients travel: fused into buckets (at most
+  communication.max_splits per stage and dtype) or one per gradient."""
+  FUSED = "fused"
+  PER_GRADIENT = "one per gradient"
+
+
 class Checkpoints(enum.Enum):
   """Where gradient checkpointing takes its checkpoints."""
   NONE = ""
@@ -109,6 +116,9 @@ class Decisions:
   offload: Decision
   reduction: Decision
   communication: Decision
+  buckets: Decision
+  # The most buckets per stage and dtype (Buckets.FUSED); None otherwise.
+  max_buckets: Optional[int]
   checkpoints: Decision
 
   def lines(self, notable_only=False):
@@ -193,6 +203,14 @@ def decide(config, num_stages, has_split, device_type, all_local):
                      "offload.level is %r" % config.offload.level)
   precision = _precision(config)
   loss_scaling = _loss_scaling(config, precision)
+  communication = _communication(config, device_type, all_local)
+  buckets = (
+      Decision(Buckets.PER_GRADIENT, "local sums add each gradient where "
+               "it is") if communication.value is Communication.LOCAL_SUMS
+      else Decision(Buckets.FUSED, "%s fuse a bucket into one collective; "
+                    "communication.max_splits is %d" % (
+                        communication.value.value,
+                        config.communication.max_splits)))
   return Decisions(
       micro_batches=_micro_batches(config, num_stages, has_split, zero,
                                    offload),
@@ -206,7 +224,10 @@ def decide(config, num_stages, has_split, device_type, all_local):
           Reduction(config.communication.gradients_reduce_method),
           "communication.gradients_reduce_method is %r" %
           config.communication.gradients_reduce_method),
-      communication=_communication(config, device_type, all_local),
+      communication=communication,
+      buckets=buckets,
+      max_buckets=(config.communication.max_splits
+                   if buckets.value is Buckets.FUSED else None),
       checkpoints=Decision(
           Checkpoints(config.gradient_checkpoint.type),
           "gradient_checkpoint.type is %r" %
