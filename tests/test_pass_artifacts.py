@@ -15,7 +15,7 @@ from epl.parallel.passes.variable_sync import VariableSync
 from epl.parallel.plan import planner
 from epl.parallel.plan.decisions import (Buckets, Communication, LossScaling,
                                          MicroBatching, Precision, Reduction,
-                                         ZeroLevel)
+                                         Schedule, ZeroLevel)
 from epl.tools import dry_run
 from tests import training
 
@@ -89,9 +89,14 @@ def test_the_plan_decides_once_with_typed_values_and_reasons():
   assert decisions.loss_scaling.value is LossScaling.FIXED
   assert decisions.loss_scale == 64
   assert decisions.reduction.value is Reduction.SUM
-  pipeline = _plan({"pipeline.num_micro_batch": 4}, stages=2).decisions
+  pipeline = _plan({"pipeline.num_micro_batch": 4, "pipeline.strategy":
+                    "ZeroBubble"}, stages=2).decisions
   assert pipeline.micro_batches.value is MicroBatching.COPIES
   assert pipeline.micro_batches.asked is None
+  assert pipeline.schedule.value is Schedule.ZERO_BUBBLE
+  assert pipeline.schedule.value.splits_backward
+  assert _plan({"pipeline.strategy": "GPipe"}).decisions.schedule.value is (
+      Schedule.PREFER_FORWARD)
   bfloat16 = _plan({"amp.level": "O1", "amp.dtype": "bfloat16"}).decisions
   assert bfloat16.precision.value is Precision.BFLOAT16
   assert bfloat16.loss_scaling.value is LossScaling.NONE

@@ -9,6 +9,8 @@ import dataclasses
 import enum
 from typing import Optional
 
+from epl.parallel.plan import pipeline_order
+
 
 # In each enum, the first member is what the step does when the
 # configuration asks for nothing (not logged at each rewrite).
@@ -75,6 +77,21 @@ class Communication(enum.Enum):
   HOROVOD = "Horovod"
 
 
+class Schedule(enum.Enum):
+  """The pipeline schedule (pipeline.strategy); its value is the name
+  `pipeline_order` orders passes by."""
+  PREFER_BACKWARD = pipeline_order.PREFER_BACKWARD
+  PREFER_FORWARD = pipeline_order.PREFER_FORWARD
+  PREFER_BACKWARD_OPTIMIZER = pipeline_order.PREFER_BACKWARD_OPTIMIZER
+  ZERO_BUBBLE = pipeline_order.ZERO_BUBBLE
+
+  @property
+  def splits_backward(self):
+    """Each backward runs as B (input gradients) and W (weight
+    gradients)."""
+    return pipeline_order.splits_backward(self.value)
+
+
 class Buckets(enum.Enum):
   """How dense gradients travel: fused into buckets (at most
   communication.max_splits per stage and dtype) or one per gradient."""
@@ -108,6 +125,7 @@ class Decision:
 class Decisions:
   """Every decision of the plan the passes apply."""
   micro_batches: Decision
+  schedule: Decision
   precision: Decision
   loss_scaling: Decision
   # The fixed loss scale (LossScaling.FIXED); None otherwise.
@@ -214,6 +232,8 @@ def decide(config, num_stages, has_split, device_type, all_local):
   return Decisions(
       micro_batches=_micro_batches(config, num_stages, has_split, zero,
                                    offload),
+      schedule=Decision(Schedule(config.pipeline.strategy),
+                        "pipeline.strategy is %r" % config.pipeline.strategy),
       precision=precision,
       loss_scaling=loss_scaling,
       loss_scale=(config.amp.loss_scale
