@@ -18,7 +18,7 @@ from epl.parallel.manager import Artifact, Pass, PassError, PassManager
 from tests import training
 
 TODAYS_ORDER = [
-    "resolve_training_ops", "check_stages", "make_plan",
+    "resolve_training_ops", "check_stages",
     "select_gradient_points", "check_grouped", "place_replica_zero",
     "convert_to_half", "scale_loss", "recompute_activations",
     "clone_micro_batches", "partition_updates", "clone_replicas",
@@ -86,7 +86,7 @@ def test_declarations_that_do_not_fit_are_refused(bad, message):
 def _context():
   graph = tf.Graph()
   return types.SimpleNamespace(
-      graph=graph, config=epl.Config(),
+      graph=graph, config=epl.Config(), plan=None,
       state=types.SimpleNamespace(provenance=provenance.Provenance()))
 
 
@@ -94,7 +94,7 @@ def test_run_skips_disabled_passes_and_checks_what_a_pass_returns():
   manager = _small_manager()
   manager.register(Pass("make", _make, writes=("made",)))
   manager.register(Pass("remake", _remake, reads=("made",), writes=("made",),
-                        enabled=lambda config: False))
+                        enabled=lambda ctx: False))
   assert manager.run(_context(), {"given": 0}) == {"given": 0, "made": 1}
 
   def forgetful(ctx):  # pylint: disable=unused-argument

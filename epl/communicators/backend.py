@@ -1,21 +1,21 @@
-"""The communicator of the configured backend (communication.backend)."""
+"""The communicator the plan chose (`decisions.Communication`)."""
 from epl.communicators.collective import CollectiveCommunicator
 from epl.communicators.horovod import HorovodCommunicator
 from epl.communicators.local import LocalCommunicator
+from epl.parallel.plan.decisions import Communication
+
+_CLASSES = {Communication.HOROVOD: HorovodCommunicator,
+            Communication.LOCAL_SUMS: LocalCommunicator,
+            Communication.COLLECTIVES: CollectiveCommunicator}
 
 
 def communicator_class(ctx):
-  """The Communicator class rewrite context `ctx` uses: Horovod's with
-  communication.backend "horovod"; else LocalCommunicator when every
-  replica is a CPU device of this process and
-  communication.local_cpu_reduce allows it; else TensorFlow collectives."""
-  if ctx.config.communication.backend == "horovod":
-    return HorovodCommunicator
-  if (ctx.config.communication.local_cpu_reduce and
-      ctx.cluster.device_type == "CPU" and
-      len(ctx.replicas) == ctx.plan.num_replicas):
-    return LocalCommunicator
-  return CollectiveCommunicator
+  """The Communicator class rewrite context `ctx` uses: the plan's
+  decision (Horovod's with communication.backend "horovod"; local sums
+  when every replica is a CPU device of this process and
+  communication.local_cpu_reduce allows it; else TensorFlow
+  collectives)."""
+  return _CLASSES[ctx.plan.decisions.communication.value]
 
 
 def new_communicator(ctx, devices, local_members, group=0):
@@ -24,7 +24,7 @@ def new_communicator(ctx, devices, local_members, group=0):
   collective groups over the same devices (Horovod needs none: it matches
   its ops by name and runs them as they come)."""
   cls = communicator_class(ctx)
-  if ctx.config.communication.backend == "horovod":
+  if cls is HorovodCommunicator:
     return cls(devices, local_members, ctx.keys, ctx.cluster)
   return cls(devices, local_members, ctx.keys,
              ctx.config.cluster.collective_timeout_seconds,

@@ -44,7 +44,7 @@ class ApplyRecord:
 @dataclasses.dataclass
 class SplitRecords:
   """What the lowerings under `epl.split` recorded while the user built the
-  graph (epl/parallel/ops/split_lowering.py), and what the rewrite sharded."""
+  graph (epl/parallel/ops/split_lowering.py)."""
   # Tensor name -> ShardedLogits of each split dense output.
   logits: dict = dataclasses.field(default_factory=dict)
   # Tensor name -> ShardedLogits of the logits of each split argmax's
@@ -52,13 +52,12 @@ class SplitRecords:
   predictions: dict = dataclasses.field(default_factory=dict)
   # Variable op name -> ShardedVariable of each variable built sharded.
   variables: dict = dataclasses.field(default_factory=dict)
-  # The sharded variables the rewrite initialised, for checkpoints of
-  # Savers built after it (epl/parallel/passes/split.py).
-  rewritten: dict = dataclasses.field(default_factory=dict)
 
 
 class GraphState:
-  """TaskGraphs, op tags and gradient records of one graph."""
+  """What capture recorded of one graph: TaskGraphs, op tags, gradient and
+  apply records, loss seeds, split lowerings, provenance; and the handle
+  to its rewrite."""
 
   def __init__(self, graph, generation):
     self.graph = graph
@@ -80,23 +79,15 @@ class GraphState:
     # (the losses' gradients), for the loss scale.
     self.loss_seeds = set()
     self.split = SplitRecords()
-    # zero.level v3's partitioned variables, once the rewrite partitioned
-    # them (epl.parallel.passes.zero_weights.ShardedWeights), for the ops built after.
-    self.zero_weights = None
-    # Where each op EPL built comes from (epl.ir.provenance).
+    # Where each op EPL built comes from (epl.ir.provenance): recorded at
+    # capture (roles, loss seeds' ops) and by the rewrite, one record.
     self.provenance = Provenance()
-    # (what the plan was made from, or None once the rewrite uses it; the
-    # plan), kept by epl.parallel.plan.planner.plan_of.
-    self.plan_cache = None
-    # Set once the rewrite has run; the engine keeps its result here.
+    # What became of the captured graph: the engine's RewriteResult, set
+    # once the rewrite ran. Kept here, not by the engine, because layers
+    # below it read it (ir.graph's copies, capture's IO slicing check,
+    # the planner's virtual devices). What the passes keep for later is in
+    # its artifacts; the plan's and the runtime's caches are their own.
     self.rewrite_result = None
-    # The graph version at which gradients were found without updates.
-    self.version_without_step = None
-    # Fetch sets (op names) found to train nothing EPL did not rewrite.
-    self.checked_fetches = set()
-    # Placeholder tensor name -> (parts, local replicas, micro-batches) of
-    # each fed batch the rewrite splits (epl.parallel.passes.fed_batches).
-    self.fed_batch_parts = {}
 
   def taskgraph_for(self, strategy):
     """The TaskGraph of `strategy` in this graph, created on first use."""

@@ -9,6 +9,8 @@ gradients (computed inside a `tf.function`, a Keras 3 optimizer,
 at its first run. Initialisers (and `var.load`, which runs them) and restores,
 which write values that come from no other variable, pass.
 """
+import weakref
+
 import tensorflow as tf
 
 from epl.ir import graph_editor
@@ -16,6 +18,10 @@ from epl.ir import variables
 from epl.ir.graph_state import state_of
 from epl.ir.op_types import FUNCTION_CALL_TYPES, VARIABLE_TYPES
 from epl.parallel.passes.training_subgraph import written_variables
+
+# GraphState -> fetch sets (op names) found to train nothing EPL did not
+# rewrite.
+_CHECKED_FETCHES = weakref.WeakKeyDictionary()
 
 
 def fetched_ops(fetch, graph, result):
@@ -99,7 +105,8 @@ def check_run(graph, fetches):
   ops = []
   fetched_ops(fetches, graph, ops)
   key = frozenset(op.name for op in ops)
-  if key in state.checked_fetches:
+  checked = _CHECKED_FETCHES.setdefault(state, set())
+  if key in checked:
     return
   covered = _covered_names(state)
   trainable = set()
@@ -130,4 +137,4 @@ def check_run(graph, fetches):
           "Build the whole training step (tf.compat.v1.train or "
           "tf.keras.optimizers.legacy optimizers) before the first run." %
           (_listed(v.name for v in written), op.name, op.type))
-  state.checked_fetches.add(key)
+  checked.add(key)

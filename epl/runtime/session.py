@@ -19,8 +19,6 @@ from epl.capture import io_slicing
 from epl.ir import control_flow
 from epl.ir.graph_state import state_of
 from epl.parallel import engine
-from epl.parallel.passes import fed_batches
-from epl.parallel.passes import zero_weights
 from epl.runtime import collective_groups
 from epl.runtime import coverage
 from epl.runtime import grappler
@@ -102,12 +100,9 @@ def before_run(graph, fetches, feed_dict=None, one_worker=True):
   """Rewrites the graph if needed and checks the fed batches; returns the
   fetches to really run and the ops to run beside them (the members of
   the collective groups the fetches reach, `collective_groups`)."""
-  substitutes = engine.before_run(graph)
+  substitutes = engine.before_run(graph, feed_dict)
   io_slicing.check_rewritten(graph)
   state = state_of(graph)
-  if state is not None:
-    fed_batches.check_fed_rows(state, feed_dict)
-    zero_weights.check_feeds(state, feed_dict)
   coverage.check_run(graph, fetches)
   if substitutes:
     fetches = _substitute(fetches, substitutes, graph)

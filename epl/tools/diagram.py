@@ -17,6 +17,7 @@ from xml.sax.saxutils import escape
 
 from epl import layers
 from epl.parallel import engine
+from epl.parallel.manager import LATER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -70,7 +71,7 @@ def svg(manager):
                "artifacts they read and write (columns)", 14)]
   for index, artifact in enumerate(artifacts):
     x = _NAME_WIDTH + _COLUMN * index + _COLUMN // 2
-    color = "#718096" if artifact.in_graph_state else "#1a202c"
+    color = "#718096" if artifact.in_context else "#1a202c"
     out.append(_text(x - 4, _HEADER - 6, artifact.name, 11, color,
                      ' transform="rotate(-50 %d %d)"' % (x - 4, _HEADER - 6)))
   rows = [("given to the rewrite", set(), set(manager.given), "")]
@@ -110,19 +111,26 @@ def _cell(names):
   return ", ".join("`%s`" % n for n in names) or "-"
 
 
+def _later(pass_):
+  """What the pass does after the rewrite: its hooks, by moment."""
+  hooks = [(kind.replace("_", " "), getattr(pass_, kind)) for kind in LATER]
+  return "; ".join("%s: `%s`" % (kind, hook.__name__)
+                   for kind, hook in hooks if hook is not None) or "-"
+
+
 def markdown(manager):
   """The generated part of docs/architecture.md's "Passes" section."""
-  lines = [BEGIN, "", "| # | Pass | Runs when | Reads | Writes | What it does |",
-           "| --- | --- | --- | --- | --- | --- |"]
+  lines = [BEGIN, "", "| # | Pass | Runs when | Reads | Writes | What it "
+           "does | Later |", "| --- | --- | --- | --- | --- | --- | --- |"]
   for index, pass_ in enumerate(manager.passes, 1):
-    lines.append("| %d | `%s` | %s | %s | %s | %s |" % (
+    lines.append("| %d | `%s` | %s | %s | %s | %s | %s |" % (
         index, pass_.name, pass_.condition.rstrip("."), _cell(pass_.reads),
-        _cell(pass_.writes), pass_.summary))
+        _cell(pass_.writes), pass_.summary, _later(pass_)))
   lines += ["", "| Artifact | Type | Given | Holds |",
             "| --- | --- | --- | --- |"]
   for artifact in manager.artifacts:
-    holds = artifact.doc + (" Kept with the graph's state."
-                            if artifact.in_graph_state else "")
+    holds = artifact.doc + (" Reached through the rewrite context."
+                            if artifact.in_context else "")
     lines.append("| `%s` | %s | %s | %s |" % (
         artifact.name, artifact.type_name.replace("|", "\\|"),
         "yes" if artifact.name in manager.given else "",

@@ -22,6 +22,7 @@ that ends without one under `epl-plan`.
 way of starting a script, not a property of the model, and a key could be
 left on in a script by mistake and stop every real run.
 """
+import dataclasses
 import importlib
 import logging
 import os
@@ -286,6 +287,9 @@ def describe(result, estimates=None):
     lines.append("  pipeline bubble: (p-1)/(m+p-1) = %d/%d = %.1f%% of a "
                  "step" % (stages - 1, plan.num_micro_batch + stages - 1,
                            100.0 * bubble))
+  lines.append("  decisions (the plan's, which the passes apply):")
+  lines.extend("    " + line for line in dataclasses.replace(
+      plan.decisions, micro_batches=result.micro_batching).lines())
   lines.append("  TaskGraphs:")
   lines.extend(_taskgraph_lines(result))
   lines.append("  memory savers:")

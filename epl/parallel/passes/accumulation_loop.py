@@ -35,6 +35,7 @@ from epl.parallel.passes.forward_state import forward_writes
 from epl.parallel.passes.merge_outputs import MERGES
 from epl.parallel.passes.random_seeds import SEED_INPUT_TYPES
 from epl.parallel.passes.training_subgraph import tensors_of
+from epl.parallel.plan.decisions import Reduction
 
 _NOT_KEPT_DTYPES = (tf.resource, tf.variant)
 
@@ -150,18 +151,10 @@ class _Layout:
     kept = [tensor for tensor, _ in readers.values()]
     return kept, {name: outside for name, (_, outside) in readers.items()}
 
-  def reason_for_copies(self, ctx):
+  def reason_for_copies(self):
     """Why this micro-batch cannot run as a loop: (op name, reason), or
-    None when it can."""
-    if ctx.config.zero.level in ("v2", "v3"):
-      return ("", "zero.level %s sends each micro-batch's gradients to "
-                  "their owner replica" % ctx.config.zero.level)
-    if ctx.config.offload.level:
-      # Measured: the first step never ended (variables on the host read
-      # in every replica's loop, 4 replicas x 2 micro-batches).
-      return ("", "offload.level %s keeps the variables on the host, "
-                  "which the loop does not support yet" %
-              ctx.config.offload.level)
+    None when it can. (What the configuration rules out, the plan decided
+    before: `decisions.MicroBatching`.)"""
     for op in self.moved:
       if control_flow.context_of(op) is not None or (
           op.type in control_flow.V1_CONTROL_FLOW_TYPES):
@@ -208,7 +201,7 @@ class _Layout:
 def layout(ctx, subgraph, selected, points):
   """How the micro-batch ops `selected` (with the gradients `points`,
   {name: gradient}) would run as a loop: a `_Layout`, whose
-  `reason_for_copies(ctx)` says whether they can."""
+  `reason_for_copies()` says whether they can."""
   return _Layout(ctx, subgraph, selected, points)
 
 
@@ -449,7 +442,7 @@ def run_as_loop(ctx, plan_layout, copies, read_copies):
   graph = ctx.graph
   state = ctx.state
   count = ctx.plan.num_micro_batch
-  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   moved, moved_names = plan_layout.moved, plan_layout.moved_names
   taskgraph = state.taskgraph_of(moved[0])
   first_new = len(graph.get_operations())

@@ -23,6 +23,7 @@ from epl.ir import names
 from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.gradient_checkpoint import CHECKPOINTS_COLLECTION
+from epl.parallel.plan.decisions import Precision
 
 logger = logging.getLogger("epl")
 
@@ -45,17 +46,8 @@ CLEAR = frozenset([
     "StridedSlice", "StridedSliceGrad", "Squeeze", "ExpandDims", "Tile",
     "Pad", "MaxPool", "MaxPoolGrad", "Neg", "Maximum", "Minimum", "Select",
     "SelectV2", "GatherV2", "ZerosLike", "OnesLike"])
-HALF_TYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
+HALF_TYPES = {Precision.FLOAT16: tf.float16, Precision.BFLOAT16: tf.bfloat16}
 _WEIGHT_SOURCES = frozenset(["ReadVariableOp", "Const"])
-
-
-def enabled(config):
-  """Whether mixed precision is on (amp.level "O1")."""
-  return config.amp.level == "O1"
-
-
-def half_type(config):
-  return HALF_TYPES[config.amp.dtype]
 
 
 def _arg_positions(op, args):
@@ -240,7 +232,7 @@ def convert_to_half(ctx, subgraph, gradients, gradient_points, copies,
   The copies and casts of ops in a TF1 cond or while-loop are built in its
   control-flow context, where they run.
   """
-  dtype = half_type(ctx.config)
+  dtype = HALF_TYPES[ctx.plan.decisions.precision.value]
   state = ctx.state
   ops = [op for op in subgraph.cloned
          if state.phase_of(op) in (Phase.FORWARD, Phase.BACKWARD)]

@@ -1,8 +1,9 @@
 """What the rewrite passes of one graph share.
 
 `RewriteContext` is what every pass may use besides its artifacts: the
-graph, its GraphState (op tags, provenance, plan), the configuration and
-cluster, and the collective keys, communicators and step counter that the
+graph, its GraphState (op tags, provenance), the plan (made before the
+passes run: every decision they apply), the cluster, and the collective
+keys, communicators and step counter that the
 passes allocate in pass order (so that every worker derives the same
 keys). The artifacts the passes hand each other are values of the types
 below (and `TrainingSubgraph`, `CapturedStep`); the engine declares them.
@@ -16,29 +17,26 @@ from epl.ir import names as epl_names
 from epl.capture import capture
 from epl.communicators import backend
 from epl.communicators.collective import CollectiveKeys
-from epl.parallel.plan import planner
 
 
 class RewriteContext:
-  """The graph being rewritten and what every pass may use with it."""
+  """The graph being rewritten and what every pass may use with it.
 
-  def __init__(self, graph, state, config, cluster):
+  `plan`: the graph's plan (`planner.plan_of`), made before the passes
+  run; passes apply its decisions (`plan.decisions`) and read no raw
+  configuration. `config` is kept for what is not a decision of the plan
+  (settings passed through as they are: sizes, timeouts, logging)."""
+
+  def __init__(self, graph, state, config, cluster, plan):
     self.graph = graph
     self.state = state
     self.config = config
     self.cluster = cluster
+    self.plan = plan
     self.keys = CollectiveKeys()
     self.communicators = {}
-    self._plan = None
     self._replicas = None
     self._step_counter = None
-
-  @property
-  def plan(self):
-    """The graph's plan (planner.plan_of), once the plan pass made it."""
-    if self._plan is None:
-      self._plan = planner.plan_of(self.graph, for_rewrite=True)
-    return self._plan
 
   @contextlib.contextmanager
   def building(self, scope=None):

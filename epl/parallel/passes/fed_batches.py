@@ -35,13 +35,15 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
   too, for runs that bypass `Session.run`). Placeholders of fixed shape (a learning rate, a keep
   probability) are read whole by every copy, as before. Only the inputs of
   the step's forward ops change; the placeholder and everything else that
-  reads it stay as they are.
+  reads it stay as they are. Hands on the fed batches it split
+  (`fed_batch_parts`).
   """
   replicas = len(ctx.replicas)
   micro_batches = copies.micro_batches or [{}]
   parts = replicas * len(micro_batches)
+  fed_batch_parts = {}
   if parts == 1:
-    return
+    return {"fed_batch_parts": fed_batch_parts}
   placeholders = [op for op in captured_step.shared
                   if op.type in PLACEHOLDER_TYPES and is_fed_batch(op)]
   with ctx.building(epl_names.FED_BATCH):
@@ -73,10 +75,10 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
             for position, tensor in enumerate(copy.inputs):
               if tensor is fed:
                 graph_editor.update_input(copy, position, piece)
-      ctx.state.fed_batch_parts[fed.name] = (parts, replicas,
-                                             len(micro_batches))
+      fed_batch_parts[fed.name] = (parts, replicas, len(micro_batches))
       logger.info("EPL: the batch fed to placeholder %r is split into %d "
                   "parts", placeholder.name, parts)
+  return {"fed_batch_parts": fed_batch_parts}
 
 
 def _fed_name(key):
@@ -85,14 +87,14 @@ def _fed_name(key):
   return getattr(key, "name", None)
 
 
-def check_fed_rows(state, feed_dict):
+def check_fed_rows(ctx, feed_dict, fed_batch_parts):  # pylint: disable=unused-argument
   """Raises a one-line ValueError, before the step runs, when a batch fed
   through `feed_dict` to a placeholder that `split_fed_batches` cut does
   not divide into its parts."""
-  if not feed_dict or not state.fed_batch_parts:
+  if not feed_dict or not fed_batch_parts:
     return
   for key, value in feed_dict.items():
-    found = state.fed_batch_parts.get(_fed_name(key))
+    found = fed_batch_parts.get(_fed_name(key))
     shape = np.shape(value)
     if found is None or not shape:
       continue

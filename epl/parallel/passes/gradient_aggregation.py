@@ -238,7 +238,8 @@ def aggregate_gradients(ctx, gradient_points, copies):
   if ctx.plan.num_replicas == 1:
     return
   comm = ctx.config.communication
-  reduce_op = comm.gradients_reduce_method
+  # The communicators' name of the plan's reduction ("mean" or "sum").
+  reduce_op = ctx.plan.decisions.reduction.value.value
   with ctx.building(epl_names.GRADIENT_AGGREGATION):
     # Each tf.gradients call's gradients reduce in chains of their own, so
     # that a train op run alone never waits on another's all-reduce.
@@ -249,13 +250,13 @@ def aggregate_gradients(ctx, gradient_points, copies):
             ctx.taskgraph_index(tensors_of(grad)[0].op), []).append(grad)
       transfers = gradient_buckets.plan_transfers(
           by_taskgraph,
-          comm.max_splits if ctx.communicator_class().fuses else None,
+          ctx.plan.decisions.max_buckets,
           comm.num_communicators)
       logger.info(
           "EPL gradient aggregation (gradients call %d): %d transfers in "
           "ready order over %d communicator(s), %s", chain, len(transfers),
           min(comm.num_communicators, len(transfers)),
-          "fused collectives" if ctx.communicator_class().fuses
+          "fused collectives" if ctx.plan.decisions.max_buckets is not None
           else "local sums")
       logger.debug("EPL gradient transfers (communicator, gradients): %s",
                    [(t.group, len(t.gradients)) for t in transfers])

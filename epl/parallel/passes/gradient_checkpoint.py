@@ -26,6 +26,7 @@ from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir.op_types import SHAPE_READER_TYPES
 from epl.ir.phase import Phase
+from epl.parallel.plan.decisions import Checkpoints
 
 logger = logging.getLogger("epl")
 
@@ -52,8 +53,7 @@ def never_recomputed(op):
 
 def checkpoint_tensors(ctx, forward_ops):
   """The checkpoint tensors gradient_checkpoint.type asks for."""
-  kind = ctx.config.gradient_checkpoint.type
-  if kind == "collection":
+  if ctx.plan.decisions.checkpoints.value is Checkpoints.COLLECTION:
     tensors = [t for t in ctx.graph.get_collection(CHECKPOINTS_COLLECTION)
                if isinstance(t, tf.Tensor)]
     if not tensors:
@@ -288,7 +288,7 @@ def recompute_activations(ctx, captured_step, subgraph, gradients, copies,
   checkpoints = [t for t in checkpoint_tensors(ctx, forward)
                  if t.op.name in forward_names]
   logger.info("Gradient checkpointing (%s): %d checkpoint tensor(s)",
-              ctx.config.gradient_checkpoint.type, len(checkpoints))
+              ctx.plan.decisions.checkpoints.value.value, len(checkpoints))
   logger.debug("Checkpoints: %s", [t.name for t in checkpoints])
   reads, to_copy = _to_recompute(
       cloned, backward, _recompute_candidates(forward, checkpoints))

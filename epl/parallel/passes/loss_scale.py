@@ -26,6 +26,7 @@ from epl.ir.phase import Phase
 from epl.parallel.passes.context import remap_pairs
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes import amp
+from epl.parallel.plan.decisions import LossScaling
 from epl.tf_compat.ops import control_flow_ops
 
 logger = logging.getLogger("epl")
@@ -35,17 +36,6 @@ INCREMENT_PERIOD = 2000
 MULTIPLIER = 2.0
 SCALE_VARIABLE = epl_names.AMP_LOSS_SCALE + "/loss_scale"
 GOOD_STEPS_VARIABLE = epl_names.AMP_LOSS_SCALE + "/good_steps"
-
-
-def used(config):
-  """Loss scaling applies to float16 AMP only (bfloat16 has float32's
-  range)."""
-  return amp.enabled(config) and config.amp.dtype == "float16"
-
-
-def dynamic(config):
-  """Whether the loss scale is dynamic (amp.loss_scale "dynamic")."""
-  return config.amp.loss_scale == "dynamic"
 
 
 class _State:
@@ -71,8 +61,8 @@ def _scale_tensor(ctx):
   """The scale as a tensor on the host: a constant, or the dynamic
   state (created here, read once per step)."""
   with tf.device(ctx.host_device(0)):
-    if not dynamic(ctx.config):
-      return tf.constant(ctx.config.amp.loss_scale, tf.float32,
+    if ctx.plan.decisions.loss_scaling.value is not LossScaling.DYNAMIC:
+      return tf.constant(ctx.plan.decisions.loss_scale, tf.float32,
                          name=epl_names.AMP_LOSS_SCALE + "/fixed"), None
     scale = _State(SCALE_VARIABLE, INITIAL_SCALE, tf.float32)
     good_steps = _State(GOOD_STEPS_VARIABLE, 0, tf.int64)
@@ -132,7 +122,7 @@ def scale_loss(ctx, captured_step, subgraph, gradients, gradient_points,
         built += ops
   copies.clones[0].update({op.name: op for op in built})
   logger.info("AMP loss scale: %s, %d gradient seed(s) scaled",
-              "dynamic" if dynamic_state else ctx.config.amp.loss_scale,
+              "dynamic" if dynamic_state else ctx.plan.decisions.loss_scale,
               len(seeds))
   return {"subgraph": subgraph.adding(built),
           "gradients": gradients.remapped(remapped),

@@ -12,6 +12,7 @@ from epl.ir.phase import Phase
 from epl.parallel.passes import accumulation_loop
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.training_subgraph import tensors_of
+from epl.parallel.plan.decisions import Decision, MicroBatching, Reduction
 
 logger = logging.getLogger("epl")
 
@@ -71,7 +72,7 @@ def _accumulate(ctx, grad, copies, built):
   can be freed as soon as it is added; IndexedSlices are concatenated. The
   ops built are tagged and appended to `built`.
   """
-  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   source = tensors_of(grad)[0].op
   taskgraph = ctx.state.taskgraph_of(source)
   count = len(copies) + 1
@@ -142,13 +143,6 @@ def _with_accumulated(gradient_points, accumulated):
   return [[(accumulated.get(tensors_of(grad)[0].name, grad), var)
            for grad, var in record_points]
           for record_points in gradient_points]
-
-
-def _loop_wanted(ctx):
-  """pipeline.accumulation "loop", and a single stage (a pipeline keeps
-  one copy per micro-batch for its schedule)."""
-  return (ctx.config.pipeline.accumulation == "loop" and
-          ctx.plan.num_stages == 1 and not ctx.plan.has_split)
 
 
 def _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points, result):
@@ -248,11 +242,12 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   cloned subgraph, so that every replica gets them; the copies are
   recorded in the provenance.
 
-  With pipeline.accumulation "loop" and a single stage,
+  When the plan decided a loop (`plan.decisions.micro_batches`),
   the micro-batches run as a loop instead of copies
   (`epl.parallel.passes.accumulation_loop`): only the input reads get M - 1
   copies, and the gradients handed on are the loop's sums. What cannot run
-  in the loop falls back to copies with a warning naming the op.
+  in the loop falls back to copies with a warning naming the op. Hands on
+  how they run, and why (`micro_batching`).
 
   Tags each op of a micro-batch with its index (the user's ops are
   micro-batch 0; input reads become FORWARD), also when M is 1, which
@@ -261,16 +256,24 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   """
   count = ctx.plan.num_micro_batch
   points, selected = _micro_batch_zero(ctx, subgraph, gradients, copies)
+  decision = ctx.plan.decisions.micro_batches
   result = {"subgraph": subgraph, "gradient_points": gradient_points,
-            "copies": copies, "user_devices": user_devices}
+            "copies": copies, "user_devices": user_devices,
+            "micro_batching": decision}
   if count == 1:
     return result
-  if _loop_wanted(ctx):
+  reason = None
+  if decision.value is MicroBatching.LOOP:
     loop_layout = accumulation_loop.layout(ctx, subgraph, selected, points)
-    reason = loop_layout.reason_for_copies(ctx)
+    reason = loop_layout.reason_for_copies()
     if reason is None:
       return _accumulate_in_loop(ctx, loop_layout, subgraph, gradient_points,
                                  result)
+    result["micro_batching"] = Decision(
+        MicroBatching.COPIES, "op %r %s" % reason, asked=MicroBatching.LOOP)
+  elif decision.asked is MicroBatching.LOOP:
+    reason = ("", decision.reason)
+  if reason is not None:
     logger.warning(
         "EPL: the %d micro-batches of a step run as %d copies of the "
         "forward and backward pass, not as a loop (pipeline.accumulation "

@@ -205,7 +205,7 @@ def blocks(ctx, subgraph, copies, first_replica_only=False):
   others, copies with the same edges.
   """
   by_key = _replica_0_blocks(ctx, subgraph)
-  if pipeline_order.splits_backward(ctx.plan.schedule):
+  if ctx.plan.decisions.schedule.value.splits_backward:
     split = split_backward(by_key)
   else:
     split = {key + (False,): ops for key, ops in by_key.items()}
@@ -296,7 +296,7 @@ def schedule_pipeline(ctx, subgraph, copies):
       copies.loop_values is not None):
     return
   ungate_across_stages(ctx, subgraph, copies)
-  if pipeline_order.splits_backward(plan.schedule):
+  if plan.decisions.schedule.value.splits_backward:
     ungate_input_gradients(ctx, subgraph, copies)
   # Replicas are copies with the same edges inside each block: the blocks
   # and their ends are found in the first replica and mapped to the others.
@@ -307,6 +307,7 @@ def schedule_pipeline(ctx, subgraph, copies):
     # Stage s's device is fixed by its index among all the stages.
     stages = list(range(plan.num_stages))
   orders = pipeline_order.device_orders(
-      plan.schedule, len(stages), plan.num_micro_batch, plan.virtual_stages)
+      plan.decisions.schedule.value.value, len(stages), plan.num_micro_batch,
+      plan.virtual_stages)
   _chain_blocks(ctx, orders, stages, by_block,
                 _block_ends(copies, by_block))

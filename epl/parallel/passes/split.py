@@ -21,6 +21,7 @@ from epl.ir.phase import Phase
 from epl.parallel.ops import split_lowering
 from epl.parallel.passes.split_checkpoint import full_tensor_checkpoints
 from epl.parallel.passes.variable_sync import assign_value, read_value
+from epl.parallel.plan.decisions import Reduction
 from epl.tf_compat.ops import tensor_util
 
 logger = logging.getLogger("epl")
@@ -170,7 +171,7 @@ def _reduce_split_gradients(ctx, copies, points, sharded):
   of its group (the collectives' gradients sum over the group), so it is
   divided by the group size k (with a mean reduction) and reduced over
   the same shard of the other groups; never over its own group."""
-  reduce_op = ctx.config.communication.gradients_reduce_method
+  reduction = ctx.plan.decisions.reduction.value
   for grad, variable in points:
     if isinstance(grad, tf.IndexedSlices):
       raise ValueError(
@@ -190,12 +191,12 @@ def _reduce_split_gradients(ctx, copies, points, sharded):
             [replicas.index(ctx.replicas[l]) for l in locals_], ctx.keys,
             ctx.config.cluster.collective_timeout_seconds,
             ctx.cluster.device_type)
-        reduced = communicator.all_reduce(grads, reduce_op)
+        reduced = communicator.all_reduce(grads, reduction.value)
       else:
         reduced = grads
       for local, old, new in zip(locals_, grads, reduced):
         with tf.device(old.device):
-          if reduce_op == "mean":
+          if reduction is Reduction.MEAN:
             new = new / tf.cast(group_size, new.dtype)
         graph_editor.replace_input_in(
             graph_editor.consumers_of(old, copies.replica_op_names(local)),
@@ -219,12 +220,12 @@ def _check_sharded_logits_use(ctx):
           "tf.math.top_k." % (consumer.name, consumer.type, name))
 
 
-def update_checkpoints(ctx, copies):
-  """Makes the Savers built so far save and restore split variables as
-  full tensors (`full_tensor_checkpoints`; ops already rewritten are
-  left as they are). The engine calls it again for ops built after the
-  rewrite."""
-  sharded = ctx.state.split.rewritten
+def update_checkpoints(ctx, copies, split_variables):
+  """Makes the Savers built so far save and restore the split variables
+  `split_variables` (as `lower_split` hands them on) as full tensors
+  (`full_tensor_checkpoints`; ops already rewritten are left as they
+  are). Runs again before a Session.run for ops built since."""
+  sharded = split_variables
   if not sharded:
     return
   with ctx.building(epl_names.SPLIT):
@@ -245,9 +246,12 @@ def lower_split(ctx, subgraph, gradient_points, copies):
   `variables`); their gradients leave the gradient points (so
   data-parallel aggregation skips them) and are reduced here as
   `_reduce_split_gradients` says. Raises for an op that reads sharded
-  logits without a lowering. Nothing changes without a split TaskGraph.
+  logits without a lowering. Hands on the sharded variables
+  (`split_variables`, for the Savers built later). Nothing changes
+  without a split TaskGraph.
   """
-  result = {"subgraph": subgraph, "gradient_points": gradient_points}
+  result = {"subgraph": subgraph, "gradient_points": gradient_points,
+            "split_variables": {}}
   if not ctx.plan.has_split:
     return result
   _check_sharded_logits_use(ctx)
@@ -271,8 +275,8 @@ def lower_split(ctx, subgraph, gradient_points, copies):
         [(g, v) for g, v in points if v.name not in names]
         for points in gradient_points]
     _reduce_split_gradients(ctx, copies, split_points, sharded)
-    ctx.state.split.rewritten = sharded
-    update_checkpoints(ctx, copies)
+    result["split_variables"] = sharded
+    update_checkpoints(ctx, copies, sharded)
   logger.info("EPL split: %d sharded variable(s), %d collective(s) per "
               "replica and micro-batch re-keyed, shard groups %s",
               len(split_variables), count,

@@ -222,10 +222,16 @@ def sync_variables(ctx, captured_step, subgraph, copies, substitutes):
   Each group of writes of replica 0's variables built so far also copies
   the new values into the other replicas (across workers, from worker 0
   first); writes the user may run alone are substituted at fetch time.
-  Hands on the VariableSync, which the engine runs again before later runs
-  for ops built since, and the substitutes it added to.
+  Hands on the VariableSync, which runs again before later runs for ops
+  built since (`sync_new_writes`), and the substitutes it added to.
   """
   variable_sync = VariableSync(ctx, captured_step, subgraph, copies,
                                substitutes)
   variable_sync.update()
   return {"variable_sync": variable_sync, "substitutes": substitutes}
+
+
+def sync_new_writes(ctx, variable_sync):  # pylint: disable=unused-argument
+  """Before a Session.run: the writes of replicated variables built since
+  the rewrite reach every replica (`VariableSync.update`)."""
+  variable_sync.update()

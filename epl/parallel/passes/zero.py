@@ -64,11 +64,9 @@ from epl.parallel.passes import zero_weights
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import balanced_partition, variable_size
+from epl.parallel.plan.decisions import Reduction, ZeroLevel
 
 logger = logging.getLogger("epl")
-
-# The levels whose gradients are reduced on their owner only.
-_OWNER_REDUCING_LEVELS = ("v1", "v2", "v3")
 
 
 @dataclasses.dataclass
@@ -84,7 +82,7 @@ class Partition:
   `weights` (v3) the variables partitioned into shards, whose updates
   every replica keeps for its shard (not in `updates` nor `points`).
   """
-  level: str
+  level: ZeroLevel
   owner: Dict[str, int]
   updates: Dict[str, List[tf.Operation]]
   variables: Dict[str, tf.Operation]
@@ -97,7 +95,7 @@ class Partition:
   @property
   def reduces_to_owners(self):
     """Whether gradients are reduced on their owner only (v1, v2, v3)."""
-    return self.level in _OWNER_REDUCING_LEVELS
+    return self.level.reduces_to_owners
 
   @property
   def reduced_points(self):
@@ -120,11 +118,13 @@ def _tensors(grad):
 
 
 def _check_level(ctx):
-  """The ZeRO level to build, or None; raises for what cannot work."""
-  level = ctx.config.zero.level
-  if not level:
+  """The ZeRO level to build (the plan's), or None; raises for what cannot
+  work."""
+  decided = ctx.plan.decisions.zero.value
+  if decided is ZeroLevel.NONE:
     return None
-  reduces = level in _OWNER_REDUCING_LEVELS
+  level = decided.value
+  reduces = decided.reduces_to_owners
   if reduces and ctx.config.communication.clip_after_allreduce:
     raise ValueError(
         "zero.level %r keeps each reduced gradient on its owner only, so "
@@ -142,7 +142,7 @@ def _check_level(ctx):
     logger.warning("zero.level %r has no effect: this worker holds one "
                    "model replica, nothing to partition over.", level)
     return None
-  return level
+  return decided
 
 
 def _labels(apply_ops, gradient_owner, trained):
@@ -215,7 +215,8 @@ def _owner_accumulations(ctx, subgraph, copies, points, updates):
         "zero.level %s: the micro-batch sum of the gradient of %s is read "
         "by more than its update (post-processing per replica, such as "
         "clipping); every replica sums those micro-batches in full before "
-        "reducing to the owner, as v1 does.", ctx.config.zero.level,
+        "reducing to the owner, as v1 does.",
+        ctx.plan.decisions.zero.value.value,
         ", ".join(sorted(kept)))
   return taken
 
@@ -233,7 +234,8 @@ def _split_variables(ctx, variables, updates):
     logger.info(
         "ZeRO %s leaves the split variables %s%s to their shard groups: "
         "each replica already holds and updates its shard only; the "
-        "replicated variables are partitioned.", ctx.config.zero.level,
+        "replicated variables are partitioned.",
+        ctx.plan.decisions.zero.value.value,
         ", ".join(split),
         " and their optimizer slots %s" % ", ".join(slots) if slots else "")
   return set(split)
@@ -269,7 +271,7 @@ def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
     logger.warning(
         "zero.level %s: the update of %s is built together with other "
         "variables' (one op for several); its optimizer state stays on every "
-        "replica.", level, ", ".join(mixed))
+        "replica.", level.value, ", ".join(mixed))
   return updates
 
 
@@ -289,7 +291,7 @@ def _deal_owners(ctx, variables, owned, level):
         owner[names[index]] = local
     logger.info(
         "ZeRO %s: TaskGraph %d's %d variables dealt to %d replicas, "
-        "elements per replica %s", level, taskgraph, len(names),
+        "elements per replica %s", level.value, taskgraph, len(names),
         len(ctx.replicas),
         [sum(variable_size(variables[names[i]]) for i in p) for p in parts])
   return owner
@@ -316,7 +318,7 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   points = [(g, v) for g, v in points if v.name not in split]
   weights = (zero_weights.choose_sharded(
       ctx, points, {n: ops for n, ops in updates.items() if ops})
-              if level == "v3" else None)
+              if level.partitions_weights else None)
   sharded = set(weights.updates) if weights else set()
   owned = [name for name in variables
            if updates[name] and name not in sharded and name not in split]
@@ -325,7 +327,7 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   accumulations = (_owner_accumulations(
       ctx, subgraph, copies,
       owned_points + (weights.points if weights else []), updates)
-                   if level in ("v2", "v3") else {})
+                   if level.partitions_gradients else {})
   removed = {op.name for name in owned for op in updates[name]}
   removed.update(op.name for accumulation in accumulations.values()
                  for op in accumulation.ops)
@@ -378,7 +380,7 @@ def _join_after(step, partition, name, ops):
         "zero.level %s: no op of the training step waits for the update of "
         "%s, so nothing would run its copies into the other replicas. Fetch "
         "the op apply_gradients returned (or a tf.group of it)." % (
-            partition.level, name))
+            partition.level.value, name))
   for end in ends:
     graph_editor.add_control_inputs(end, ops)
 
@@ -414,7 +416,7 @@ def _reduce_to_owners(ctx, copies, gradient_points, partition):
   then all-reduce their local sums (IndexedSlices: all-gather). Records the
   reduced tensors in `partition.reduced`; returns the gradient points
   without those gradients, so they are not all-reduced."""
-  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   across = across_workers.spans_workers(ctx)
   for grad, var in partition.points:
     owner = partition.owner[var.name]

@@ -63,6 +63,7 @@ from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import variable_size
+from epl.parallel.plan.decisions import Reduction
 
 logger = logging.getLogger("epl")
 
@@ -302,7 +303,7 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   (of every micro-batch where `accumulations` has the weight's sum),
   sliced where each was made and summed on shard r's device; replica r's
   update reads it."""
-  mean = ctx.config.communication.gradients_reduce_method == "mean"
+  mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   variable = ctx.graph.get_operation_by_name(name)
   info = weights.shards[name]
   rank = weights.full_shapes[name].rank
@@ -484,7 +485,6 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
   weights = zero_partition.weights if zero_partition else None
   if weights is None:
     return result
-  ctx.state.zero_weights = weights
   with _building(ctx):
     _set_shard_shapes(ctx, copies, weights)
     for grad, variable in weights.points:
@@ -503,13 +503,13 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
   return result
 
 
-def update_after_rewrite(ctx, copies, substitutes):
+def update_after_rewrite(ctx, zero_partition, copies, substitutes):
   """For ops built since the last call (and at the rewrite): whole-value
   writes of partitioned variables outside the step (initializers,
   restores) write every shard (`_whole_writes`), SaveV2 writes full
   tensors, and reads outside the step give the full value; fetches of
   either get `substitutes`. Nothing without partitioned weights."""
-  weights = ctx.state.zero_weights
+  weights = zero_partition.weights if zero_partition else None
   if weights is None:
     return
   reads = _reads_outside_the_step(ctx, copies, weights)
@@ -519,7 +519,7 @@ def update_after_rewrite(ctx, copies, substitutes):
     _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes)
 
 
-def translate_whole_values(ctx, copies, substitutes):
+def translate_whole_values(ctx, zero_partition, copies, substitutes):
   """zero.level v3: outside the training step, partitioned variables are
   written and read as whole values (`update_after_rewrite`).
 
@@ -530,15 +530,15 @@ def translate_whole_values(ctx, copies, substitutes):
   does the same for ops built later. Nothing changes without partitioned
   weights.
   """
-  update_after_rewrite(ctx, copies, substitutes)
+  update_after_rewrite(ctx, zero_partition, copies, substitutes)
   return {"substitutes": substitutes}
 
 
-def check_feeds(state, feed_dict):
+def check_feeds(ctx, feed_dict, zero_partition):  # pylint: disable=unused-argument
   """Raises for a fed value that a whole-value write of a partitioned
   variable now slices (what `Variable.load` feeds): the other replicas
   would keep their old slices."""
-  weights = state.zero_weights
+  weights = zero_partition.weights if zero_partition else None
   if weights is None or not feed_dict:
     return
   for key in feed_dict:

@@ -1,10 +1,15 @@
-"""The plan: replicas, device slices and micro-batches, as plain data.
+"""The plan: replicas, device slices, micro-batches and every decision the
+passes apply, as plain data.
 
-A plan is computed from the cluster and the TaskGraphs' strategies, before
-any graph is touched, so it can be printed and unit-tested alone.
+A plan is computed from the cluster, the TaskGraphs' strategies and the
+configuration, before any graph is touched, so it can be printed and
+unit-tested alone. `plan_of` is its one entry point for a graph: the
+rewrite, the session set-up, serving and input slicing all get their plan
+there.
 """
 import dataclasses
-from typing import List
+import weakref
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -12,6 +17,7 @@ from epl.cluster import VirtualDevice
 from epl.env import Env
 from epl.ir import graph_state
 from epl.parallel.plan import auto
+from epl.parallel.plan import decisions as plan_decisions
 from epl.parallel.plan import pipeline_order
 from epl.strategies.strategy import (Replicate, Split,
                                      require_single_device_stages)
@@ -41,6 +47,9 @@ class Plan:
   # Stages per pipeline device (pipeline.virtual_stages): stage s of a
   # replica shares the device of stage s mod (num_stages / virtual_stages).
   virtual_stages: int = 1
+  # What the passes apply (micro-batches, precision, ZeRO, ...), with
+  # reasons; set by make_plan.
+  decisions: Optional[plan_decisions.Decisions] = None
 
   @property
   def num_stages(self):
@@ -97,6 +106,11 @@ class Plan:
             for start in range(0, self.num_replicas, count)]
 
 
+# GraphState -> (what its plan was made from, or None once the rewrite
+# uses it; the plan).
+_PLANS = weakref.WeakKeyDictionary()
+
+
 def plan_of(graph, for_rewrite=False):
   """The plan of `graph`'s TaskGraphs on the current cluster and config.
 
@@ -112,7 +126,7 @@ def plan_of(graph, for_rewrite=False):
     return None
   env = Env.get()
   key = (len(state.taskgraphs), tuple(env.config.to_dict().items()))
-  cached = state.plan_cache
+  cached = _PLANS.get(state)
   fixed = cached is not None and cached[0] is None
   if fixed or (cached is not None and cached[0] == key):
     plan = cached[1]
@@ -124,11 +138,21 @@ def plan_of(graph, for_rewrite=False):
         raise
       return None
   if not fixed:
-    state.plan_cache = (None if for_rewrite else key, plan)
+    _PLANS[state] = (None if for_rewrite else key, plan)
   return plan
 
 
 def make_plan(cluster, taskgraphs, config):
+  """Lays the TaskGraphs out on the cluster's devices and takes the
+  decisions the passes apply (`decisions.decide`)."""
+  plan = _layout(cluster, taskgraphs, config)
+  plan.decisions = plan_decisions.decide(
+      config, plan.num_stages, plan.has_split, cluster.device_type,
+      len(plan.local_replicas) == plan.num_replicas)
+  return plan
+
+
+def _layout(cluster, taskgraphs, config):
   """Lays the TaskGraphs out on the cluster's devices.
 
   Devices per model replica are the sum of the TaskGraphs' device counts;
