@@ -18,6 +18,11 @@ capture, planning, the rewrite, the runtime and the tools together.
 - `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
   backward pass with): the seeds of the losses are recorded
   (`epl.capture.capture.record_loss_seeds`), for the loss scale.
+- With eager execution on (TF2 scripts): `GradientTape.gradient` inside a
+  `tf.function` being traced records the gradients of variables
+  (`epl.capture.traced_step`), and `Function.__call__` made eagerly runs
+  the rewrite of a traced training step instead of the trace
+  (`epl.runtime.traced_function`).
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -83,6 +88,7 @@ from epl import user_warnings
 from epl.capture import capture
 from epl.capture import graph_mode
 from epl.capture import io_slicing
+from epl.capture import traced_step
 from epl.env import active
 from epl.ir.phase import Phase
 from epl.parallel.ops import expert_lowering
@@ -97,6 +103,7 @@ from epl.runtime import failures
 from epl.runtime import serving
 from epl.runtime import session as epl_session
 from epl.runtime import summaries
+from epl.runtime import traced_function
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import keras
 from epl.tf_compat import targets
@@ -156,8 +163,15 @@ def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = active()
-  if env is None or tf.compat.v1.executing_eagerly_outside_functions():
+  if env is None:
     return original(tape, target, sources, *args, **kwargs)
+  if tf.compat.v1.executing_eagerly_outside_functions():
+    grads = original(tape, target, sources, *args, **kwargs)
+    graph = tf.compat.v1.get_default_graph()
+    if not tf.executing_eagerly() and graph.building_function:
+      traced_step.record_gradients(graph, tf.nest.flatten(sources),
+                                   tf.nest.flatten(grads))
+    return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(tape, target, sources, *args, **kwargs)
@@ -183,6 +197,13 @@ def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
     _apply_depth.value -= 1
   capture.record_apply(grads_and_vars, train_op, global_step)
   return train_op
+
+
+def _function_call(original, function, *args, **kwargs):
+  env = active()
+  if env is None or not tf.executing_eagerly():
+    return original(function, *args, **kwargs)
+  return traced_function.call(env, function, original, args, kwargs)
 
 
 def _finalize(original, graph):
@@ -347,6 +368,7 @@ _HOOKS = (
     (targets.DEFAULT_GRAD_YS, _default_grad_ys),
     (targets.TAPE_GRADIENT, _tape_gradient),
     (targets.APPLY_GRADIENTS, _apply_gradients),
+    (targets.FUNCTION_CALL, _function_call),
     (targets.GRAPH_FINALIZE, _finalize),
     (targets.SESSION_INIT, _session_init),
     (targets.SESSION_RUN, _session_run),
