@@ -484,6 +484,19 @@ def test_tape_gradient_is_the_method_tapes_call(calls):
   assert len(taped) == 1 and _run(grad, graph) == 6.0
 
 
+def test_function_call_is_what_calling_a_tf_function_runs(calls):
+  called = calls(targets.FUNCTION_CALL)
+  double = tf.function(lambda x: 2.0 * x)
+  assert isinstance(double, targets.FUNCTION_CALL[0])
+  graph = tf.Graph()
+  with graph.as_default():
+    result = double(tf.constant(3.0))
+  assert len(called) == 1 and _run(result, graph) == 6.0
+  concrete = double.get_concrete_function(tf.TensorSpec([], tf.float32))
+  assert concrete.graph.captures == [] or list(concrete.graph.captures) == []
+  assert concrete.structured_input_signature[0][0].shape == []
+
+
 @pytest.mark.parametrize("make", [
     lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
     lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),

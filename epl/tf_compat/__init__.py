@@ -81,6 +81,10 @@ VERSIONS = {
     "Graph.finalize": Support(_ALL_TF, _ANY_KERAS),
     "gradients_util._GradientsHelper": Support(_ALL_TF, _ANY_KERAS),
     "GradientTape.gradient": Support(_ALL_TF, _ANY_KERAS),
+    "polymorphic_function.Function.__call__ (tf.function's callable); "
+    "ConcreteFunction.graph.captures, structured_input_signature, "
+    "structured_outputs (epl.runtime.traced_function)":
+        Support(_ALL_TF, _ANY_KERAS),
     "compat.v1 Optimizer.apply_gradients, Optimizer._finish":
         Support(_ALL_TF, _ANY_KERAS),
     "BaseSession.__init__, BaseSession.run": Support(_ALL_TF, _ANY_KERAS),
