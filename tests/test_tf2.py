@@ -1,6 +1,7 @@
 """TF2 scripts with eager execution on (issue 34): an eager loop over a
-`@tf.function` step with a Keras model and optimizer is data parallel and
-equals the same script without EPL; what is not supported yet raises EPL's
+`@tf.function` step with a Keras model and optimizer is data parallel, with
+or without a loop over micro-batches, and equals the same script without
+EPL; what is not supported yet raises EPL's
 error. Each scenario runs in a subprocess (tests/clients/tf2_scripts.py):
 this process runs in graph mode (conftest), and eager execution cannot be
 switched back on. `make test-latest` runs them on TF 2.21 with tf-keras."""
@@ -30,6 +31,14 @@ def _run(scenario):
 def test_eager_tf_function_loop_data_parallel_matches_single_device(
     optimizer):
   assert "TF2_EAGER_DP_OK" in _run("eager_dp_" + optimizer)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+def test_loop_accumulation_of_four_micro_batches_matches_single_device(
+    optimizer):
+  printed = _run("accumulation_" + optimizer)
+  assert "TF2_EAGER_DP_OK" in printed and "micro_batches=4" in printed
 
 
 @pytest.mark.timeout(300)

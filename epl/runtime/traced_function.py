@@ -136,9 +136,11 @@ def _merge(per_replica):
 class ReplicatedStep:
   """The rewrite of one traced step over `devices` (one per replica)."""
 
-  def __init__(self, concrete, step, devices, function_name):
+  def __init__(self, concrete, step, devices, micro_batches, function_name):
     self._concrete = concrete
     self._replicas = len(devices)
+    # Each replica's batch is cut into micro_batches, run in a loop.
+    self._micro_batches = micro_batches
     graph = concrete.graph
     captured = {internal.name: external
                 for external, internal in graph.captures}
@@ -191,15 +193,18 @@ class ReplicatedStep:
         *[tf.TensorSpec(self._global_shape(t.shape), t.dtype)
           for t in self._arguments])
     logger.info(
-        "epl: tf.function %s is data parallel over %d replicas (%s): %d "
-        "gradients averaged, %d ops a replica, %d ops of update run once.",
+        "epl: tf.function %s is data parallel over %d replicas (%s) x %d "
+        "micro-batches (a loop): %d gradients averaged, %d ops a "
+        "micro-batch, %d ops of update run once.",
         function_name, self._replicas, ", ".join(self._devices),
-        len(gradient_names), len(gradient_part), len(update_part))
+        micro_batches, len(gradient_names), len(gradient_part),
+        len(update_part))
 
   def _global_shape(self, replica_shape):
     if not replica_shape.rank or replica_shape[0] is None:
       return replica_shape
-    return [replica_shape[0] * self._replicas] + replica_shape[1:].as_list()
+    return [replica_shape[0] * self._replicas * self._micro_batches] + (
+        replica_shape[1:].as_list())
 
   def _replica_device(self, replica):
     graph, device = self._graph, self._devices[replica]
@@ -239,10 +244,15 @@ class ReplicatedStep:
       part = _part(self._graph_def, self._gradient_part,
                    self._replica_device(replica))
       with tf.device(self._devices[replica]):
-        found = _import(
-            part, self._inputs(captured, [s[replica] for s in slices]),
-            wanted, "EPL_REPLICA_%d" % replica)
-      replicas.append(dict(zip(wanted, found)))
+        if self._micro_batches == 1:
+          found = dict(zip(wanted, _import(
+              part, self._inputs(captured, [s[replica] for s in slices]),
+              wanted, "EPL_REPLICA_%d" % replica)))
+        else:
+          found = self._accumulate(part, captured,
+                                   [s[replica] for s in slices], wanted,
+                                   "EPL_REPLICA_%d" % replica)
+      replicas.append(found)
     first = replicas[0]
     means = {}
     with tf.device(self._devices[0]):
@@ -268,6 +278,62 @@ class ReplicatedStep:
                      for name, source in self._merged.items()})
     return [values.get(name, update_inputs.get(name))
             for name in self._outputs]
+
+  def _accumulate(self, part, captured, arguments, wanted, name):
+    """Runs the gradient part on each micro-batch of a replica's batch in
+    a loop (one iteration at a time, so one micro-batch's activations are
+    alive at once): the gradients and float scalar outputs (a mean loss)
+    are averaged over the micro-batches; the other values the update part
+    reads are the last micro-batch's."""
+    micro = self._micro_batches
+    batches = []
+    for placeholder, argument in zip(self._arguments, arguments):
+      if argument.shape.rank:
+        rows = placeholder.shape.as_list()
+        batches.append(tf.reshape(argument, [micro] + [
+            -1 if size is None else size for size in rows]))
+      else:
+        batches.append(argument)
+    data = [n for n in wanted if not n.startswith("^") and ":" in n]
+    averaged = set(self._gradient_names) | {
+        n for n in self._merged.values()
+        if self._graph.get_tensor_by_name(n).dtype.is_floating and
+        not self._graph.get_tensor_by_name(n).shape.rank}
+    initial = []
+    for tensor_name in data:
+      tensor = self._graph.get_tensor_by_name(tensor_name)
+      if (not tensor.shape.is_fully_defined() or
+          (tensor_name in self._merged.values() and
+           tensor_name not in averaged)):
+        raise NotSupportedInTracedStep(
+            "pipeline.num_micro_batch %d: the step's tensor %s (shape %s) "
+            "leaves each micro-batch and is not a gradient or a float "
+            "scalar; EPL accumulates only those in a traced TF2 step yet "
+            "(docs/tf2.md)." % (micro, tensor_name, tensor.shape))
+      initial.append(tf.zeros(tensor.shape, tensor.dtype))
+
+    def body(index, values):
+      # The loop's body is a graph of its own: what it reads from outside
+      # enters it as its captures.
+      inside = {n: tf.identity(t) for n, t in captured.items()}
+      found = dict(zip(wanted, _import(
+          part, self._inputs(inside, [
+              tf.gather(b, index) if b.shape.rank else b for b in batches]),
+          wanted, name)))
+      return index + 1, [
+          value + found[n] if n in averaged else found[n]
+          for n, value in zip(data, values)]
+
+    _, values = tf.while_loop(lambda index, _: index < micro, body,
+                              [tf.constant(0), initial],
+                              parallel_iterations=1)
+    found = {n: value * (1.0 / micro) if n in averaged else value
+             for n, value in zip(data, values)}
+    # The update part's control inputs wait for the whole loop.
+    with tf.control_dependencies(values):
+      after_loop = tf.no_op()
+    found.update({n: after_loop for n in wanted if n not in found})
+    return found
 
   def __call__(self, flat_arguments):
     outputs = self._run(*flat_arguments)
@@ -321,16 +387,12 @@ def _refuse_unsupported(step, name, env):
         "tf.function %s: a traced TF2 step is data parallel over the "
         "devices of one worker only; this job has %d workers "
         "(docs/tf2.md)." % (name, env.cluster.worker_num))
-  if env.config.pipeline.num_micro_batch > 1:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: pipeline.num_micro_batch %d is not supported in "
-        "a traced TF2 step yet (docs/tf2.md)." % (
-            name, env.config.pipeline.num_micro_batch))
 
 
-def _replica_spec(value, replicas, name):
-  """What one replica is given of an argument: a tensor of rank >= 1 is a
-  batch, whose first axis the replicas divide."""
+def _replica_spec(value, parts, name):
+  """What one micro-batch of one replica is given of an argument: a
+  tensor of rank >= 1 is a batch, whose first axis the replicas and their
+  micro-batches (`parts` in all) divide."""
   if not isinstance(value, (tf.Tensor, np.ndarray)) or isinstance(
       value, tf.Variable):
     return value
@@ -338,27 +400,29 @@ def _replica_spec(value, replicas, name):
   if not shape.rank:
     return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
   rows = shape[0]
-  if rows is not None and rows % replicas:
+  if rows is not None and rows % parts:
     raise ValueError(
         "tf.function %s: EPL divides each tensor argument of rank >= 1 (a "
-        "batch) over %d replicas along its first axis, but a batch of "
-        "shape %s has %d rows. Make the global batch a multiple of %d "
-        "(dataset.batch(..., drop_remainder=True))." % (
-            name, replicas, shape, rows, replicas))
+        "batch) over %d replicas x micro-batches along its first axis, but "
+        "a batch of shape %s has %d rows. Make the global batch a multiple "
+        "of %d (dataset.batch(..., drop_remainder=True))." % (
+            name, parts, shape, rows, parts))
   return tf.TensorSpec(
-      [None if rows is None else rows // replicas] + shape[1:].as_list(),
+      [None if rows is None else rows // parts] + shape[1:].as_list(),
       tf.as_dtype(value.dtype))
 
 
 def call(env, function, original, args, kwargs):
   """Calls `function` (a tf.function called eagerly): its rewrite when its
   trace is a training step, else the traced function itself. The step is
-  traced for one replica's share of the batch: a trace bakes static shapes
+  traced for one micro-batch of one replica: a trace bakes static shapes
   into its ops."""
   replicas = env.cluster.devices_per_worker
+  micro_batches = env.config.pipeline.num_micro_batch
   name = getattr(function, "__name__", repr(function))
   replica_args, replica_kwargs = tf.nest.map_structure(
-      lambda value: _replica_spec(value, replicas, name), (args, kwargs))
+      lambda value: _replica_spec(value, replicas * micro_batches, name),
+      (args, kwargs))
   concrete = function.get_concrete_function(*replica_args, **replica_kwargs)
   step = _rewritten.get(concrete.graph)
   if step is None:
@@ -369,5 +433,5 @@ def call(env, function, original, args, kwargs):
     devices = [env.cluster.device_name(index)
                for index in range(env.cluster.devices_per_worker)]
     step = _rewritten[concrete.graph] = ReplicatedStep(
-        concrete, traced, devices, name)
+        concrete, traced, devices, micro_batches, name)
   return step(_flat_tensor_arguments(concrete, args, kwargs))

@@ -7,6 +7,9 @@ conftest switched it off) and reads what they print.
   step (GradientTape, a Keras Sequential model, Keras Adam v2 or legacy)
   on 4 CPU replicas equals the same script without EPL on the same global
   batch after 5 steps; the returned loss is the global batch's.
+- accumulation_adam, accumulation_legacy: the same with 4 micro-batches a
+  replica (pipeline.num_micro_batch 4, a loop), equal to plain TF on the
+  same global batch.
 - checkpoint: after EPL training, `tf.train.Checkpoint` saves the one
   copy of each variable and restores it into a model trained without EPL.
 - fit_refused, stage_scope_refused, uneven_batch_refused: each raises
@@ -73,13 +76,14 @@ def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
   return model, float(loss)
 
 
-def _init():
-  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS}))
+def _init(micro_batches=1):
+  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
+                       "pipeline.num_micro_batch": micro_batches}))
   epl.set_default_strategy(epl.replicate(device_count=1))
 
 
-def eager_dp(kind):
-  _init()
+def eager_dp(kind, micro_batches=1):
+  _init(micro_batches)
   assert tf.executing_eagerly()
   model, loss = _train(kind)
   epl.shutdown()
@@ -88,8 +92,8 @@ def eager_dp(kind):
                               expected_model.get_weights()):
     tolerance.assert_equivalent(actual, expected)
   tolerance.assert_equivalent(loss, expected_loss)
-  print("TF2_EAGER_DP_OK tf=%s optimizer=%s replicas=%d loss=%.6f" % (
-      tf.__version__, kind, REPLICAS, loss))
+  print("TF2_EAGER_DP_OK tf=%s optimizer=%s replicas=%d micro_batches=%d "
+        "loss=%.6f" % (tf.__version__, kind, REPLICAS, micro_batches, loss))
 
 
 def checkpoint():
@@ -135,5 +139,7 @@ if __name__ == "__main__":
   scenario = sys.argv[1]
   if scenario.startswith("eager_dp_"):
     eager_dp(scenario[len("eager_dp_"):])
+  elif scenario.startswith("accumulation_"):
+    eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:
     globals()[scenario]()
