@@ -173,7 +173,15 @@ class ReplicatedStep:
       if not needs & after_gradients:
         gradient_part |= needs
         self._merged[output.name] = source.name
-    update_part = set(nodes) - gradient_part - placeholders
+    # The update part: what the outputs and the side effects (the
+    # optimizer's writes) need beyond the gradient part; gradient ops the
+    # recorded gradients do not need (a gradient of the input) are dropped.
+    effects = [op.name for op in graph.get_operations()
+               if op.name not in gradient_part and op.op_def.is_stateful]
+    update_part = _closure(
+        nodes, effects + [t.op.name for t in graph.outputs] +
+        [op.name for op in graph.control_outputs],
+        gradient_part | placeholders)
     # What the update part reads from the gradient part (replica 0's).
     boundary = set()
     for name in update_part:
@@ -183,6 +191,15 @@ class ReplicatedStep:
     outputs = [t.name for t in graph.outputs]
     self._gradient_names = gradient_names
     self._boundary = sorted(boundary - set(gradient_names))
+    # Values of the batch the update part reads (the loss and predictions
+    # Keras metrics update with) are merged over the replicas, and it reads
+    # the whole batch: it sees the step on the whole batch. The others
+    # (variable reads) are equal in every replica: replica 0's.
+    from_batch = _consumers_closure(
+        graph_def, [t.name for t in self._arguments])
+    self._merged_boundary = [
+        name for name in self._boundary
+        if not name.startswith("^") and _node_name(name) in from_batch]
     self._outputs = outputs
     self._gradient_part = gradient_part
     self._graph_def = graph_def
@@ -259,7 +276,7 @@ class ReplicatedStep:
       for name in self._gradient_names:
         means[name] = tf.add_n([r[name] for r in replicas]) * (
             1.0 / self._replicas)
-    update_inputs = self._inputs(captured, [s[0] for s in slices])
+    update_inputs = self._inputs(captured, arguments)
     update_inputs.update(means)
     for name in self._boundary:
       if name.startswith("^"):
@@ -267,6 +284,9 @@ class ReplicatedStep:
         # runs after replica 0's op.
         with tf.control_dependencies([first[name[1:]]]):
           update_inputs[name] = tf.constant(0)
+      elif name in self._merged_boundary:
+        with tf.device(self._devices[0]):
+          update_inputs[name] = _merge([r[name] for r in replicas])
       else:
         update_inputs[name] = first[name]
     in_update = [name for name in self._outputs if name not in self._merged
@@ -282,9 +302,9 @@ class ReplicatedStep:
   def _accumulate(self, part, captured, arguments, wanted, name):
     """Runs the gradient part on each micro-batch of a replica's batch in
     a loop (one iteration at a time, so one micro-batch's activations are
-    alive at once): the gradients and float scalar outputs (a mean loss)
-    are averaged over the micro-batches; the other values the update part
-    reads are the last micro-batch's."""
+    alive at once): the gradients and float scalars of the batch (a mean
+    loss) are averaged over the micro-batches; the other values the update
+    part reads are the last micro-batch's (variable reads: all equal)."""
     micro = self._micro_batches
     batches = []
     for placeholder, argument in zip(self._arguments, arguments):
@@ -295,16 +315,16 @@ class ReplicatedStep:
       else:
         batches.append(argument)
     data = [n for n in wanted if not n.startswith("^") and ":" in n]
+    merged = set(self._merged.values()) | set(self._merged_boundary)
     averaged = set(self._gradient_names) | {
-        n for n in self._merged.values()
+        n for n in merged
         if self._graph.get_tensor_by_name(n).dtype.is_floating and
         not self._graph.get_tensor_by_name(n).shape.rank}
     initial = []
     for tensor_name in data:
       tensor = self._graph.get_tensor_by_name(tensor_name)
       if (not tensor.shape.is_fully_defined() or
-          (tensor_name in self._merged.values() and
-           tensor_name not in averaged)):
+          (tensor_name in merged and tensor_name not in averaged)):
         raise NotSupportedInTracedStep(
             "pipeline.num_micro_batch %d: the step's tensor %s (shape %s) "
             "leaves each micro-batch and is not a gradient or a float "
