@@ -22,7 +22,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   `tf.function` being traced records the gradients of variables
   (`epl.capture.traced_step`), and `Function.__call__` made eagerly runs
   the rewrite of a traced training step instead of the trace
-  (`epl.runtime.traced_function`).
+  (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
+  makes `Model.fit` call such a step with each batch's tensors
+  (`epl.runtime.keras_fit`).
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -100,6 +102,7 @@ from epl.parallel.plan import planner
 from epl.runtime import checkpoint
 from epl.runtime import estimator
 from epl.runtime import failures
+from epl.runtime import keras_fit
 from epl.runtime import serving
 from epl.runtime import session as epl_session
 from epl.runtime import summaries
@@ -204,6 +207,12 @@ def _function_call(original, function, *args, **kwargs):
   if env is None or not tf.executing_eagerly():
     return original(function, *args, **kwargs)
   return traced_function.call(env, function, original, args, kwargs)
+
+
+def _make_train_function(original, model, *args, **kwargs):
+  if active() is None or not tf.executing_eagerly():
+    return original(model, *args, **kwargs)
+  return keras_fit.make_train_function(original, model, *args, **kwargs)
 
 
 def _finalize(original, graph):
@@ -415,6 +424,8 @@ def _keras_hooks():
   if found.dense_call is not None:
     hooks.append((found.dense_call, _dense_layer_call))
   hooks.extend((target, _keras3_training) for target in found.keras3_training)
+  if found.make_train_function is not None:
+    hooks.append((found.make_train_function, _make_train_function))
   return tuple(hooks)
 
 

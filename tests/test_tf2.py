@@ -1,7 +1,7 @@
 """TF2 scripts with eager execution on (issue 34): an eager loop over a
 `@tf.function` step with a Keras model and optimizer is data parallel, with
-or without a loop over micro-batches, and equals the same script without
-EPL; what is not supported yet raises EPL's
+or without a loop over micro-batches, and so is Keras `Model.fit`; each
+equals the same script without EPL; what is not supported yet raises EPL's
 error. Each scenario runs in a subprocess (tests/clients/tf2_scripts.py):
 this process runs in graph mode (conftest), and eager execution cannot be
 switched back on. `make test-latest` runs them on TF 2.21 with tf-keras."""
@@ -42,14 +42,18 @@ def test_loop_accumulation_of_four_micro_batches_matches_single_device(
 
 
 @pytest.mark.timeout(300)
+def test_keras_fit_data_parallel_matches_plain_fit():
+  assert "TF2_FIT_DP_OK" in _run("fit_dp")
+
+
+@pytest.mark.timeout(300)
 def test_checkpoint_after_eager_training_holds_one_copy():
   assert "TF2_CHECKPOINT_OK" in _run("checkpoint")
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
-    ("fit_refused", "Model.fit and steps that read an iterator are not "
-                    "supported with eager execution yet"),
+    ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
     ("stage_scope_refused", "opens epl.replicate(device_count=1, "
                             "name='stage_0') inside the step"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),

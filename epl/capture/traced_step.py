@@ -37,8 +37,24 @@ def _step_for(graph):
   return step
 
 
+def _outermost(graph):
+  while getattr(getattr(graph, "outer_graph", None), "building_function",
+                False):
+    graph = graph.outer_graph
+  return graph
+
+
 def record_gradients(graph, sources, grads):
-  """Records the gradients of the variables among `sources`."""
+  """Records the gradients of the variables among `sources`; gradients
+  taken in a function inside the step (a nested tf.function, a loop's body,
+  jit_compile) are recorded as ones the replicas cannot reduce."""
+  outermost = _outermost(graph)
+  if outermost is not graph:
+    _step_for(outermost).unsupported_gradients.extend(
+        ("gradient taken inside a nested function (a tf.function called by "
+         "the step, a loop body or jit_compile)", getattr(source, "name", "?"))
+        for source, grad in zip(sources, grads) if grad is not None)
+    return
   step = _step_for(graph)
   for source, grad in zip(sources, grads):
     if grad is None or not isinstance(source, tf.Variable):

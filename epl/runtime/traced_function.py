@@ -382,12 +382,13 @@ def _flat_tensor_arguments(concrete, args, kwargs):
 
 def _refuse_unsupported(step, name, env):
   if step.unsupported_gradients:
+    kind, variable = step.unsupported_gradients[0]
     raise NotSupportedInTracedStep(
-        "tf.function %s: the gradient of %s is a %s; EPL does not average "
-        "sparse gradients of a traced TF2 step yet. Densify it in the step "
-        "(tf.convert_to_tensor(grad)) or build the step TF1 style "
-        "(docs/tf2.md)." % ((name,) + tuple(reversed(
-            step.unsupported_gradients[0]))))
+        "tf.function %s: the gradient of %s is a %s; EPL averages only "
+        "dense gradients taken in the step's own graph yet. Densify a "
+        "sparse one in the step (tf.convert_to_tensor(grad)), take the "
+        "gradient in the step itself (no jit_compile), or build the step "
+        "TF1 style (docs/tf2.md)." % (name, variable, kind))
   if step.strategies:
     raise NotSupportedInTracedStep(
         "tf.function %s opens %r inside the step: pipeline stages and "

@@ -101,6 +101,9 @@ VERSIONS = {
     "(TF's frozen Keras 2, under tensorflow.python.layers.base.Layer)":
         Support(_ALL_TF, "TensorFlow's own copy, hooked beside Keras 2 "
                 "(bundled on 2.15, tf-keras 2.16-2.21); not keras3"),
+    "Keras 2 Model.make_train_function, Model._train_counter, "
+    "Model._steps_per_execution (epl.runtime.keras_fit)":
+        Support(_ALL_TF, _LEGACY_KERAS),
     "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
     "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),
     # estimator

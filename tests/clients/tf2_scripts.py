@@ -12,7 +12,10 @@ conftest switched it off) and reads what they print.
   same global batch.
 - checkpoint: after EPL training, `tf.train.Checkpoint` saves the one
   copy of each variable and restores it into a model trained without EPL.
-- fit_refused, stage_scope_refused, uneven_batch_refused: each raises
+- fit_dp: Keras `compile`/`fit` (Adam, mse, an mae metric, 2 epochs of 5
+  steps) on 4 CPU replicas equals plain `fit`: weights, and the loss and
+  metric of each epoch (the whole batch's, not replica 0's).
+- fit_run_eagerly_refused, stage_scope_refused, uneven_batch_refused: each raises
   EPL's error, which is printed.
 """
 import sys
@@ -108,6 +111,27 @@ def checkpoint():
   print("TF2_CHECKPOINT_OK")
 
 
+def _fit(model):
+  model.compile(optimizer=_optimizer("adam"), loss="mse", metrics=["mae"])
+  history = model.fit(
+      tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
+      epochs=2, verbose=0, shuffle=False)
+  return model.get_weights(), history.history
+
+
+def fit_dp():
+  _init()
+  weights, history = _fit(_model())
+  epl.shutdown()
+  expected_weights, expected_history = _fit(_model())
+  for actual, expected in zip(weights, expected_weights):
+    tolerance.assert_equivalent(actual, expected)
+  for key in ("loss", "mae"):
+    tolerance.assert_equivalent(np.array(history[key]),
+                                np.array(expected_history[key]))
+  print("TF2_FIT_DP_OK loss=%s" % history["loss"])
+
+
 def _refused(run):
   _init()
   try:
@@ -118,10 +142,10 @@ def _refused(run):
   print("TF2_NO_ERROR")
 
 
-def fit_refused():
+def fit_run_eagerly_refused():
   def run():
     model = _model()
-    model.compile(optimizer=_optimizer("adam"), loss="mse")
+    model.compile(optimizer=_optimizer("adam"), loss="mse", run_eagerly=True)
     model.fit(tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
               epochs=1, verbose=0)
   _refused(run)
