@@ -24,7 +24,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   the rewrite of a traced training step instead of the trace
   (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
   makes `Model.fit` call such a step with each batch's tensors
-  (`epl.runtime.keras_fit`).
+  (`epl.runtime.keras_fit`); in graph mode, Keras 2's
+  `training_v1.Model._make_train_function` (behind `fit` and
+  `train_on_batch`) raises EPL's error: not supported yet.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -213,6 +215,12 @@ def _make_train_function(original, model, *args, **kwargs):
   if active() is None or not tf.executing_eagerly():
     return original(model, *args, **kwargs)
   return keras_fit.make_train_function(original, model, *args, **kwargs)
+
+
+def _v1_make_train_function(original, model, *args, **kwargs):
+  if active() is None:
+    return original(model, *args, **kwargs)
+  keras_fit.refuse_graph_mode_fit(model)
 
 
 def _finalize(original, graph):
@@ -426,6 +434,8 @@ def _keras_hooks():
   hooks.extend((target, _keras3_training) for target in found.keras3_training)
   if found.make_train_function is not None:
     hooks.append((found.make_train_function, _make_train_function))
+  if found.v1_make_train_function is not None:
+    hooks.append((found.v1_make_train_function, _v1_make_train_function))
   return tuple(hooks)
 
 

@@ -102,7 +102,8 @@ VERSIONS = {
         Support(_ALL_TF, "TensorFlow's own copy, hooked beside Keras 2 "
                 "(bundled on 2.15, tf-keras 2.16-2.21); not keras3"),
     "Keras 2 Model.make_train_function, Model._train_counter, "
-    "Model._steps_per_execution (epl.runtime.keras_fit)":
+    "Model._steps_per_execution, training_v1.Model._make_train_function "
+    "(epl.runtime.keras_fit)":
         Support(_ALL_TF, _LEGACY_KERAS),
     "keras3: Optimizer.apply, Model.fit, Model.train_on_batch (public; "
     "hooked to refuse them)": Support("2.16-2.21", "keras3 only"),

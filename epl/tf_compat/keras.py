@@ -58,6 +58,9 @@ class KerasTargets:
   # execution on, EPL makes Model.fit's train function a step that takes
   # its batch as tensors (epl.runtime.keras_fit).
   make_train_function: tuple = None
+  # (training_v1.Model, "_make_train_function") of Keras 2, or None: what
+  # Model.fit and train_on_batch build their update with in graph mode.
+  v1_make_train_function: tuple = None
 
   @property
   def dense_class(self):
@@ -109,6 +112,7 @@ def targets():
             _find(prefix + "engine.base_layer_v1", "Layer")]
   dense = _find(prefix + "layers.core.dense", "Dense")
   model = _find(prefix + "engine.training", "Model")
+  v1_model = _find(prefix + "engine.training_v1", "Model")
   missing = [name for name, found in (
       ("engine.base_layer.Layer", layers[0]),
       ("engine.base_layer_v1.Layer", layers[1]),
@@ -130,6 +134,8 @@ def targets():
       dense_call=(dense, "__call__") if dense is not None else None,
       v1_dense=(tf.compat.v1.layers, "dense"),
       make_train_function=(model, "make_train_function") if model else None,
+      v1_make_train_function=(
+          (v1_model, "_make_train_function") if v1_model else None),
       problem=problem)
 
 

@@ -15,7 +15,7 @@ conftest switched it off) and reads what they print.
 - fit_dp: Keras `compile`/`fit` (Adam, mse, an mae metric, 2 epochs of 5
   steps) on 4 CPU replicas equals plain `fit`: weights, and the loss and
   metric of each epoch (the whole batch's, not replica 0's).
-- fit_run_eagerly_refused, stage_scope_refused, uneven_batch_refused: each raises
+- fit_run_eagerly_refused, graph_mode_fit_refused, stage_scope_refused, uneven_batch_refused: each raises
   EPL's error, which is printed.
 """
 import sys
@@ -148,6 +148,17 @@ def fit_run_eagerly_refused():
     model.compile(optimizer=_optimizer("adam"), loss="mse", run_eagerly=True)
     model.fit(tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
               epochs=1, verbose=0)
+  _refused(run)
+
+
+def graph_mode_fit_refused():
+  tf.compat.v1.disable_eager_execution()
+
+  def run():
+    model = _model()
+    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+                  loss="mse")
+    model.fit(*_data(), batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
   _refused(run)
 
 
