@@ -47,6 +47,11 @@ def test_keras_fit_data_parallel_matches_plain_fit():
 
 
 @pytest.mark.timeout(300)
+def test_functions_that_do_not_train_run_as_traced():
+  assert "TF2_EVALUATION_OK" in _run("evaluation_untouched")
+
+
+@pytest.mark.timeout(300)
 def test_checkpoint_after_eager_training_holds_one_copy():
   assert "TF2_CHECKPOINT_OK" in _run("checkpoint")
 

@@ -410,7 +410,16 @@ def _refuse_unsupported(step, name, env):
         "(docs/tf2.md)." % (name, env.cluster.worker_num))
 
 
-def _replica_spec(value, parts, name):
+class _Indivisible(Exception):
+  """A batch argument whose rows the replicas and micro-batches do not
+  divide (an error only when the function is a training step)."""
+
+  def __init__(self, shape, parts):
+    super().__init__(shape, parts)
+    self.shape, self.parts = shape, parts
+
+
+def _replica_spec(value, parts):
   """What one micro-batch of one replica is given of an argument: a
   tensor of rank >= 1 is a batch, whose first axis the replicas and their
   micro-batches (`parts` in all) divide."""
@@ -422,12 +431,7 @@ def _replica_spec(value, parts, name):
     return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
   rows = shape[0]
   if rows is not None and rows % parts:
-    raise ValueError(
-        "tf.function %s: EPL divides each tensor argument of rank >= 1 (a "
-        "batch) over %d replicas x micro-batches along its first axis, but "
-        "a batch of shape %s has %d rows. Make the global batch a multiple "
-        "of %d (dataset.batch(..., drop_remainder=True))." % (
-            name, parts, shape, rows, parts))
+    raise _Indivisible(shape, parts)
   return tf.TensorSpec(
       [None if rows is None else rows // parts] + shape[1:].as_list(),
       tf.as_dtype(value.dtype))
@@ -441,9 +445,23 @@ def call(env, function, original, args, kwargs):
   replicas = env.cluster.devices_per_worker
   micro_batches = env.config.pipeline.num_micro_batch
   name = getattr(function, "__name__", repr(function))
-  replica_args, replica_kwargs = tf.nest.map_structure(
-      lambda value: _replica_spec(value, replicas * micro_batches, name),
-      (args, kwargs))
+  try:
+    replica_args, replica_kwargs = tf.nest.map_structure(
+        lambda value: _replica_spec(value, replicas * micro_batches),
+        (args, kwargs))
+  except _Indivisible as indivisible:
+    # Fine for a function that does not train (an evaluation's last,
+    # smaller batch); a training step cannot divide it.
+    whole = function.get_concrete_function(*args, **kwargs)
+    if traced_step.step_of(whole.graph) is None:
+      return original(function, *args, **kwargs)
+    raise ValueError(
+        "tf.function %s: EPL divides each tensor argument of rank >= 1 (a "
+        "batch) over %d replicas x micro-batches along its first axis, but "
+        "a batch of shape %s has %d rows. Make the global batch a multiple "
+        "of %d (dataset.batch(..., drop_remainder=True))." % (
+            name, indivisible.parts, indivisible.shape,
+            indivisible.shape[0], indivisible.parts)) from None
   concrete = function.get_concrete_function(*replica_args, **replica_kwargs)
   step = _rewritten.get(concrete.graph)
   if step is None:

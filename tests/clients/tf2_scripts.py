@@ -15,6 +15,8 @@ conftest switched it off) and reads what they print.
 - fit_dp: Keras `compile`/`fit` (Adam, mse, an mae metric, 2 epochs of 5
   steps) on 4 CPU replicas equals plain `fit`: weights, and the loss and
   metric of each epoch (the whole batch's, not replica 0's).
+- evaluation_untouched: a tf.function that computes no gradient runs as
+  traced, on any batch.
 - fit_run_eagerly_refused, graph_mode_fit_refused, stage_scope_refused, uneven_batch_refused: each raises
   EPL's error, which is printed.
 """
@@ -168,6 +170,17 @@ def stage_scope_refused():
 
 def uneven_batch_refused():
   _refused(lambda: _train("adam", batch=30))
+
+
+def evaluation_untouched():
+  """A tf.function that does not train runs as traced, whatever its batch
+  (30 rows do not divide over 4 replicas)."""
+  _init()
+  model = _model()
+  predict = tf.function(lambda x: model(x, training=False))
+  x, _ = _data(30)
+  tolerance.assert_equivalent(predict(x).numpy(), model(x).numpy())
+  print("TF2_EVALUATION_OK")
 
 
 if __name__ == "__main__":
