@@ -2,25 +2,30 @@
 traced graph.
 
 When a script calls its `@tf.function` step eagerly under EPL, the step is
-traced as usual (`Function.get_concrete_function`, the trace TensorFlow
-itself would run); if tracing recorded gradients
-(`epl.capture.traced_step`), the call runs `ReplicatedStep` instead of the
-traced function:
+traced for one micro-batch of one replica (`Function.get_concrete_function`
+with each batch argument's first axis divided: a trace bakes static shapes
+into its ops); if tracing recorded gradients (`epl.capture.traced_step`),
+the call runs `ReplicatedStep` instead of the traced function. Other
+functions run as traced.
 
 - The traced `GraphDef` is cut in two. The *gradient part* is every node the
-  recorded gradients need (forward and backward); the *update part* is the
-  rest (gradient post-processing, the optimizer's update, its step count,
-  the outputs computed from them).
+  recorded gradients need (forward and backward) and the outputs that do
+  not wait for the update (the loss); the *update part* is what the
+  side effects (the optimizer's writes, its step count, metric updates)
+  and the other outputs need beyond it.
 - The gradient part is imported once per replica, on that replica's device,
   with the replica's slice of every batch argument (each tensor argument
-  of rank >= 1, split along its first axis); the gradients of the replicas
-  are averaged (summed on the first replica's device, as
-  `LocalCommunicator` and MirroredStrategy do for devices of one process).
+  of rank >= 1, split along its first axis); with
+  `pipeline.num_micro_batch` M > 1, in a loop over the replica's M
+  micro-batches. The gradients are averaged (summed on the first replica's
+  device, as `LocalCommunicator` and MirroredStrategy do for the devices of
+  one process).
 - The update part is imported once, with the averaged gradients in place
-  of the traced ones and replica 0's forward values where it reads them;
-  the step's outputs computed by the replicas are merged as the step on
-  the whole batch returns them (`_merge`: a float scalar such as a mean
-  loss is averaged, a per-example tensor concatenated).
+  of the traced ones. It sees the step on the whole batch: it reads the
+  whole batch, and the values of the batch it reads from the gradient part
+  (the loss, predictions) merged over the replicas (`_merge`: a float
+  scalar averaged, a tensor of rank >= 1 concatenated); so are the step's
+  outputs.
 
 Variables stay the user's own, one copy: every replica reads them (the
 read runs where the variable lives, so its value is what crosses to a

@@ -11,14 +11,14 @@ conftest switched it off) and reads what they print.
   replica (pipeline.num_micro_batch 4, a loop), equal to plain TF on the
   same global batch.
 - checkpoint: after EPL training, `tf.train.Checkpoint` saves the one
-  copy of each variable and restores it into a model trained without EPL.
+  copy of each variable and restores it into a model built without EPL.
 - fit_dp: Keras `compile`/`fit` (Adam, mse, an mae metric, 2 epochs of 5
   steps) on 4 CPU replicas equals plain `fit`: weights, and the loss and
   metric of each epoch (the whole batch's, not replica 0's).
 - evaluation_untouched: a tf.function that computes no gradient runs as
   traced, on any batch.
-- fit_run_eagerly_refused, graph_mode_fit_refused, stage_scope_refused, uneven_batch_refused: each raises
-  EPL's error, which is printed.
+- fit_run_eagerly_refused, graph_mode_fit_refused, stage_scope_refused,
+  uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import sys
 import tempfile
