@@ -20,7 +20,8 @@ capture, planning, the rewrite, the runtime and the tools together.
   (`epl.capture.capture.record_loss_seeds`), for the loss scale.
 - With eager execution on (TF2 scripts): `GradientTape.gradient` inside a
   `tf.function` being traced records the gradients of variables
-  (`epl.capture.traced_step`), and `Function.__call__` made eagerly runs
+  (`epl.capture.traced_step`); run eagerly, outside any function, it
+  raises (that step would train on one device), and `Function.__call__` made eagerly runs
   the rewrite of a traced training step instead of the trace
   (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
   makes `Model.fit` call such a step with each batch's tensors
@@ -171,6 +172,8 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   if env is None:
     return original(tape, target, sources, *args, **kwargs)
   if tf.compat.v1.executing_eagerly_outside_functions():
+    if tf.executing_eagerly():
+      traced_function.refuse_eager_gradients()
     grads = original(tape, target, sources, *args, **kwargs)
     graph = tf.compat.v1.get_default_graph()
     if not tf.executing_eagerly() and graph.building_function:

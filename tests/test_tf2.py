@@ -58,6 +58,7 @@ def test_checkpoint_after_eager_training_holds_one_copy():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
+    ("eager_tape_refused", "Decorate the train step with @tf.function"),
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
     ("graph_mode_fit_refused", "in graph mode (after "
                                "tf.compat.v1.disable_eager_execution()) is "

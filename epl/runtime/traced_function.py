@@ -385,6 +385,16 @@ def _flat_tensor_arguments(concrete, args, kwargs):
           if isinstance(spec, tf.TensorSpec)]
 
 
+def refuse_eager_gradients():
+  """Raises for a gradient taken eagerly (outside any tf.function) under
+  EPL: such a step would train on one device only."""
+  raise NotSupportedInTracedStep(
+      "GradientTape.gradient ran eagerly, outside any tf.function: EPL "
+      "parallelises a TF2 train step when it is a tf.function (its traced "
+      "graph is what EPL rewrites), and would otherwise train on one "
+      "device. Decorate the train step with @tf.function (docs/tf2.md).")
+
+
 def _refuse_unsupported(step, name, env):
   if step.unsupported_gradients:
     kind, variable = step.unsupported_gradients[0]

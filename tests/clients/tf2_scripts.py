@@ -17,8 +17,8 @@ conftest switched it off) and reads what they print.
   metric of each epoch (the whole batch's, not replica 0's).
 - evaluation_untouched: a tf.function that computes no gradient runs as
   traced, on any batch.
-- fit_run_eagerly_refused, graph_mode_fit_refused, stage_scope_refused,
-  uneven_batch_refused: each raises EPL's error, which is printed.
+- eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
+  stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import sys
 import tempfile
@@ -170,6 +170,16 @@ def stage_scope_refused():
 
 def uneven_batch_refused():
   _refused(lambda: _train("adam", batch=30))
+
+
+def eager_tape_refused():
+  def run():
+    model = _model()
+    x, y = _data(GLOBAL_BATCH)
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape.gradient(loss, model.trainable_variables)
+  _refused(run)
 
 
 def evaluation_untouched():
