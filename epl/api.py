@@ -6,11 +6,11 @@ import tensorflow as tf
 
 from epl import cluster
 from epl import hooks
-from epl.capture import graph_mode
 from epl.config import Config
 from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.parallel.plan import planner
+from epl.runtime import eager_devices
 from epl.runtime import server
 from epl.strategies.strategy import Replicate, require_devices
 from epl.tf_compat import graph_edit
@@ -80,8 +80,9 @@ def _refuse_built_model(graph):
 def init(config=None):
   """Initialises EPL; call once before building the model.
 
-  Switches TensorFlow to graph mode if it is executing eagerly, reads the
-  cluster (TF_CONFIG, devices), installs the capture and session hooks, and
+  Leaves eager execution as the script set it (a TF1 script switches it
+  off itself; a TF2 script's `tf.function` steps are rewritten when
+  traced: docs/tf2.md), reads the cluster (TF_CONFIG, devices), installs the capture and session hooks, and
   in a multi-worker job starts this worker's tf.distribute.Server.
   Calling it again starts afresh with the new config, in the same
   `epl.Env.get()` object; as in the original EPL, it then also resets
@@ -102,7 +103,6 @@ def init(config=None):
   if unbuilt:
     logger.warning("epl.init: these settings are accepted but their feature "
                    "is not built yet, so they have no effect: %s", unbuilt)
-  graph_mode.ensure_graph_mode()
   job = cluster.Cluster.from_environment(config)
   if Env.initialised() and not graph_edit.in_graph_context():
     tf.compat.v1.reset_default_graph()
@@ -111,6 +111,7 @@ def init(config=None):
   env = Env.get()
   env.reset(config, job)
   cluster.set_layout_planner(planner.planned_virtual_devices)
+  eager_devices.ensure_logical_cpus(job)
   hooks.install()
   notice = keras.init_notice()
   if notice is not None:

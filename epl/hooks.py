@@ -18,6 +18,16 @@ capture, planning, the rewrite, the runtime and the tools together.
 - `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
   backward pass with): the seeds of the losses are recorded
   (`epl.capture.capture.record_loss_seeds`), for the loss scale.
+- With eager execution on (TF2 scripts): `GradientTape.gradient` inside a
+  `tf.function` being traced records the gradients of variables
+  (`epl.capture.traced_step`); run eagerly, outside any function, it
+  raises (that step would train on one device), and `Function.__call__` made eagerly runs
+  the rewrite of a traced training step instead of the trace
+  (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
+  makes `Model.fit` call such a step with each batch's tensors
+  (`epl.runtime.keras_fit`); in graph mode, Keras 2's
+  `training_v1.Model._make_train_function` (behind `fit` and
+  `train_on_batch`) raises EPL's error: not supported yet.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -83,6 +93,7 @@ from epl import user_warnings
 from epl.capture import capture
 from epl.capture import graph_mode
 from epl.capture import io_slicing
+from epl.capture import traced_step
 from epl.env import active
 from epl.ir.phase import Phase
 from epl.parallel.ops import expert_lowering
@@ -94,9 +105,11 @@ from epl.parallel.plan import planner
 from epl.runtime import checkpoint
 from epl.runtime import estimator
 from epl.runtime import failures
+from epl.runtime import keras_fit
 from epl.runtime import serving
 from epl.runtime import session as epl_session
 from epl.runtime import summaries
+from epl.runtime import traced_function
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import keras
 from epl.tf_compat import targets
@@ -156,8 +169,17 @@ def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
 
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = active()
-  if env is None or tf.compat.v1.executing_eagerly_outside_functions():
+  if env is None:
     return original(tape, target, sources, *args, **kwargs)
+  if tf.compat.v1.executing_eagerly_outside_functions():
+    if tf.executing_eagerly():
+      traced_function.refuse_eager_gradients()
+    grads = original(tape, target, sources, *args, **kwargs)
+    graph = tf.compat.v1.get_default_graph()
+    if not tf.executing_eagerly() and graph.building_function:
+      traced_step.record_gradients(graph, tf.nest.flatten(sources),
+                                   tf.nest.flatten(grads))
+    return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
     grads = original(tape, target, sources, *args, **kwargs)
@@ -189,6 +211,25 @@ def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
   capture.record_apply(grads_and_vars, train_op, global_step)
   capture.record_slots(optimizer, grads_and_vars)
   return train_op
+
+
+def _function_call(original, function, *args, **kwargs):
+  env = active()
+  if env is None or not tf.executing_eagerly():
+    return original(function, *args, **kwargs)
+  return traced_function.call(env, function, original, args, kwargs)
+
+
+def _make_train_function(original, model, *args, **kwargs):
+  if active() is None or not tf.executing_eagerly():
+    return original(model, *args, **kwargs)
+  return keras_fit.make_train_function(original, model, *args, **kwargs)
+
+
+def _v1_make_train_function(original, model, *args, **kwargs):
+  if active() is None:
+    return original(model, *args, **kwargs)
+  keras_fit.refuse_graph_mode_fit(model)
 
 
 def _finalize(original, graph):
@@ -353,6 +394,7 @@ _HOOKS = (
     (targets.DEFAULT_GRAD_YS, _default_grad_ys),
     (targets.TAPE_GRADIENT, _tape_gradient),
     (targets.APPLY_GRADIENTS, _apply_gradients),
+    (targets.FUNCTION_CALL, _function_call),
     (targets.GRAPH_FINALIZE, _finalize),
     (targets.SESSION_INIT, _session_init),
     (targets.SESSION_RUN, _session_run),
@@ -399,6 +441,10 @@ def _keras_hooks():
   if found.dense_call is not None:
     hooks.append((found.dense_call, _dense_layer_call))
   hooks.extend((target, _keras3_training) for target in found.keras3_training)
+  if found.make_train_function is not None:
+    hooks.append((found.make_train_function, _make_train_function))
+  if found.v1_make_train_function is not None:
+    hooks.append((found.v1_make_train_function, _v1_make_train_function))
   return tuple(hooks)
 
 

@@ -565,6 +565,20 @@ def test_tape_gradient_is_the_method_tapes_call(calls):
   assert len(taped) == 1 and _run(grad, graph) == 6.0
 
 
+@contract("targets.FUNCTION_CALL")
+def test_function_call_is_what_calling_a_tf_function_runs(calls):
+  called = calls(targets.FUNCTION_CALL)
+  double = tf.function(lambda x: 2.0 * x)
+  assert isinstance(double, targets.FUNCTION_CALL[0])
+  graph = tf.Graph()
+  with graph.as_default():
+    result = double(tf.constant(3.0))
+  assert len(called) == 1 and _run(result, graph) == 6.0
+  concrete = double.get_concrete_function(tf.TensorSpec([], tf.float32))
+  assert concrete.graph.captures == [] or list(concrete.graph.captures) == []
+  assert concrete.structured_input_signature[0][0].shape == []
+
+
 @pytest.mark.parametrize("make", [
     lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
     lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
@@ -870,3 +884,20 @@ def test_an_unsupported_tensorflow_fails_at_import():
   result = _python(script)
   assert "EPL does not support TensorFlow 2.22.0" in result.stdout, (
       result.stdout + result.stderr[-3000:])
+
+
+@contract("keras.count_train_step", "keras.steps_per_execution")
+def test_keras_fit_counters_are_what_fit_keeps():
+  # Eagerly, as Model.fit keeps them (this process runs in graph mode).
+  done = _python(
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import keras\n"
+      "model = tf.keras.Sequential([tf.keras.layers.Dense(1, "
+      "input_shape=(2,))])\n"
+      "model.compile(optimizer='sgd', loss='mse', steps_per_execution=3)\n"
+      "assert keras.steps_per_execution(model) == 3\n"
+      "before = int(model._train_counter.numpy())\n"
+      "keras.count_train_step(model)\n"
+      "assert int(model._train_counter.numpy()) == before + 1\n"
+      "print('counted')\n")
+  assert done.returncode == 0 and "counted" in done.stdout, done.stderr[-2000:]

@@ -18,6 +18,7 @@ import threading
 
 import tensorflow as tf
 
+from epl.capture import traced_step
 from epl.ir import variables
 from epl.ir.graph_state import ApplyRecord, GradientRecord, state_of
 from epl.ir.phase import Phase
@@ -94,7 +95,12 @@ def on_op_created(env, op, strategy_after_cut):
   `role_scope`, the op's role is recorded too.
   """
   graph = op.graph
-  if _thread.suspended or _is_function_graph(graph):
+  if _thread.suspended:
+    return
+  if _is_function_graph(graph):
+    # A TF2 step traced with eager execution on (epl.capture.traced_step).
+    if env.active_strategy is not None:
+      traced_step.record_strategy(graph, env.active_strategy)
     return
   state = state_of(graph, create=True)
   if _thread.roles:

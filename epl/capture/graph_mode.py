@@ -1,36 +1,27 @@
-"""EPL rewrites graphs: TensorFlow must build in graph mode.
+"""TF1 scripts build in graph mode; EPL leaves eager execution as the
+script set it.
 
-`epl.init` switches an eager TF2 process to graph mode; objects built
-eagerly before it (a `tf.data.Dataset`) cannot enter a graph, and using
-one says so, naming the fix, instead of failing deep inside TensorFlow.
+A TF1 script switches eager execution off itself
+(`tf.compat.v1.disable_eager_execution()`), as it must to run on TF 2
+without EPL; a TF2 script keeps it on and EPL rewrites its `tf.function`
+train step (`epl.capture.traced_step`). Objects built eagerly before the
+switch (a `tf.data.Dataset`) cannot enter a graph: using one says so,
+naming the fix, instead of failing deep inside TensorFlow.
 """
-import logging
-
 import tensorflow as tf
 
 from epl.tf_compat.ops import EagerTensor
 
-logger = logging.getLogger("epl")
-
-
-def ensure_graph_mode():
-  """Switches eager TF2 to graph mode before any build."""
-  if tf.executing_eagerly():
-    tf.compat.v1.disable_eager_execution()
-    logger.info("epl.init: eager execution was on; switched to graph mode "
-                "(tf.compat.v1.disable_eager_execution).")
-
 
 def check_dataset_in_graph(dataset):
-  """Raises for a dataset built eagerly, before `epl.init()`, used in a
-  graph."""
+  """Raises for a dataset built eagerly used in a graph."""
   if tf.executing_eagerly():
     return
   variant = getattr(dataset, "_variant_tensor_attr", None)
   if isinstance(variant, EagerTensor):
     raise ValueError(
-        "This tf.data.Dataset was built before epl.init(), while TensorFlow "
-        "was still executing eagerly; epl.init() switched to graph mode, "
-        "where the dataset cannot be used. Call epl.init() before building "
-        "the input pipeline (or call "
-        "tf.compat.v1.disable_eager_execution() at the top of the script).")
+        "This tf.data.Dataset was built while TensorFlow was executing "
+        "eagerly (before tf.compat.v1.disable_eager_execution(), or "
+        "before epl.init()); it cannot be used in the graph. Call "
+        "tf.compat.v1.disable_eager_execution() at the top of the script, "
+        "then epl.init(), before building the input pipeline.")

@@ -91,12 +91,16 @@ VERSIONS = {
         "TAPE_GRADIENT", "APPLY_GRADIENTS", "SESSION_INIT", "SESSION_RUN",
         "DATASET_READERS", "LIST_FILES", "DATASET_ITERATORS", "SAVER_SAVE",
         "SAVER_RESTORE", "EVENT_FILE_WRITER", "WRITE_GRAPH", "ARG_MAX",
-        "EQUAL", "TOP_K")},
+        "EQUAL", "TOP_K", "FUNCTION_CALL")},
     # training: TF1 optimizer internals.
     "training.base_finish": _TESTED,
     # keras: the Keras 2 layers epl.split hooks (and TensorFlow's frozen
     # copy of them); under Keras 3 its training entry points, refused.
     "keras.targets": _KERAS_2,
+    # Keras 2's Model.fit step count and steps_per_execution, which
+    # epl.runtime.keras_fit keeps as Keras' own train function does.
+    "keras.count_train_step": _KERAS_2,
+    "keras.steps_per_execution": _KERAS_2,
     "keras.keras3_training_targets": Range(
         (2, 16), (2, 21), keras=KERAS_3,
         optional="Keras 3 is TensorFlow's Keras from 2.16"),

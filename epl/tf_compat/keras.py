@@ -56,6 +56,13 @@ class KerasTargets:
   # modules built on Keras 2 that Keras 3 lacks (`tf.compat.v1.layers`,
   # the v1 RNN cells), which EPL replaces by a `Keras3MissingModule`.
   keras3_missing_modules: tuple = ()
+  # (Model, "make_train_function") of Keras 2, or None: with eager
+  # execution on, EPL makes Model.fit's train function a step that takes
+  # its batch as tensors (epl.runtime.keras_fit).
+  make_train_function: tuple = None
+  # (training_v1.Model, "_make_train_function") of Keras 2, or None: what
+  # Model.fit and train_on_batch build their update with in graph mode.
+  v1_make_train_function: tuple = None
 
   @property
   def dense_class(self):
@@ -106,6 +113,8 @@ def targets():
   layers = [_find(prefix + "engine.base_layer", "Layer"),
             _find(prefix + "engine.base_layer_v1", "Layer")]
   dense = _find(prefix + "layers.core.dense", "Dense")
+  model = _find(prefix + "engine.training", "Model")
+  v1_model = _find(prefix + "engine.training_v1", "Model")
   missing = [name for name, found in (
       ("engine.base_layer.Layer", layers[0]),
       ("engine.base_layer_v1.Layer", layers[1]),
@@ -126,7 +135,22 @@ def targets():
                               if layer is not None),
       dense_call=(dense, "__call__") if dense is not None else None,
       v1_dense=(tf.compat.v1.layers, "dense"),
+      make_train_function=(model, "make_train_function") if model else None,
+      v1_make_train_function=(
+          (v1_model, "_make_train_function") if v1_model else None),
       problem=problem)
+
+
+def count_train_step(model):
+  """Adds one to the step count Keras keeps for `Model.fit` (what its own
+  train function does after each step)."""
+  model._train_counter.assign_add(1)  # pylint: disable=protected-access
+
+
+def steps_per_execution(model):
+  """`Model.compile(steps_per_execution=...)`, 1 when unset."""
+  steps = model._steps_per_execution  # pylint: disable=protected-access
+  return 1 if steps is None else int(steps.numpy())
 
 
 def keras3_training_targets():

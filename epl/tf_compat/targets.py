@@ -13,6 +13,7 @@ from tensorflow.python.client import session as session_lib
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.data.ops import readers
 from tensorflow.python.eager import backprop
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_math_ops
 from tensorflow.python.ops import gen_nn_ops
@@ -57,3 +58,6 @@ WRITE_GRAPH = (training_util, "write_graph")
 ARG_MAX = (gen_math_ops, "arg_max")
 EQUAL = (gen_math_ops, "equal")
 TOP_K = (gen_nn_ops, "top_kv2")
+# tf.function's callable: a call made eagerly runs the traced step, which
+# EPL replaces by its rewrite (epl.runtime.traced_function).
+FUNCTION_CALL = (polymorphic_function.Function, "__call__")

@@ -68,6 +68,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=5)
   args = parser.parse_args(argv)
   logging.getLogger("epl").setLevel(logging.INFO)
+  tf.compat.v1.disable_eager_execution()  # a TF1 script, as without EPL
 
   epl.init(epl.Config({"cluster.colocate_split_and_replicate": True}))
   total = epl.Env.get().cluster.total_devices

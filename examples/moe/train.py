@@ -69,6 +69,7 @@ def parser():
 def main(argv=None):
   args = parser().parse_args(argv)
   logging.getLogger("epl").setLevel(logging.INFO)
+  tf.compat.v1.disable_eager_execution()  # a TF1 script, as without EPL
   epl.init(epl.Config({"cluster.colocate_split_and_replicate": True}))
   train_op, loss, tokens = build(args)
   with tf.compat.v1.Session() as session:

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 import epl
 
+tf.compat.v1.disable_eager_execution()  # a TF1 script, as without EPL
 epl.init()                                               # EPL
 epl.set_default_strategy(epl.replicate(device_count=1))  # EPL
 

@@ -1,0 +1,203 @@
+"""TF2 scripts under EPL, eager execution on, one scenario per run:
+`python tests/clients/tf2_scripts.py NAME`. tests/test_tf2.py runs them
+(eager execution cannot be switched back on in the test process, whose
+conftest switched it off) and reads what they print.
+
+- eager_dp_adam, eager_dp_legacy: an eager loop over a `@tf.function`
+  step (GradientTape, a Keras Sequential model, Keras Adam v2 or legacy)
+  on 4 CPU replicas equals the same script without EPL on the same global
+  batch after 5 steps; the returned loss is the global batch's.
+- accumulation_adam, accumulation_legacy: the same with 4 micro-batches a
+  replica (pipeline.num_micro_batch 4, a loop), equal to plain TF on the
+  same global batch.
+- checkpoint: after EPL training, `tf.train.Checkpoint` saves the one
+  copy of each variable and restores it into a model built without EPL.
+- fit_dp: Keras `compile`/`fit` (Adam, mse, an mae metric, 2 epochs of 5
+  steps) on 4 CPU replicas equals plain `fit`: weights, and the loss and
+  metric of each epoch (the whole batch's, not replica 0's).
+- evaluation_untouched: a tf.function that computes no gradient runs as
+  traced, on any batch.
+- eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
+  stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
+"""
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import epl
+from tests import tolerance
+
+REPLICAS = 4
+STEPS = 5
+GLOBAL_BATCH = 32
+
+
+def _data(rows=STEPS * GLOBAL_BATCH):
+  rng = np.random.RandomState(0)
+  return (rng.normal(size=(rows, 8)).astype(np.float32),
+          rng.normal(size=(rows, 1)).astype(np.float32))
+
+
+def _model():
+  model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh"),
+                               tf.keras.layers.Dense(1)])
+  model.build((None, 8))
+  rng = np.random.RandomState(1)
+  model.set_weights([0.3 * rng.normal(size=w.shape).astype(np.float32)
+                     for w in model.get_weights()])
+  return model
+
+
+def _optimizer(kind):
+  if kind == "legacy":
+    return tf.keras.optimizers.legacy.Adam(0.01)
+  return tf.keras.optimizers.Adam(0.01)
+
+
+def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
+  """The script of the issue's first row: returns the model and the last
+  loss."""
+  model = model or _model()
+  optimizer = _optimizer(kind)
+
+  @tf.function
+  def train_step(x, y):
+    with tf.GradientTape() as tape:
+      if scope is None:
+        prediction = model(x, training=True)
+      else:
+        with scope:
+          prediction = model(x, training=True)
+      loss = tf.reduce_mean(tf.square(prediction - y))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  loss = None
+  for x, y in tf.data.Dataset.from_tensor_slices(_data()).batch(batch):
+    loss = train_step(x, y)
+  return model, float(loss)
+
+
+def _init(micro_batches=1):
+  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
+                       "pipeline.num_micro_batch": micro_batches}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+
+
+def eager_dp(kind, micro_batches=1):
+  _init(micro_batches)
+  assert tf.executing_eagerly()
+  model, loss = _train(kind)
+  epl.shutdown()
+  expected_model, expected_loss = _train(kind)
+  for actual, expected in zip(model.get_weights(),
+                              expected_model.get_weights()):
+    tolerance.assert_equivalent(actual, expected)
+  tolerance.assert_equivalent(loss, expected_loss)
+  print("TF2_EAGER_DP_OK tf=%s optimizer=%s replicas=%d micro_batches=%d "
+        "loss=%.6f" % (tf.__version__, kind, REPLICAS, micro_batches, loss))
+
+
+def checkpoint():
+  _init()
+  model, _ = _train("adam")
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
+  epl.shutdown()
+  restored = _model()
+  tf.train.Checkpoint(model=restored).restore(path).assert_consumed()
+  for actual, expected in zip(restored.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(actual, expected)
+  print("TF2_CHECKPOINT_OK")
+
+
+def _fit(model):
+  model.compile(optimizer=_optimizer("adam"), loss="mse", metrics=["mae"])
+  history = model.fit(
+      tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
+      epochs=2, verbose=0, shuffle=False)
+  return model.get_weights(), history.history
+
+
+def fit_dp():
+  _init()
+  weights, history = _fit(_model())
+  epl.shutdown()
+  expected_weights, expected_history = _fit(_model())
+  for actual, expected in zip(weights, expected_weights):
+    tolerance.assert_equivalent(actual, expected)
+  for key in ("loss", "mae"):
+    tolerance.assert_equivalent(np.array(history[key]),
+                                np.array(expected_history[key]))
+  print("TF2_FIT_DP_OK loss=%s" % history["loss"])
+
+
+def _refused(run):
+  _init()
+  try:
+    run()
+  except (NotImplementedError, ValueError) as error:
+    print("TF2_ERROR %s: %s" % (type(error).__name__, error))
+    return
+  print("TF2_NO_ERROR")
+
+
+def fit_run_eagerly_refused():
+  def run():
+    model = _model()
+    model.compile(optimizer=_optimizer("adam"), loss="mse", run_eagerly=True)
+    model.fit(tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
+              epochs=1, verbose=0)
+  _refused(run)
+
+
+def graph_mode_fit_refused():
+  tf.compat.v1.disable_eager_execution()
+
+  def run():
+    model = _model()
+    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+                  loss="mse")
+    model.fit(*_data(), batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
+  _refused(run)
+
+
+def stage_scope_refused():
+  _refused(lambda: _train("adam", scope=epl.replicate(1, name="stage_0")))
+
+
+def uneven_batch_refused():
+  _refused(lambda: _train("adam", batch=30))
+
+
+def eager_tape_refused():
+  def run():
+    model = _model()
+    x, y = _data(GLOBAL_BATCH)
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape.gradient(loss, model.trainable_variables)
+  _refused(run)
+
+
+def evaluation_untouched():
+  """A tf.function that does not train runs as traced, whatever its batch
+  (30 rows do not divide over 4 replicas)."""
+  _init()
+  model = _model()
+  predict = tf.function(lambda x: model(x, training=False))
+  x, _ = _data(30)
+  tolerance.assert_equivalent(predict(x).numpy(), model(x).numpy())
+  print("TF2_EVALUATION_OK")
+
+
+if __name__ == "__main__":
+  scenario = sys.argv[1]
+  if scenario.startswith("eager_dp_"):
+    eager_dp(scenario[len("eager_dp_"):])
+  elif scenario.startswith("accumulation_"):
+    eager_dp(scenario[len("accumulation_"):], micro_batches=4)
+  else:
+    globals()[scenario]()

@@ -1,0 +1,72 @@
+"""TF2 scripts with eager execution on (issue 34): an eager loop over a
+`@tf.function` step with a Keras model and optimizer is data parallel, with
+or without a loop over micro-batches, and so is Keras `Model.fit`; each
+equals the same script without EPL; what is not supported yet raises EPL's
+error. Each scenario runs in a subprocess (tests/clients/tf2_scripts.py):
+this process runs in graph mode (conftest), and eager execution cannot be
+switched back on. `make test-latest` runs them on TF 2.21 with tf-keras."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "clients" / "tf2_scripts.py"
+
+
+def _run(scenario):
+  """What the scenario prints."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run([sys.executable, str(SCRIPT), scenario],
+                          capture_output=True, text=True, timeout=240,
+                          check=False, env=env, cwd=str(ROOT))
+  assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+  return result.stdout
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+def test_eager_tf_function_loop_data_parallel_matches_single_device(
+    optimizer):
+  assert "TF2_EAGER_DP_OK" in _run("eager_dp_" + optimizer)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+def test_loop_accumulation_of_four_micro_batches_matches_single_device(
+    optimizer):
+  printed = _run("accumulation_" + optimizer)
+  assert "TF2_EAGER_DP_OK" in printed and "micro_batches=4" in printed
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_data_parallel_matches_plain_fit():
+  assert "TF2_FIT_DP_OK" in _run("fit_dp")
+
+
+@pytest.mark.timeout(300)
+def test_functions_that_do_not_train_run_as_traced():
+  assert "TF2_EVALUATION_OK" in _run("evaluation_untouched")
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_after_eager_training_holds_one_copy():
+  assert "TF2_CHECKPOINT_OK" in _run("checkpoint")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    ("eager_tape_refused", "Decorate the train step with @tf.function"),
+    ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
+    ("graph_mode_fit_refused", "in graph mode (after "
+                               "tf.compat.v1.disable_eager_execution()) is "
+                               "not supported under EPL yet"),
+    ("stage_scope_refused", "opens epl.replicate(device_count=1, "
+                            "name='stage_0') inside the step"),
+    ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
+])
+def test_unsupported_tf2_steps_raise_naming_the_fix(scenario, says):
+  printed = _run(scenario)
+  assert "TF2_ERROR" in printed and says in printed, printed
