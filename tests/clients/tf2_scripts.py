@@ -182,6 +182,19 @@ def eager_tape_refused():
   _refused(run)
 
 
+def init_after_model_refused():
+  """epl.init() after the model was built eagerly (the trial's trap: it
+  used to fail with TensorFlow's "No variables to optimize")."""
+  model = _model()
+  try:
+    _init()
+    _train("adam", model=model)
+  except RuntimeError as error:
+    print("TF2_ERROR %s: %s" % (type(error).__name__, error))
+    return
+  print("TF2_NO_ERROR")
+
+
 def evaluation_untouched():
   """A tf.function that does not train runs as traced, whatever its batch
   (30 rows do not divide over 4 replicas)."""
