@@ -66,6 +66,8 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("stage_scope_refused", "opens epl.replicate(device_count=1, "
                             "name='stage_0') inside the step"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
+    ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
+                              "step is rewritten for data parallelism only"),
     ("init_after_model_refused", "Call epl.init() at the top of the script, "
                                  "before anything runs"),
 ])

@@ -184,6 +184,7 @@ class ReplicatedStep:
     gradient_names = [grad.name for grad, _ in step.gradients]
     gradient_part = self._gradient_part(graph, graph_def, nodes,
                                         gradient_names, placeholders)
+    _warn_shared_random_numbers(nodes, gradient_part, function_name)
     update_part = _update_part(graph, nodes, gradient_part, placeholders)
     # What the update part reads from the gradient part (replica 0's).
     boundary = set()
@@ -439,6 +440,44 @@ def _refuse_unsupported(step, name, env):
         "tf.function %s: a traced TF2 step is data parallel over the "
         "devices of one worker only; this job has %d workers "
         "(docs/tf2.md)." % (name, env.cluster.worker_num))
+  savers = _memory_savers_asked(env.config)
+  if savers:
+    raise NotSupportedInTracedStep(
+        "tf.function %s: %s asked, but a traced TF2 step is rewritten for "
+        "data parallelism only yet, which would train without them. Leave "
+        "them unset for this script, or build the step TF1 style, where "
+        "they apply (docs/tf2.md)." % (name, ", ".join(savers)))
+
+
+def _memory_savers_asked(config):
+  """The memory-saver settings of `config` that are on, as config keys."""
+  asked = []
+  if config.zero.level:
+    asked.append("zero.level %r" % config.zero.level)
+  if config.gradient_checkpoint.type:
+    asked.append("gradient_checkpoint.type %r" %
+                 config.gradient_checkpoint.type)
+  if config.amp.level:
+    asked.append("amp.level %r" % config.amp.level)
+  if config.offload.level:
+    asked.append("offload.level %r" % config.offload.level)
+  if config.optimizer.num_apply_group > 1:
+    asked.append("optimizer.num_apply_group %d" %
+                 config.optimizer.num_apply_group)
+  return asked
+
+
+def _warn_shared_random_numbers(nodes, gradient_part, name):
+  """Warns once per step whose replicas draw random numbers (dropout): each
+  replica's copy of a random op draws the same numbers for its slice of the
+  batch, where one device draws different ones for every row."""
+  random = sorted(n for n in gradient_part if "Random" in nodes[n].op)
+  if random:
+    logger.warning(
+        "epl: tf.function %s draws random numbers in its gradient part (%s): "
+        "every replica draws the same ones for its slice of the batch, so "
+        "dropout masks repeat across replicas, unlike one device on the "
+        "whole batch.", name, ", ".join(random[:3]))
 
 
 class _Indivisible(Exception):

@@ -182,6 +182,13 @@ def eager_tape_refused():
   _refused(run)
 
 
+def memory_savers_refused():
+  """ZeRO asked for a TF2 step, which would train without it."""
+  import os  # pylint: disable=g-import-not-at-top
+  os.environ["EPL_ZERO_LEVEL"] = "v1"
+  _refused(lambda: _train("adam"))
+
+
 def init_after_model_refused():
   """epl.init() after the model was built eagerly (the trial's trap: it
   used to fail with TensorFlow's "No variables to optimize")."""
