@@ -159,18 +159,20 @@ def test_checkpoints_kill_and_resume(tmp_path):
 
 
 def _crashed_while_aborting(job):
-  """TensorFlow 2.15 sometimes crashes (signal 11) while aborting the
-  timed-out collectives, instead of raising (docs/multi_worker.md,
+  """TensorFlow sometimes crashes while aborting the timed-out collectives,
+  instead of raising: signal 11 on 2.15, signal 6 on 2.21 (abseil's
+  "Mutex corrupt: both reader and writer lock held") (docs/multi_worker.md,
   "Failures")."""
-  return ("worker 0 exited with signal 11" in job.output and
+  return (("worker 0 exited with signal 11" in job.output or
+           "worker 0 exited with signal 6" in job.output) and
           "Aborting Ring" in job.output)
 
 
 def test_a_hung_worker_becomes_an_error_after_the_timeout(tmp_path):
   # One collective group makes TensorFlow's crash rarer (1 of 9 runs on a
-  # loaded machine with two groups); the job runs a second time if it
-  # still happened, so that the test checks EPL's error, not TF's fault.
-  for attempt in range(2):
+  # loaded machine with two groups); the job runs again (up to 3 times) if
+  # it still happened, so that the test checks EPL's error, not TF's fault.
+  for attempt in range(3):
     (tmp_path / str(attempt)).mkdir()
     job, results = multiworker.train_job(
         tmp_path / str(attempt), "hung", steps=4, devices=1,
