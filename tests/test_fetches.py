@@ -12,7 +12,6 @@ import tensorflow as tf
 
 import epl
 from epl.ir import collectives
-from epl.runtime import collective_groups
 from epl.runtime import failures
 from epl.tf_compat.ops import collective_ops
 from tests import test_composition_matrix as matrix
@@ -129,7 +128,7 @@ def test_a_collective_built_after_the_rewrite_raises_before_running():
       with epl.split(2):
         late = tf.argmax(logits, axis=1)
       start = time.monotonic()
-      with pytest.raises(collective_groups.BrokenGroupError,
+      with pytest.raises(collectives.BrokenGroupError,
                          match=r"needs 2 member\(s\), but 1 exist.*before "
                                r"the first Session.run"):
         session.run(late)

@@ -52,11 +52,15 @@ def instances(graph):
   return members
 
 
-def broken_group_error(op, members, what):
-  """The BrokenGroupError for collective `op` whose instance has only
-  `members` (ops) in its graph; `what` says where it was met."""
+def require_whole(op, members, what):
+  """Raises BrokenGroupError when collective `op`'s instance has other
+  than its group size of `members` (ops) in its graph; `what` says where
+  it was met."""
+  size = group_size_of(op)
+  if size is None or len(members) == size:
+    return
   group_key, instance_key = instance_of(op)
-  return BrokenGroupError(
+  raise BrokenGroupError(
       "EPL: %s collective %r (%s), whose group (group key %s, instance key "
       "%s) needs %d member(s), but %d exist in the graph (%s): it could "
       "never complete, so nothing ran. A collective built after the first "
@@ -64,7 +68,7 @@ def broken_group_error(op, members, what):
       "an evaluation) has no copy in the other replicas: build every split "
       "output you will fetch before the first Session.run." % (
           what, op.name, op.type, group_key, instance_key,
-          group_size_of(op), len(members),
+          size, len(members),
           ", ".join("%r on %s" % (m.name, m.device or "no device")
                     for m in members)))
 
@@ -75,7 +79,4 @@ def check_whole_groups(graph):
   every member is in this graph)."""
   for names in instances(graph).values():
     members = [graph.get_operation_by_name(n) for n in names]
-    size = group_size_of(members[0])
-    if size is not None and len(members) != size:
-      raise broken_group_error(members[0], members,
-                               "after the rewrite, the graph has")
+    require_whole(members[0], members, "after the rewrite, the graph has")

@@ -27,11 +27,8 @@ import weakref
 from epl.ir import collectives
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir.collectives import BrokenGroupError, group_size_of, instance_of
+from epl.ir.collectives import instance_of
 from epl.ir.op_types import COLLECTIVE_TYPES
-
-__all__ = ["BrokenGroupError", "extra_targets", "group_size_of",
-           "instance_of", "members_of"]
 
 
 class _GraphIndex:
@@ -88,10 +85,10 @@ def extra_targets(graph, fetch_ops, one_worker):
   reached = {}
 
   def walk(roots):
-    new = [op for op in graph_editor.reachable(
+    new = graph_editor.reachable(
         [r for r in roots if r.name not in reached],
         lambda o: [i for i in graph_editor.input_ops(o)
-                   if i.name not in reached])]
+                   if i.name not in reached])
     reached.update((op.name, op) for op in new)
     return new
 
@@ -104,7 +101,9 @@ def extra_targets(graph, fetch_ops, one_worker):
         continue
       members = members_of(op)
       if one_worker:
-        _check_whole(op, members, fetch_names)
+        collectives.require_whole(
+            op, members, "this Session.run, for your fetch %s, would "
+            "execute" % ", ".join(repr(n) for n in fetch_names[:3]))
       for member in members:
         target = _target_for(member)
         if member.name not in reached and target.name not in reached:
@@ -114,10 +113,3 @@ def extra_targets(graph, fetch_ops, one_worker):
   index.extra_targets[key] = [op.name for op in extra]
   return extra
 
-
-def _check_whole(op, members, fetch_names):
-  size = group_size_of(op)
-  if size is not None and len(members) != size:
-    raise collectives.broken_group_error(
-        op, members, "this Session.run, for your fetch %s, would execute" %
-        ", ".join(repr(n) for n in fetch_names[:3]))

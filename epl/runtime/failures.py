@@ -18,6 +18,7 @@ other worker.
 """
 import tensorflow as tf
 
+from epl.ir import collectives
 from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.runtime import collective_groups
 
@@ -66,7 +67,7 @@ def _collective_timeout(env, error):
   if (not isinstance(error, tf.errors.DeadlineExceededError) or op is None or
       op.type not in COLLECTIVE_TYPES):
     return None
-  group_key, instance_key = collective_groups.instance_of(op)
+  group_key, instance_key = collectives.instance_of(op)
   members = collective_groups.members_of(op)
   # TensorFlow's own text speaks of "other workers" even on one worker.
   message = (
@@ -77,7 +78,7 @@ def _collective_timeout(env, error):
       "collective of another order never joins; every member must run in "
       "every step that runs one (%s)." % (
           op.name, op.type, group_key, instance_key,
-          collective_groups.group_size_of(op), op.get_attr("timeout_seconds"),
+          collectives.group_size_of(op), op.get_attr("timeout_seconds"),
           ", ".join("%r on %s" % (m.name, m.device or "no device")
                     for m in members), type(error).__name__))
   return CollectiveTimeoutError(error.node_def, op, message)
