@@ -31,6 +31,7 @@ and the diagram, but passes reach them through the context (`ctx.state`,
 `ctx.plan`) rather than as arguments.
 """
 import dataclasses
+import functools
 import inspect
 import logging
 import time
@@ -100,6 +101,13 @@ def _first_paragraph(doc):
 LATER = {"on_new_ops": 1, "on_feed": 2}
 # The hooks that build ops (the others only check).
 _BUILDING = ("on_new_ops",)
+
+
+@functools.lru_cache(maxsize=None)
+def _hook_artifacts(hook, kind):
+  """The artifacts later hook `hook` of kind `kind` takes, by name (read
+  once: on_feed hooks run before every fed Session.run)."""
+  return tuple(inspect.signature(hook).parameters)[LATER[kind]:]
 
 
 class PassError(ValueError):
@@ -173,7 +181,7 @@ class PassManager:
       hook = getattr(pass_, kind)
       if hook is None:
         continue
-      parameters = list(inspect.signature(hook).parameters)[LATER[kind]:]
+      parameters = _hook_artifacts(hook, kind)
       foreign = [name for name in parameters if name not in own]
       if foreign:
         raise PassError(
@@ -190,7 +198,7 @@ class PassManager:
       hook = getattr(pass_, kind)
       if hook is None or not pass_.enabled(ctx):
         continue
-      parameters = list(inspect.signature(hook).parameters)[LATER[kind]:]
+      parameters = _hook_artifacts(hook, kind)
       values = {name: artifacts[name] for name in parameters}
       if kind not in _BUILDING:
         hook(ctx, *arguments, **values)
