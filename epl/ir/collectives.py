@@ -9,6 +9,7 @@ tensor that every member reads.
 """
 import collections
 
+from epl.ir import provenance
 from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.tf_compat.ops import tensor_util
 
@@ -41,6 +42,13 @@ def group_size_of(op):
   """The group size of collective `op`, None when it is computed."""
   value = tensor_util.constant_value(_key_input(op, "group_size"))
   return None if value is None else int(value)
+
+
+def is_split_collective(op, origins):
+  """Whether `op` is a collective a split lowering built (placeholder
+  keys the rewrite replaces), by the provenance `origins`."""
+  return op.type in COLLECTIVE_TYPES and (
+      origins.role_of(op) == provenance.SPLIT_COLLECTIVE)
 
 
 def instances(graph):

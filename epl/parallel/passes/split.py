@@ -12,11 +12,11 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from epl.communicators.collective import CollectiveCommunicator
+from epl.ir import collectives
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir import provenance
 from epl.ir import variables
-from epl.ir.op_types import COLLECTIVE_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.ops import split_lowering
 from epl.parallel.passes.split_checkpoint import full_tensor_checkpoints
@@ -28,11 +28,6 @@ logger = logging.getLogger("epl")
 
 # Seeds of a shard's random initial value: seed2 + shard * this.
 _SEED_STRIDE = 7919
-
-
-def _is_lowered_collective(op, origins):
-  return op.type in COLLECTIVE_TYPES and (
-      origins.role_of(op) == provenance.SPLIT_COLLECTIVE)
 
 
 def _is_shard_index(op, origins):
@@ -85,7 +80,7 @@ def _rekey_collectives(ctx, subgraph, copies):
   _allocate_group_keys(ctx)
   origins = ctx.state.provenance
   lowered = [op for op in subgraph.cloned
-             if _is_lowered_collective(op, origins)]
+             if collectives.is_split_collective(op, origins)]
   rekeyed = set()
   for op in lowered:
     instance_key = ctx.keys.instance_key()

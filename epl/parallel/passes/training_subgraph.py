@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir import provenance
+from epl.ir import collectives
 from epl.ir.op_types import (BUFFER_FORWARDING_TYPES, INPUT_READ_TYPES,
                              PLACEHOLDER_TYPES,
                              REFERENCE_KEEPING_TYPES,
@@ -209,9 +209,9 @@ def _other_roots(graph, state):
   # Every split part's collective, on the training path or not (an
   # argmax for the accuracy): each replica needs its copy, or a run that
   # fetches replica 0's could never complete its group.
-  split_collectives = [op for op in graph.get_operations()
-                       if state.provenance.role_of(op) == (
-                           provenance.SPLIT_COLLECTIVE)]
+  split_collectives = [
+      op for op in graph.get_operations()
+      if collectives.is_split_collective(op, state.provenance)]
   return merged + forward_updates + split_collectives
 
 
