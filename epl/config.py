@@ -251,6 +251,20 @@ class ConfigKey:
                                                    self.built)
 
 
+# The schedule that places two stages per device (ZB-V): it implies
+# pipeline.virtual_stages 2 (`stages_per_device`).
+_V_SHAPED_SCHEDULE = "ZeroBubbleV"
+
+
+def stages_per_device(config):
+  """The stages a pipeline device holds under `config`:
+  pipeline.virtual_stages, which the V-shaped schedule implies to be 2
+  (the planner checks a written value against it)."""
+  if config.pipeline.strategy == _V_SHAPED_SCHEDULE:
+    return max(config.pipeline.virtual_stages, 2)
+  return config.pipeline.virtual_stages
+
+
 def _k(section, name, kind, default, doc, built=False):
   return ConfigKey(section, name, kind, default, doc, built)
 
@@ -393,19 +407,25 @@ _KEYS = (
        built=True),
     _k("pipeline", "strategy",
        _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
-                "ZeroBubble"],
-               aliases={"1F1B": "PreferBackward", "GPipe": "PreferForward"}),
+                "ZeroBubble", _V_SHAPED_SCHEDULE],
+               aliases={"1F1B": "PreferBackward", "GPipe": "PreferForward",
+                        "ZB-H1": "ZeroBubble", "ZB-V": _V_SHAPED_SCHEDULE}),
        "PreferBackward",
        "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
        "(GPipe), \"PreferBackwardOptimizer\" (1F1B with one more forward "
-       "in flight on every stage but the last) or \"ZeroBubble\" (ZB-H1: "
+       "in flight on every stage but the last), \"ZeroBubble\" (ZB-H1: "
        "each backward split into input and weight gradients, the weight "
-       "gradients deferred into the bubble).", built=True),
+       "gradients deferred into the bubble) or \"ZeroBubbleV\" (ZB-V: "
+       "the same split, 2p stage scopes on p devices per pipeline, device "
+       "d holding stages d and 2p - 1 - d; implies "
+       "pipeline.virtual_stages 2; needs num_micro_batch >= 2p - 1).",
+       built=True),
     _k("pipeline", "virtual_stages", _Int(minimum=1), 1,
        "Stages per pipeline device (v): with v > 1, the S stage scopes run "
        "on S / v devices per replica, stage s on device s mod (S / v), "
        "under Megatron-LM's interleaved 1F1B; needs pipeline.strategy "
-       "\"PreferBackward\" and num_micro_batch a multiple of S / v. Auto "
+       "\"PreferBackward\" and num_micro_batch a multiple of S / v, or "
+       "\"ZeroBubbleV\" (which implies v = 2, stages placed in a V). Auto "
        "parallel cuts S = pipeline.num_stages x v stages.",
        built=True),
     # log

@@ -128,7 +128,7 @@ def test_mlp_interleaved_cuts_num_stages_times_virtual_stages(
 
 
 def test_interleaved_needs_several_devices_per_pipeline():
-  with pytest.raises(ValueError, match="virtual_stages 2 needs "
+  with pytest.raises(ValueError, match="2 stages per device .*needs "
                      "pipeline.num_stages > 1"):
     _build_only(mlp, -1, 2, **{"pipeline.virtual_stages": 2})
 

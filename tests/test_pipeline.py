@@ -635,3 +635,86 @@ def test_interleaved_plan_and_its_errors_with_split():
                      "epl.split"):
     planner.make_plan(env.cluster, [TaskGraph(0, epl.replicate(2)),
                                     TaskGraph(1, epl.split(2))], env.config)
+
+
+# ------------------------------------------------------------------- ZB-V
+
+
+def _v_config(devices, micro_batches, replicas=1, **extra):
+  """2 x `devices` stage scopes on `devices` devices per replica, in a V
+  (pipeline.strategy ZeroBubbleV)."""
+  return _config(devices, micro_batches, replicas, strategy="ZeroBubbleV",
+                 **extra)
+
+
+@pytest.mark.parametrize("devices, replicas, optimizer, extra", [
+    (2, 1, "momentum", {}), (2, 1, "adam", {}),
+    (4, 1, "momentum", {"pipeline.virtual_stages": 2}),
+    (2, 2, "adam", {"cluster.device_place_prefer_intra_node": False}),
+    (2, 1, "adam", {"gradient_checkpoint.type": "auto"})],
+                         ids=["momentum", "adam", "4-devices",
+                              "2-replicas-spread", "checkpointing"])
+def test_zero_bubble_v_trains_like_one_device(devices, replicas, optimizer,
+                                              extra):
+  stages, micro_batches = 2 * devices, 2 * devices
+  model = training.staged_model(_widths(stages))
+  expected, _, _ = training.train(
+      model, optimizer, batch_size=MICRO * micro_batches * replicas,
+      with_epl=False)
+  actual, _, graph = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=False,
+      config=_v_config(devices, micro_batches, replicas, **extra))
+  training.assert_close(actual, expected)
+  assert actual["global_step"] == 5
+  # Stage s and 2p - 1 - s on pipeline device s of its replica (devices
+  # r and p + r... when stage s of every replica is grouped, not
+  # intra-node).
+  intra_node = extra.get("cluster.device_place_prefer_intra_node", True)
+  for replica in range(replicas):
+    prefix = "EPL_REPLICA_%d/" % replica if replica else ""
+    for stage in range(stages):
+      kernel = graph.get_operation_by_name(prefix + "layer_%d/kernel" % stage)
+      pipeline_device = min(stage, stages - 1 - stage)
+      device = (devices * replica + pipeline_device if intra_node else
+                pipeline_device * replicas + replica)
+      assert kernel.device.endswith("CPU:%d" % device), kernel.name
+
+
+def _device_order(trace, stages_of_device):
+  """[(kind, stage, micro-batch)] replica 0's device ran, in time order."""
+  rows = [i for i, row in enumerate(trace.rows)
+          if row.replica == 0 and row.stage in stages_of_device]
+  ran = sorted((s for s in trace.slices
+                if s.row in rows and s.phase != "apply"),
+               key=lambda s: s.start)
+  return [(s.phase, trace.rows[s.row].stage, s.micro_batch) for s in ran]
+
+
+@pytest.mark.parametrize("devices, micro_batches", [(2, 4), (3, 5)])
+def test_zero_bubble_v_traced_order_is_the_simulators(devices,
+                                                      micro_batches):
+  stages = 2 * devices
+  trace = _traced_step(_v_config(devices, micro_batches), stages)
+  simulated = schedule_simulator.simulate("ZeroBubbleV", stages,
+                                          micro_batches)
+  for device in range(devices):
+    # The first stage sends no gradient: its whole backward is W.
+    expected = [step for step in simulated.order(device)
+                if step[:2] != (B, 0)]
+    assert _device_order(trace, (device, stages - 1 - device)) == (
+        expected), device
+
+
+@pytest.mark.parametrize("stages, extra, message", [
+    (3, {}, "ZB-V .*places 2 stage scopes per device in a V, but the "
+     "model has 3 stage scope"),
+    (4, {"pipeline.num_micro_batch": 2}, "2 devices per pipeline needs "
+     "pipeline.num_micro_batch >= 3.*it is 2"),
+    (4, {"pipeline.virtual_stages": 4}, "virtual_stages is 4: set it to 2")])
+def test_error_zero_bubble_v(stages, extra, message):
+  def build(x, y):
+    return tf.reduce_mean(tf.square(
+        training.staged_model(_widths(stages))(x) - y))
+  extra = dict({"pipeline.strategy": "ZeroBubbleV"}, **extra)
+  with pytest.raises(ValueError, match=message):
+    _run_first_step(build, devices=2, **extra)

@@ -85,7 +85,14 @@ def test_interleaved_order_is_megatrons():
 @pytest.mark.parametrize("stages, micro_batches, virtual_stages, schedule, "
                          "message", [
                              (4, 3, 2, "PreferBackward",
-                              "multiple of the devices of a pipeline \\(2\\)"),
+                              "2 devices per pipeline\\) needs pipeline."
+                              "num_micro_batch to be a multiple of 2"),
+                             (8, 6, 2, "ZeroBubbleV", "4 devices per "
+                              "pipeline needs pipeline.num_micro_batch >= "
+                              "7 .*it is 6"),
+                             (8, 8, 4, "ZB-V", "Unknown"),
+                             (8, 8, 4, "ZeroBubbleV", "virtual_stages is 4: "
+                              "set it to 2"),
                              (6, 4, 4, "PreferBackward", "6 stages do not "
                               "divide into 4 virtual stages"),
                              (4, 4, 2, "ZeroBubble", "interleave 1F1B only"),
@@ -94,6 +101,40 @@ def test_interleaved_order_is_megatrons():
 def test_errors(stages, micro_batches, virtual_stages, schedule, message):
   with pytest.raises(ValueError, match=message):
     sim.simulate(schedule, stages, micro_batches, virtual_stages)
+
+
+@pytest.mark.parametrize("devices, micro_batches", [
+    (2, 3), (2, 4), (3, 5), (4, 7), (4, 8), (4, 13), (6, 12)])
+def test_zb_v_idles_only_the_ramp_at_1f1b_memory(devices, micro_batches):
+  # 2p stages of half a 1F1B stage each (F = B = W = 1 per half stage):
+  # a device is busy 6m and idles p - 1, the first forward's way down
+  # the V (1F1B: 3(p - 1) full passes, 6(p - 1) half ones).
+  stages = 2 * devices
+  run = sim.simulate("ZeroBubbleV", stages, micro_batches)
+  assert run.makespan == 6 * micro_batches + devices - 1
+  assert run.bubble_fraction == pytest.approx(
+      (devices - 1) / (6 * micro_batches + devices - 1))
+  one_f_one_b = sim.simulate("PreferBackward", devices, micro_batches)
+  assert run.bubble_fraction < one_f_one_b.bubble_fraction / 3
+  # Each device holds at most 2p half-stage micro-batches at once: 1F1B's
+  # p full ones on its first stage.
+  assert max(run.peak_in_flight(d) for d in range(devices)) == 2 * max(
+      one_f_one_b.peak_in_flight(d) for d in range(devices))
+
+
+def test_zb_v_order():
+  # 2 devices: device 0 holds stages 0 and 3, device 1 stages 1 and 2.
+  run = sim.simulate("ZeroBubbleV", 4, 3)
+  assert run.order(0) == [
+      (F, 0, 0), (F, 0, 1), (F, 0, 2), (F, 3, 0), (B, 3, 0), (W, 3, 0),
+      (F, 3, 1), (B, 3, 1), (W, 3, 1), (B, 0, 0), (W, 0, 0), (F, 3, 2),
+      (B, 3, 2), (W, 3, 2), (B, 0, 1), (W, 0, 1), (B, 0, 2), (W, 0, 2)]
+  assert run.order(1) == [
+      (F, 1, 0), (F, 2, 0), (F, 1, 1), (F, 2, 1), (B, 2, 0), (W, 2, 0),
+      (F, 1, 2), (B, 1, 0), (W, 1, 0), (F, 2, 2), (B, 2, 1), (W, 2, 1),
+      (B, 1, 1), (B, 2, 2), (B, 1, 2), (W, 1, 1), (W, 2, 2), (W, 1, 2)]
+  assert [pipeline_order.device_of_stage("ZeroBubbleV", s, 2)
+          for s in range(4)] == [0, 1, 1, 0]
 
 
 def test_zb_h1_order():
@@ -110,7 +151,8 @@ def test_zb_h1_order():
       (F, 0), (B, 0), (F, 1), (B, 1), (W, 0), (W, 1)]
 
 
-@pytest.mark.parametrize("schedule", pipeline_order.SCHEDULES)
+@pytest.mark.parametrize("schedule", [
+    s for s in pipeline_order.Schedule if not s.v_shaped])
 @pytest.mark.parametrize("stages, micro_batches", SHAPES + [(4, 2)])
 def test_in_flight_is_what_the_simulated_order_holds(schedule, stages,
                                                      micro_batches):
@@ -120,7 +162,7 @@ def test_in_flight_is_what_the_simulated_order_holds(schedule, stages,
       pipeline_order.in_flight(schedule, stages, s, micro_batches)
       for s in range(stages)]
   one_f_one_b = sim.simulate("PreferBackward", stages, micro_batches)
-  if schedule == "ZeroBubble":
+  if schedule is pipeline_order.Schedule.ZERO_BUBBLE:
     assert run.makespan <= one_f_one_b.makespan
 
 

@@ -9,6 +9,7 @@ import itertools
 
 import tensorflow as tf
 
+from epl import config as epl_config
 from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.tf_compat import keras
@@ -120,8 +121,8 @@ def require_devices(strategy):
     return
   replicated = list(strategies.values())
   require_single_device_stages(replicated)
-  # With pipeline.virtual_stages v, v stages share a device.
-  virtual_stages = Env.get().config.pipeline.virtual_stages
+  # With pipeline.virtual_stages v, v stages share a device (ZB-V: 2).
+  virtual_stages = epl_config.stages_per_device(Env.get().config)
   cluster.require_devices(
       -(-sum(s.device_count for s in replicated) // virtual_stages),
       "%r: the model (per replica: %s%s)" % (strategy, " + ".join(

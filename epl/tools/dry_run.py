@@ -33,18 +33,12 @@ import tensorflow as tf
 
 from epl.tools import memory_estimate
 from epl.ir.phase import Phase
-from epl.parallel.plan import pipeline_order
 from epl.tools import schedule_simulator
 from epl.tools import shadowing
 
 logger = logging.getLogger("epl")
 
 ENV_VAR = "EPL_DRY_RUN"
-_SCHEDULE_NAMES = {pipeline_order.PREFER_BACKWARD: "1F1B",
-                   pipeline_order.PREFER_FORWARD: "GPipe",
-                   pipeline_order.ZERO_BUBBLE: "ZB-H1",
-                   pipeline_order.PREFER_BACKWARD_OPTIMIZER:
-                       "1F1B, one more forward in flight"}
 # Replicas whose devices are listed by name (the first ones and the last).
 _LISTED_REPLICAS = 4
 # Set once a plan was printed (epl-plan tells a planned exit from the
@@ -260,9 +254,12 @@ def describe(result, estimates=None):
   if stages > 1:
     lines.append("  pipeline: %d stage(s), %d micro-batch(es) per step, "
                  "schedule %s (%s)" % (
-                     stages, plan.num_micro_batch, plan.schedule,
-                     _SCHEDULE_NAMES.get(plan.schedule, "?")))
-    if interleaved:
+                     stages, plan.num_micro_batch, plan.schedule.value,
+                     plan.schedule.label))
+    if plan.schedule.v_shaped:
+      lines[-1] += (", in a V: %d device(s) per replica, device d holding "
+                    "stages d and %d - d" % (stages // 2, stages - 1))
+    elif interleaved:
       lines[-1] += (", interleaved: %d device(s) per replica, %d stages "
                     "on each" % (stages // plan.virtual_stages,
                                  plan.virtual_stages))
@@ -275,8 +272,7 @@ def describe(result, estimates=None):
                      micro_batch,
                      micro_batch * plan.num_micro_batch * plan.num_replicas,
                      plan.num_replicas, plan.num_micro_batch, micro_batch))
-  if stages > 1 and (interleaved or
-                     pipeline_order.splits_backward(plan.schedule)):
+  if stages > 1 and (interleaved or plan.schedule.splits_backward):
     bubble = schedule_simulator.simulate(
         plan.schedule, stages, plan.num_micro_batch,
         plan.virtual_stages).bubble_fraction

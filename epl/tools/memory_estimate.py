@@ -29,14 +29,14 @@ Per device:
 - activations: the forward tensors of one micro-batch that the backward
   pass reads (buffers shared by views such as Reshape counted once), per
   stage, held from a micro-batch's forward to the end of its backward
-  (its W under ZeroBubble): the most the device holds at once while it
+  (its W under ZB-H1 and ZB-V): the most the device holds at once while it
   runs its passes in the schedule's order (`pipeline_order.device_orders`,
   the order the rewrite enforces). That is all M micro-batches for GPipe
   (PreferForward), min(stages - stage, M) for 1F1B (PreferBackward), one
   more on every stage but the last for PreferBackwardOptimizer, min(stages,
-  M) on every stage for ZeroBubble; under interleaved 1F1B the passes of
-  the device's v stages in flight at its peak, each stage counting its own
-  bytes. M with split TaskGraphs (no schedule orders their micro-batches);
+  M) on every stage for ZeroBubble; under interleaved 1F1B and ZB-V the
+  passes of the device's stages in flight at its peak, each stage counting
+  its own bytes. M with split TaskGraphs (no schedule orders their micro-batches);
 - working memory: the largest one op of the step allocates at once (its
   outputs), which is live on top of the rest at the peak.
 
@@ -96,10 +96,10 @@ def variable_bytes(op):
   return tf.as_dtype(op.get_attr("dtype")).size * variable_elements(op)
 
 
-def in_flight_micro_batches(schedule_name, num_stages, stage,
-                            num_micro_batch):
-  """Micro-batches whose activations stage `stage` holds at once."""
-  return pipeline_order.in_flight(schedule_name, num_stages, stage,
+def in_flight_micro_batches(schedule, num_stages, stage, num_micro_batch):
+  """Micro-batches whose activations stage `stage` holds at once
+  (`schedule` a pipeline_order.Schedule or its name)."""
+  return pipeline_order.in_flight(schedule, num_stages, stage,
                                  num_micro_batch)
 
 

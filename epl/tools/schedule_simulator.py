@@ -3,6 +3,7 @@ and its bubble, from per-stage costs of F, B and W.
 
     from epl.tools import schedule_simulator as sim
     run = sim.simulate("ZeroBubble", num_stages=4, num_micro_batch=8)
+    sim.simulate(Schedule.ZERO_BUBBLE_V, 8, 8)  # 8 stages on 4 devices
     run.makespan, run.bubble_fraction, run.order(device=0)
     costs = sim.costs_from_trace(trace)   # measured, from epl.timeline
     sim.simulate("PreferBackward", 4, 8, costs=costs)
@@ -20,7 +21,8 @@ import dataclasses
 from typing import List, Sequence
 
 from epl.parallel.plan import pipeline_order
-from epl.parallel.plan.pipeline_order import BACKWARD, FORWARD, WEIGHT, Pass
+from epl.parallel.plan.pipeline_order import (BACKWARD, FORWARD, WEIGHT,
+                                              Pass, Schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +62,7 @@ class TimedPass:
 @dataclasses.dataclass
 class Simulation:
   """One simulated step: `devices[d]` is device d's passes in order."""
-  schedule: str
+  schedule: Schedule
   num_stages: int
   num_micro_batch: int
   virtual_stages: int
@@ -114,14 +116,18 @@ def _needs(step, num_stages):
 
 def simulate(schedule, num_stages, num_micro_batch, virtual_stages=1,
              costs=None):
-  """Simulates one step of `schedule` (a pipeline.strategy) on a pipeline
-  of `num_stages` stages (on num_stages / virtual_stages devices) with
+  """Simulates one step of `schedule` (a Schedule or its pipeline.strategy
+  name) on a pipeline of `num_stages` stages (on num_stages /
+  virtual_stages devices; ZB-V implies virtual_stages 2) with
   `num_micro_batch` micro-batches; `costs` a StageCosts over the stages
   (unit costs F = B = W = 1 by default). Returns a Simulation; raises
   RuntimeError if the orders wait on each other forever."""
   if costs is None:
     costs = StageCosts.uniform(num_stages)
-  split = pipeline_order.splits_backward(schedule)
+  schedule = Schedule.of(schedule)
+  virtual_stages = pipeline_order.stages_per_device(schedule,
+                                                    virtual_stages)
+  split = schedule.splits_backward
   orders = pipeline_order.device_orders(schedule, num_stages,
                                         num_micro_batch, virtual_stages)
   ends = {}
@@ -149,7 +155,7 @@ def simulate(schedule, num_stages, num_micro_batch, virtual_stages=1,
                  for device, order in enumerate(orders)
                  if position[device] < len(order)}
       raise RuntimeError("Schedule %r deadlocks: the devices wait on each "
-                         "other for %s." % (schedule, waiting))
+                         "other for %s." % (schedule.value, waiting))
   return Simulation(schedule, num_stages, num_micro_batch, virtual_stages,
                     timed)
 

@@ -19,7 +19,7 @@ class Block:
   """The ops one stage of one replica runs for one micro-batch and phase
   (FORWARD or BACKWARD; APPLY with micro_batch None for the update).
 
-  Under a schedule that splits the backward (ZeroBubble), a BACKWARD
+  Under a schedule that splits the backward (ZB-H1, ZB-V), a BACKWARD
   block is either the input-gradient part B (`weight_gradients` False)
   or the weight-gradient part W (True); see `split_backward`.
   """
@@ -192,6 +192,41 @@ def split_backward(by_key):
   return result
 
 
+def share_with_readers(split, device_of):
+  """Moves the ops of a B block that the W of a later stage on the same
+  device reads, and what they need of their block, into that stage's B
+  ({(stage, phase, micro-batch, weight_gradients): [ops]}, changed in
+  place); `device_of(stage)` is a stage's pipeline device.
+
+  Under ZB-V stages p - 1 and p share a device (the tip of the V), which
+  runs W(p) before B(p - 1). A value of stage p - 1 that W(p) reads (its
+  activation recomputed by gradient checkpointing) would have W(p) wait
+  for a block that runs after it: in B(p), which runs before W(p) and
+  whose gradients its recomputation waits for anyway, it is ready in
+  time. The op keeps its stage's device; values do not change.
+  """
+  for stage, phase, micro_batch, weight in list(split):
+    if phase is not Phase.BACKWARD or weight:
+      continue
+    ops = split[(stage, phase, micro_batch, weight)]
+    names = {op.name: op for op in ops}
+    for reader in range(stage + 1, 1 + max(key[0] for key in split)):
+      if device_of(reader) != device_of(stage):
+        continue
+      read = [names[t.op.name] for op in split.get(
+          (reader, phase, micro_batch, True), ())
+              for t in op.inputs if t.op.name in names]
+      moved = {op.name for op in graph_editor.reachable(read, lambda op: [
+          t.op for t in op.inputs if t.op.name in names])}
+      if moved:
+        split[(reader, phase, micro_batch, False)] = split.get(
+            (reader, phase, micro_batch, False), []) + [
+                names[name] for name in names if name in moved]
+        ops = [op for op in ops if op.name not in moved]
+        names = {op.name: op for op in ops}
+        split[(stage, phase, micro_batch, weight)] = ops
+
+
 def blocks(ctx, subgraph, copies, first_replica_only=False):
   """{Block: [ops]} over every local replica (or the first), in the cloned
   subgraph's order.
@@ -200,13 +235,14 @@ def blocks(ctx, subgraph, copies, first_replica_only=False):
   pass) make its FORWARD and BACKWARD blocks; the optimizer's ops that
   work on gradients (the update, not the reads of its constants) make an
   APPLY block per replica and stage. When pipeline.strategy splits the
-  backward (ZeroBubble), each BACKWARD block is two, B and W
+  backward (ZB-H1, ZB-V), each BACKWARD block is two, B and W
   (`split_backward`). The blocks are found in replica 0 and mapped to the
   others, copies with the same edges.
   """
   by_key = _replica_0_blocks(ctx, subgraph)
-  if ctx.plan.decisions.schedule.value.splits_backward:
+  if ctx.plan.schedule.splits_backward:
     split = split_backward(by_key)
+    share_with_readers(split, lambda stage: ctx.plan.device(0, stage))
   else:
     split = {key + (False,): ops for key, ops in by_key.items()}
   replicas = ctx.replicas[:1] if first_replica_only else ctx.replicas
@@ -277,11 +313,12 @@ def schedule_pipeline(ctx, subgraph, copies):
   schedule order.
 
   For each device of each local replica, the blocks (forward or backward
-  pass of one micro-batch of a stage; under ZeroBubble the backward's B
+  pass of one micro-batch of a stage; under ZB-H1 and ZB-V the backward's B
   and W parts) follow `pipeline_order.device_orders` for
   pipeline.strategy: one stage per device (`stage_order`), or with
   pipeline.virtual_stages v > 1 the v stages a device holds under
-  interleaved 1F1B (`interleaved_device_order`). A NoOp
+  interleaved 1F1B (`interleaved_device_order`) or the two of ZB-V
+  (`v_device_order`). A NoOp
   `EPL_SCHEDULE/...` on the device waits for the last ops of a block, and
   the first ops of the next block wait for the NoOp, so that no op of a
   block starts before the previous block has finished. Only control edges
@@ -296,7 +333,7 @@ def schedule_pipeline(ctx, subgraph, copies):
       copies.loop_values is not None):
     return
   ungate_across_stages(ctx, subgraph, copies)
-  if plan.decisions.schedule.value.splits_backward:
+  if plan.schedule.splits_backward:
     ungate_input_gradients(ctx, subgraph, copies)
   # Replicas are copies with the same edges inside each block: the blocks
   # and their ends are found in the first replica and mapped to the others.
@@ -307,7 +344,6 @@ def schedule_pipeline(ctx, subgraph, copies):
     # Stage s's device is fixed by its index among all the stages.
     stages = list(range(plan.num_stages))
   orders = pipeline_order.device_orders(
-      plan.decisions.schedule.value.value, len(stages), plan.num_micro_batch,
-      plan.virtual_stages)
+      plan.schedule, len(stages), plan.num_micro_batch, plan.virtual_stages)
   _chain_blocks(ctx, orders, stages, by_block,
                 _block_ends(copies, by_block))

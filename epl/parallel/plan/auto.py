@@ -52,6 +52,7 @@ import logging
 import weakref
 from typing import List
 
+from epl import config as epl_config
 from epl.parallel.cost import checkpoint_search
 from epl.parallel.cost import flops
 from epl.ir import graph_editor
@@ -153,15 +154,16 @@ def before_gradients(env, targets):
         ", ".join(repr(t.strategy) for t in state.taskgraphs))
   devices_per_replica = max(env.config.pipeline.num_stages, 1)
   _check_devices(env.cluster.total_devices, devices_per_replica)
-  if devices_per_replica == 1 and env.config.pipeline.virtual_stages > 1:
+  per_device = epl_config.stages_per_device(env.config)
+  if devices_per_replica == 1 and per_device > 1:
     raise ValueError(
-        "auto.auto_parallel with pipeline.virtual_stages %d needs "
-        "pipeline.num_stages > 1 (the devices of a pipeline, each holding "
-        "%d stages); it is %d. Set pipeline.num_stages, or "
-        "pipeline.virtual_stages to 1 for data parallelism." % (
-            env.config.pipeline.virtual_stages,
-            env.config.pipeline.virtual_stages,
-            env.config.pipeline.num_stages))
+        "auto.auto_parallel with %d stages per device (pipeline."
+        "virtual_stages %d, pipeline.strategy %r) needs pipeline.num_stages "
+        "> 1 (the devices of a pipeline); it is %d. Set "
+        "pipeline.num_stages, or pipeline.virtual_stages to 1 and a "
+        "schedule with one stage per device for data parallelism." % (
+            per_device, env.config.pipeline.virtual_stages,
+            env.config.pipeline.strategy, env.config.pipeline.num_stages))
   num_stages = cut_stages(env.config)
   untagged = [op for op in graph.get_operations()
               if state.phase_of(op) is Phase.FORWARD and
@@ -187,9 +189,10 @@ def before_gradients(env, targets):
 
 def cut_stages(config):
   """The stages auto parallel cuts: pipeline.num_stages (K devices per
-  replica, 1 when it is -1) times pipeline.virtual_stages (v stages per
-  device)."""
-  return max(config.pipeline.num_stages, 1) * config.pipeline.virtual_stages
+  replica, 1 when it is -1) times the stages per device
+  (pipeline.virtual_stages v; 2 under ZB-V)."""
+  return max(config.pipeline.num_stages, 1) * epl_config.stages_per_device(
+      config)
 
 
 def _check_devices(total, num_stages):

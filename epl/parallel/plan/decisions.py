@@ -9,7 +9,8 @@ import dataclasses
 import enum
 from typing import Optional
 
-from epl.parallel.plan import pipeline_order
+# The pipeline schedule is the enum the pass orders are keyed on.
+from epl.parallel.plan.pipeline_order import Schedule
 
 
 # In each enum, the first member is what the step does when the
@@ -75,21 +76,6 @@ class Communication(enum.Enum):
   COLLECTIVES = "TensorFlow collectives"
   LOCAL_SUMS = "local sums"
   HOROVOD = "Horovod"
-
-
-class Schedule(enum.Enum):
-  """The pipeline schedule (pipeline.strategy); its value is the name
-  `pipeline_order` orders passes by."""
-  PREFER_BACKWARD = pipeline_order.PREFER_BACKWARD
-  PREFER_FORWARD = pipeline_order.PREFER_FORWARD
-  PREFER_BACKWARD_OPTIMIZER = pipeline_order.PREFER_BACKWARD_OPTIMIZER
-  ZERO_BUBBLE = pipeline_order.ZERO_BUBBLE
-
-  @property
-  def splits_backward(self):
-    """Each backward runs as B (input gradients) and W (weight
-    gradients)."""
-    return pipeline_order.splits_backward(self.value)
 
 
 class Buckets(enum.Enum):
@@ -211,10 +197,18 @@ def _communication(config, device_type, all_local):
                   "communication.backend is \"collective\"")
 
 
-def decide(config, num_stages, has_split, device_type, all_local):
+def decide_schedule(config):
+  """The pipeline schedule (taken before the layout: a V-shaped one
+  places two stages per device)."""
+  return Decision(Schedule.of(config.pipeline.strategy),
+                  "pipeline.strategy is %r" % config.pipeline.strategy)
+
+
+def decide(config, num_stages, has_split, device_type, all_local, schedule):
   """The Decisions for `config`, for a plan of `num_stages` TaskGraphs
   (`has_split`: some are split) on devices of `device_type` ("CPU",
-  "GPU"), all of whose replicas this worker builds when `all_local`."""
+  "GPU"), all of whose replicas this worker builds when `all_local`;
+  `schedule` is the plan's `decide_schedule`."""
   zero = Decision(ZeroLevel(config.zero.level),
                   "zero.level is %r" % config.zero.level)
   offload = Decision(Offload(config.offload.level),
@@ -232,8 +226,7 @@ def decide(config, num_stages, has_split, device_type, all_local):
   return Decisions(
       micro_batches=_micro_batches(config, num_stages, has_split, zero,
                                    offload),
-      schedule=Decision(Schedule(config.pipeline.strategy),
-                        "pipeline.strategy is %r" % config.pipeline.strategy),
+      schedule=schedule,
       precision=precision,
       loss_scaling=loss_scaling,
       loss_scale=(config.amp.loss_scale

@@ -14,35 +14,61 @@ orders with control edges (`epl.parallel.passes.schedule`), the simulator times 
 activations they keep.
 """
 import collections
+import enum
 
-PREFER_FORWARD = "PreferForward"    # GPipe
-PREFER_BACKWARD = "PreferBackward"  # 1F1B
-# 1F1B with one more forward in flight on every stage but the last (the
-# original EPL's third schedule).
-PREFER_BACKWARD_OPTIMIZER = "PreferBackwardOptimizer"
-ZERO_BUBBLE = "ZeroBubble"          # ZB-H1 (Qi et al., ICLR 2024)
-SCHEDULES = (PREFER_BACKWARD, PREFER_FORWARD, PREFER_BACKWARD_OPTIMIZER,
-             ZERO_BUBBLE)
+
+class Schedule(enum.Enum):
+  """A pipeline schedule (pipeline.strategy); its value is the
+  configuration's name for it."""
+  PREFER_BACKWARD = "PreferBackward"    # 1F1B
+  PREFER_FORWARD = "PreferForward"      # GPipe
+  # 1F1B with one more forward in flight on every stage but the last (the
+  # original EPL's third schedule).
+  PREFER_BACKWARD_OPTIMIZER = "PreferBackwardOptimizer"
+  ZERO_BUBBLE = "ZeroBubble"            # ZB-H1 (Qi et al., ICLR 2024)
+  # ZB-V (the same paper): two stages per device, placed in a V.
+  ZERO_BUBBLE_V = "ZeroBubbleV"
+
+  @classmethod
+  def of(cls, schedule):
+    """The Schedule `schedule` is (a Schedule, or its configuration
+    name); ValueError naming the known ones otherwise."""
+    try:
+      return cls(schedule)
+    except ValueError:
+      raise ValueError("Unknown pipeline.strategy %r; use one of %s." % (
+          schedule, ", ".join(repr(s.value) for s in cls))) from None
+
+  @property
+  def splits_backward(self):
+    """Each backward runs as B (input gradients) and W (weight
+    gradients), apart."""
+    return self in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V)
+
+  @property
+  def v_shaped(self):
+    """Two stages per device, device d holding stages d and 2p - 1 - d of
+    2p (the forward goes down the devices and comes back up)."""
+    return self is Schedule.ZERO_BUBBLE_V
+
+  @property
+  def label(self):
+    """The name people know it by."""
+    return _LABELS[self]
+
+
+_LABELS = {Schedule.PREFER_BACKWARD: "1F1B",
+           Schedule.PREFER_FORWARD: "GPipe",
+           Schedule.PREFER_BACKWARD_OPTIMIZER:
+               "1F1B, one more forward in flight",
+           Schedule.ZERO_BUBBLE: "ZB-H1",
+           Schedule.ZERO_BUBBLE_V: "ZB-V"}
 
 FORWARD, BACKWARD, WEIGHT = "forward", "backward", "weight"
 
 # One pass: `kind` (FORWARD, BACKWARD or WEIGHT) of stage `stage` for
 # micro-batch `micro_batch`.
 Pass = collections.namedtuple("Pass", ["kind", "stage", "micro_batch"])
-
-
-def check_schedule(schedule):
-  """Raises ValueError naming the known schedules if `schedule` is not
-  one."""
-  if schedule not in SCHEDULES:
-    raise ValueError("Unknown pipeline.strategy %r; use one of %s." % (
-        schedule, ", ".join(repr(s) for s in SCHEDULES)))
-
-
-def splits_backward(schedule):
-  """Whether `schedule` runs a stage's weight gradients (W) apart from its
-  input gradients (B)."""
-  return schedule == ZERO_BUBBLE
 
 
 def warm_up(schedule, num_stages, stage, num_micro_batch):
@@ -54,11 +80,14 @@ def warm_up(schedule, num_stages, stage, num_micro_batch):
   done when the backward it waits for arrives (the original EPL's
   ordering).
   """
-  check_schedule(schedule)
-  if schedule == PREFER_FORWARD:
+  schedule = Schedule.of(schedule)
+  if schedule.v_shaped:
+    raise ValueError("%s has no order per stage: each device runs two "
+                     "stages (device_orders)." % schedule.label)
+  if schedule is Schedule.PREFER_FORWARD:
     return num_micro_batch
   ahead = num_stages - stage
-  if schedule == PREFER_BACKWARD_OPTIMIZER and stage < num_stages - 1:
+  if schedule is Schedule.PREFER_BACKWARD_OPTIMIZER and stage < num_stages - 1:
     ahead += 1
   return min(ahead, num_micro_batch)
 
@@ -83,7 +112,7 @@ def held_at_peak(schedule, order, size=None):
   default: then the count of (stage, micro-batch) pairs in flight), which
   the pass that ends that micro-batch's backward of the stage frees (its
   W when `schedule` splits the backward, else its B)."""
-  last = WEIGHT if splits_backward(schedule) else BACKWARD
+  last = WEIGHT if Schedule.of(schedule).splits_backward else BACKWARD
   live = peak = 0
   for step in order:
     amount = 1 if size is None else size(step.stage)
@@ -105,8 +134,9 @@ def stage_order(schedule, num_stages, stage, num_micro_batch):
   passes, which run last, in the time the stage would wait for backwards
   from later stages under 1F1B.
   """
+  schedule = Schedule.of(schedule)
   ahead = warm_up(schedule, num_stages, stage, num_micro_batch)
-  deferred = stage if schedule == ZERO_BUBBLE else None
+  deferred = stage if schedule is Schedule.ZERO_BUBBLE else None
   order = [(FORWARD, m) for m in range(ahead)]
   for m in range(num_micro_batch):
     order.append((BACKWARD, m))
@@ -135,9 +165,10 @@ def interleaved_device_order(num_devices, virtual_stages, device,
   """
   if num_micro_batch % num_devices:
     raise ValueError(
-        "Interleaved 1F1B needs pipeline.num_micro_batch to be a multiple "
-        "of the devices of a pipeline (%d); it is %d." % (
-            num_devices, num_micro_batch))
+        "Interleaved 1F1B (%d stages on %d devices per pipeline) needs "
+        "pipeline.num_micro_batch to be a multiple of %d; it is %d." % (
+            num_devices * virtual_stages, num_devices, num_devices,
+            num_micro_batch))
   total = num_micro_batch * virtual_stages
   group = num_devices * virtual_stages
 
@@ -161,25 +192,102 @@ def interleaved_device_order(num_devices, virtual_stages, device,
   return order
 
 
+def v_device_order(num_devices, device, num_micro_batch):
+  """The passes device `device` runs under ZB-V (Qi et al., ICLR 2024):
+  2p stages on p = num_devices devices, the device holding stage d on the
+  way down (`down`) and stage 2p - 1 - d on the way back up (`up`), each
+  backward split into B and W.
+
+  Warm-up: 2(p - d) - 1 forwards of `down`, then d times a forward of `up`
+  and one of `down`, then p - d times F, B, W of `up` (the first
+  backwards arrive). Steady state: F of `down` (while any is left), B and
+  W of `down`, F, B and W of `up`, until every forward ran. Cool-down: d
+  times the B of both stages (their W wait), p - d times B and W of
+  `down`, then the W left, `up`'s first. Each device holds at most 2p
+  stage-micro-batches of half a 1F1B stage: 1F1B's peak, without its
+  bubble. Needs num_micro_batch >= 2p - 1 (device 0's warm-up).
+  """
+  p, d = num_devices, device
+  if num_micro_batch < 2 * p - 1:
+    raise ValueError(
+        "ZB-V (pipeline.strategy \"ZeroBubbleV\") on %d devices per "
+        "pipeline needs pipeline.num_micro_batch >= %d (the first device's "
+        "warm-up); it is %d. Raise it, or use \"ZeroBubble\" (ZB-H1)." % (
+            p, 2 * p - 1, num_micro_batch))
+  down, up = d, 2 * p - 1 - d
+  done = collections.Counter()
+  order = []
+
+  def run(*passes):
+    for kind, stage in passes:
+      order.append(Pass(kind, stage, done[(kind, stage)]))
+      done[(kind, stage)] += 1
+
+  run(*[(FORWARD, down)] * (2 * (p - d) - 1))
+  run(*[(FORWARD, up), (FORWARD, down)] * d)
+  run(*[(FORWARD, up), (BACKWARD, up), (WEIGHT, up)] * (p - d))
+  while done[(FORWARD, up)] < num_micro_batch:
+    if done[(FORWARD, down)] < num_micro_batch:
+      run((FORWARD, down))
+    run((BACKWARD, down), (WEIGHT, down), (FORWARD, up), (BACKWARD, up),
+        (WEIGHT, up))
+  run(*[(BACKWARD, down), (BACKWARD, up)] * d)
+  run(*[(BACKWARD, down), (WEIGHT, down)] * (p - d))
+  run(*[(WEIGHT, up)] * (num_micro_batch - done[(WEIGHT, up)]))
+  run(*[(WEIGHT, down)] * (num_micro_batch - done[(WEIGHT, down)]))
+  return order
+
+
+def device_of_stage(schedule, stage, num_devices):
+  """The pipeline device (0 .. num_devices - 1) of stage `stage`: under a
+  V-shaped schedule stage s and 2p - 1 - s share device s; otherwise stage
+  s is on device s mod num_devices (one stage per device, or interleaved
+  1F1B's round robin)."""
+  if Schedule.of(schedule).v_shaped and stage >= num_devices:
+    return 2 * num_devices - 1 - stage
+  return stage % num_devices
+
+
+def stages_per_device(schedule, virtual_stages):
+  """The stages each pipeline device holds under `schedule` with
+  pipeline.virtual_stages `virtual_stages`: 2 under a V-shaped schedule
+  (which implies it: 1 is taken as unset), else `virtual_stages`."""
+  schedule = Schedule.of(schedule)
+  if not schedule.v_shaped:
+    return virtual_stages
+  if virtual_stages not in (1, 2):
+    raise ValueError(
+        "pipeline.strategy %r (%s) holds 2 stages per device, but "
+        "pipeline.virtual_stages is %d: set it to 2 or leave it at 1." % (
+            schedule.value, schedule.label, virtual_stages))
+  return 2
+
+
 def device_orders(schedule, num_stages, num_micro_batch, virtual_stages=1):
   """[[Pass]] per device of one pipeline, in the order each runs them.
 
-  With virtual_stages v > 1 (interleaved 1F1B, `schedule` PreferBackward),
-  `num_stages` stages sit on num_stages / v devices; otherwise one stage
-  per device.
+  With virtual_stages v > 1 (interleaved 1F1B under PreferBackward, ZB-V
+  with v = 2), `num_stages` stages sit on num_stages / v devices;
+  otherwise one stage per device.
   """
+  schedule = Schedule.of(schedule)
+  virtual_stages = stages_per_device(schedule, virtual_stages)
   if virtual_stages == 1:
     return [[Pass(kind, stage, m) for kind, m in stage_order(
         schedule, num_stages, stage, num_micro_batch)]
             for stage in range(num_stages)]
-  if schedule != PREFER_BACKWARD:
+  if schedule not in (Schedule.PREFER_BACKWARD, Schedule.ZERO_BUBBLE_V):
     raise ValueError("Virtual stages (v = %d) interleave 1F1B only; "
                      "schedule %r has none: use %r or v = 1." % (
-                         virtual_stages, schedule, PREFER_BACKWARD))
+                         virtual_stages, schedule.value,
+                         Schedule.PREFER_BACKWARD.value))
   if num_stages % virtual_stages:
     raise ValueError("%d stages do not divide into %d virtual stages per "
                      "device." % (num_stages, virtual_stages))
   devices = num_stages // virtual_stages
+  if schedule.v_shaped:
+    return [v_device_order(devices, d, num_micro_batch)
+            for d in range(devices)]
   return [interleaved_device_order(devices, virtual_stages, d,
                                    num_micro_batch)
           for d in range(devices)]

@@ -43,13 +43,17 @@ class Plan:
   device_workers: List[List[int]]
   worker_index: int
   num_micro_batch: int
-  schedule: str
-  # Stages per pipeline device (pipeline.virtual_stages): stage s of a
-  # replica shares the device of stage s mod (num_stages / virtual_stages).
+  # Stages per pipeline device (pipeline.virtual_stages, 2 under ZB-V):
+  # `pipeline_order.device_of_stage` says which stages share a device.
   virtual_stages: int = 1
   # What the passes apply (micro-batches, precision, ZeRO, ...), with
   # reasons; set by make_plan.
   decisions: Optional[plan_decisions.Decisions] = None
+
+  @property
+  def schedule(self):
+    """The pipeline schedule (a pipeline_order.Schedule)."""
+    return self.decisions.schedule.value
 
   @property
   def num_stages(self):
@@ -79,8 +83,10 @@ class Plan:
   def describe(self):
     lines = ["%d model replica(s) x %d TaskGraph(s), %d micro-batch(es), "
              "schedule %s" % (self.num_replicas, self.num_stages,
-                              self.num_micro_batch, self.schedule)]
-    if self.virtual_stages > 1:
+                              self.num_micro_batch, self.schedule.value)]
+    if self.schedule.v_shaped:
+      lines[0] += " in a V, 2 stages per device"
+    elif self.virtual_stages > 1:
       lines[0] += " interleaved, %d stages per device" % self.virtual_stages
     for t, taskgraph in enumerate(self.taskgraphs):
       lines.append("  TaskGraph %d %r (%s): %s" % (
@@ -145,15 +151,17 @@ def plan_of(graph, for_rewrite=False):
 def make_plan(cluster, taskgraphs, config):
   """Lays the TaskGraphs out on the cluster's devices and takes the
   decisions the passes apply (`decisions.decide`)."""
-  plan = _layout(cluster, taskgraphs, config)
+  schedule = plan_decisions.decide_schedule(config)
+  plan = _layout(cluster, taskgraphs, config, schedule.value)
   plan.decisions = plan_decisions.decide(
       config, plan.num_stages, plan.has_split, cluster.device_type,
-      len(plan.local_replicas) == plan.num_replicas)
+      len(plan.local_replicas) == plan.num_replicas, schedule)
   return plan
 
 
-def _layout(cluster, taskgraphs, config):
-  """Lays the TaskGraphs out on the cluster's devices.
+def _layout(cluster, taskgraphs, config, schedule):
+  """Lays the TaskGraphs out on the cluster's devices (as `schedule`
+  places the stages).
 
   Devices per model replica are the sum of the TaskGraphs' device counts;
   the data-parallel degree is the total device count divided by that. A
@@ -166,7 +174,8 @@ def _layout(cluster, taskgraphs, config):
   for taskgraph in taskgraphs:
     assert isinstance(taskgraph.strategy, (Replicate, Split)), taskgraph
   if any(isinstance(t.strategy, Split) for t in taskgraphs):
-    return cluster.check_plan(_split_plan(cluster, taskgraphs, config))
+    return cluster.check_plan(_split_plan(cluster, taskgraphs, config,
+                                          schedule))
   wanted_stages = config.pipeline.num_stages
   if wanted_stages != -1 and config.auto.auto_parallel:
     wanted_stages = auto.cut_stages(config)
@@ -181,7 +190,7 @@ def _layout(cluster, taskgraphs, config):
   require_single_device_stages(taskgraphs)
   total = cluster.total_devices
   counts = [t.device_count for t in taskgraphs]
-  virtual_stages = _check_virtual_stages(taskgraphs, config)
+  virtual_stages = _check_virtual_stages(taskgraphs, config, schedule)
   per_replica = sum(counts) // virtual_stages
   cluster.require_devices(per_replica, "The model (per replica: %s)" % (
       " + ".join("%s:%d" % (t.name, t.device_count) for t in taskgraphs)))
@@ -195,7 +204,8 @@ def _layout(cluster, taskgraphs, config):
   num_replicas = total // slots
   devices, workers = [], []
   for replica in range(num_replicas):
-    indices = [_device_index(replica, stage % slots, num_replicas, slots,
+    indices = [_device_index(replica, pipeline_order.device_of_stage(
+        schedule, stage, slots), num_replicas, slots,
                              config.cluster.device_place_prefer_intra_node)
                for stage in range(len(taskgraphs))]
     devices.append([cluster.device_name(i) for i in indices])
@@ -208,45 +218,50 @@ def _layout(cluster, taskgraphs, config):
       device_workers=workers,
       worker_index=cluster.worker_index,
       num_micro_batch=config.pipeline.num_micro_batch,
-      schedule=config.pipeline.strategy,
       virtual_stages=virtual_stages))
 
 
-def _check_virtual_stages(taskgraphs, config):
-  """pipeline.virtual_stages (v), checked against the S stage scopes: S a
-  multiple of v, the schedule interleaved 1F1B (PreferBackward) and
-  num_micro_batch a multiple of the S / v devices of a pipeline; raises
-  ValueError naming the fix otherwise."""
-  virtual_stages = config.pipeline.virtual_stages
+def _check_virtual_stages(taskgraphs, config, schedule):
+  """The stages per pipeline device (pipeline.virtual_stages v, 2 under
+  ZB-V), checked against the S stage scopes: S a multiple of v, the
+  schedule one with several stages per device (interleaved 1F1B or ZB-V)
+  and num_micro_batch what its order needs; raises ValueError naming the
+  fix otherwise."""
+  virtual_stages = pipeline_order.stages_per_device(
+      schedule, config.pipeline.virtual_stages)
   if virtual_stages == 1:
     return 1
   stages = len(taskgraphs)
+  names = ", ".join(t.name for t in taskgraphs)
+  if schedule.v_shaped and (stages % 2 or stages < 4):
+    raise ValueError(
+        "ZB-V (pipeline.strategy \"ZeroBubbleV\") places 2 stage scopes "
+        "per device in a V, but the model has %d stage scope(s) (%s). Use "
+        "an even count of at least 4 (twice the devices of a pipeline)." %
+        (stages, names))
   if stages % virtual_stages:
     raise ValueError(
         "pipeline.virtual_stages is %d but the model's %d stage scope(s) "
         "(%s) do not divide into %d per device. Use a stage count that is a "
         "multiple of pipeline.virtual_stages, or set it to a divisor of %d." %
-        (virtual_stages, stages, ", ".join(t.name for t in taskgraphs),
-         virtual_stages, stages))
-  if config.pipeline.strategy != pipeline_order.PREFER_BACKWARD:
+        (virtual_stages, stages, names, virtual_stages, stages))
+  if schedule not in (pipeline_order.Schedule.PREFER_BACKWARD,
+                      pipeline_order.Schedule.ZERO_BUBBLE_V):
     raise ValueError(
         "pipeline.virtual_stages %d interleaves 1F1B only, but "
-        "pipeline.strategy is %r: set it to %r or set "
+        "pipeline.strategy is %r: set it to %r (or %r for ZB-V), or set "
         "pipeline.virtual_stages to 1." % (
-            virtual_stages, config.pipeline.strategy,
-            pipeline_order.PREFER_BACKWARD))
-  devices = stages // virtual_stages
-  if config.pipeline.num_micro_batch % devices:
-    raise ValueError(
-        "Interleaved 1F1B (pipeline.virtual_stages %d, %d stages on %d "
-        "devices per pipeline) needs pipeline.num_micro_batch to be a "
-        "multiple of %d; it is %d." % (
-            virtual_stages, stages, devices, devices,
-            config.pipeline.num_micro_batch))
+            virtual_stages, schedule.value,
+            pipeline_order.Schedule.PREFER_BACKWARD.value,
+            pipeline_order.Schedule.ZERO_BUBBLE_V.value))
+  # The orders raise naming what num_micro_batch they need.
+  pipeline_order.device_orders(schedule, stages,
+                               config.pipeline.num_micro_batch,
+                               virtual_stages)
   return virtual_stages
 
 
-def _split_plan(cluster, taskgraphs, config):
+def _split_plan(cluster, taskgraphs, config, schedule):
   """Split TaskGraphs share each device with the data-parallel backbone.
 
   Every device holds one replica of the backbone (data parallel over all
@@ -260,13 +275,16 @@ def _split_plan(cluster, taskgraphs, config):
         "the config key cluster.colocate_split_and_replicate to True, as "
         "the original EPL requires." % ", ".join(
             t.name for t in taskgraphs if isinstance(t.strategy, Split)))
-  if config.pipeline.virtual_stages != 1:
+  if config.pipeline.virtual_stages != 1 or schedule.v_shaped:
     raise NotImplementedError(
-        "pipeline.virtual_stages %d with epl.split (%s) is not built: split "
-        "parts have no pipeline stages to interleave. Set "
-        "pipeline.virtual_stages to 1." % (
-            config.pipeline.virtual_stages, ", ".join(
-                t.name for t in taskgraphs if isinstance(t.strategy, Split))))
+        "pipeline.virtual_stages %d with epl.split (%s) is not built "
+        "(pipeline.strategy %r): split parts have no pipeline stages to "
+        "place on a device together. Set pipeline.virtual_stages to 1 and "
+        "use a schedule with one stage per device." % (
+            pipeline_order.stages_per_device(
+                schedule, config.pipeline.virtual_stages), ", ".join(
+                    t.name for t in taskgraphs
+                    if isinstance(t.strategy, Split)), schedule.value))
   replicated = [t for t in taskgraphs if isinstance(t.strategy, Replicate)]
   if len(replicated) > 1 or config.pipeline.num_stages not in (-1, 1):
     raise NotImplementedError(
@@ -291,8 +309,7 @@ def _split_plan(cluster, taskgraphs, config):
       devices=[[cluster.device_name(r)] for r in range(total)],
       device_workers=[[cluster.worker_of(r)] for r in range(total)],
       worker_index=cluster.worker_index,
-      num_micro_batch=config.pipeline.num_micro_batch,
-      schedule=config.pipeline.strategy)
+      num_micro_batch=config.pipeline.num_micro_batch)
 
 
 def _device_index(replica, stage, num_replicas, stages, prefer_intra_node):
