@@ -251,16 +251,16 @@ class ConfigKey:
                                                    self.built)
 
 
-# The schedule that places two stages per device (ZB-V): it implies
-# pipeline.virtual_stages 2 (`stages_per_device`).
-_V_SHAPED_SCHEDULE = "ZeroBubbleV"
+# The schedules that place two stages per device in a V (ZB-V, V-Half,
+# V-Min): they imply pipeline.virtual_stages 2 (`stages_per_device`).
+_V_SHAPED_SCHEDULES = ("ZeroBubbleV", "ZeroBubbleVHalf", "ZeroBubbleVMin")
 
 
 def stages_per_device(config):
   """The stages a pipeline device holds under `config`:
   pipeline.virtual_stages, which the V-shaped schedule implies to be 2
   (the planner checks a written value against it)."""
-  if config.pipeline.strategy == _V_SHAPED_SCHEDULE:
+  if config.pipeline.strategy in _V_SHAPED_SCHEDULES:
     return max(config.pipeline.virtual_stages, 2)
   return config.pipeline.virtual_stages
 
@@ -407,9 +407,11 @@ _KEYS = (
        built=True),
     _k("pipeline", "strategy",
        _Choice(["PreferBackward", "PreferForward", "PreferBackwardOptimizer",
-                "ZeroBubble", _V_SHAPED_SCHEDULE],
+                "ZeroBubble"] + list(_V_SHAPED_SCHEDULES),
                aliases={"1F1B": "PreferBackward", "GPipe": "PreferForward",
-                        "ZB-H1": "ZeroBubble", "ZB-V": _V_SHAPED_SCHEDULE}),
+                        "ZB-H1": "ZeroBubble", "ZB-V": "ZeroBubbleV",
+                        "V-Half": "ZeroBubbleVHalf",
+                        "V-Min": "ZeroBubbleVMin"}),
        "PreferBackward",
        "Pipeline schedule: \"PreferBackward\" (1F1B), \"PreferForward\" "
        "(GPipe), \"PreferBackwardOptimizer\" (1F1B with one more forward "
@@ -418,7 +420,11 @@ _KEYS = (
        "gradients deferred into the bubble) or \"ZeroBubbleV\" (ZB-V: "
        "the same split, 2p stage scopes on p devices per pipeline, device "
        "d holding stages d and 2p - 1 - d; implies "
-       "pipeline.virtual_stages 2; needs num_micro_batch >= 2p - 1).",
+       "pipeline.virtual_stages 2; needs num_micro_batch >= 2p - 1); "
+       "\"ZeroBubbleVHalf\" and \"ZeroBubbleVMin\" place the stages the "
+       "same way, each device holding at most V-Half's (p + 2) / 2 or "
+       "V-Min's (p + 4) / 3 micro-batches of activations of its model "
+       "part (1F1B: p), in a greedy order with more bubble.",
        built=True),
     _k("pipeline", "virtual_stages", _Int(minimum=1), 1,
        "Stages per pipeline device (v): with v > 1, the S stage scopes run "

@@ -680,6 +680,20 @@ def test_zero_bubble_v_trains_like_one_device(devices, replicas, optimizer,
       assert kernel.device.endswith("CPU:%d" % device), kernel.name
 
 
+@pytest.mark.parametrize("schedule, optimizer", [
+    ("ZeroBubbleVHalf", "adam"), ("ZeroBubbleVMin", "momentum")])
+def test_capped_v_trains_like_one_device(schedule, optimizer):
+  # 3 devices: V-Half holds at most 5 stage-micro-batches per device,
+  # V-Min 5 too (1F1B: 6).
+  model = training.staged_model(_widths(6))
+  expected, _, _ = training.train(model, optimizer, batch_size=MICRO * 6,
+                                  with_epl=False)
+  actual, _, _ = training.train(
+      model, optimizer, batch_size=MICRO, default_strategy=False,
+      config=_config(3, 6, strategy=schedule))
+  training.assert_close(actual, expected)
+
+
 def _device_order(trace, stages_of_device):
   """[(kind, stage, micro-batch)] replica 0's device ran, in time order."""
   rows = [i for i, row in enumerate(trace.rows)
@@ -690,13 +704,15 @@ def _device_order(trace, stages_of_device):
   return [(s.phase, trace.rows[s.row].stage, s.micro_batch) for s in ran]
 
 
-@pytest.mark.parametrize("devices, micro_batches", [(2, 4), (3, 5)])
-def test_zero_bubble_v_traced_order_is_the_simulators(devices,
+@pytest.mark.parametrize("schedule, devices, micro_batches", [
+    ("ZeroBubbleV", 2, 4), ("ZeroBubbleV", 3, 5),
+    ("ZeroBubbleVMin", 3, 6)])
+def test_zero_bubble_v_traced_order_is_the_simulators(schedule, devices,
                                                       micro_batches):
   stages = 2 * devices
-  trace = _traced_step(_v_config(devices, micro_batches), stages)
-  simulated = schedule_simulator.simulate("ZeroBubbleV", stages,
-                                          micro_batches)
+  trace = _traced_step(_config(devices, micro_batches, strategy=schedule),
+                       stages)
+  simulated = schedule_simulator.simulate(schedule, stages, micro_batches)
   for device in range(devices):
     # The first stage sends no gradient: its whole backward is W.
     expected = [step for step in simulated.order(device)

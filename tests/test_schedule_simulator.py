@@ -122,6 +122,36 @@ def test_zb_v_idles_only_the_ramp_at_1f1b_memory(devices, micro_batches):
       one_f_one_b.peak_in_flight(d) for d in range(devices))
 
 
+@pytest.mark.parametrize("devices", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("schedule", ["ZeroBubbleVHalf", "ZeroBubbleVMin"])
+def test_capped_v_holds_its_cap_with_less_bubble_than_1f1b(schedule,
+                                                           devices):
+  cap = pipeline_order.Schedule(schedule).activation_cap(devices)
+  one_f_one_b_peak = 2 * devices  # p micro-batches of two stages
+  assert cap <= one_f_one_b_peak
+  for micro_batches in range(1, 3 * devices + 1):
+    run = sim.simulate(schedule, 2 * devices, micro_batches)
+    assert max(run.peak_in_flight(d) for d in range(devices)) <= cap
+  micro_batches = 2 * devices
+  run = sim.simulate(schedule, 2 * devices, micro_batches)
+  one_f_one_b = sim.simulate("PreferBackward", devices, micro_batches)
+  zb_v = sim.simulate("ZeroBubbleV", 2 * devices, micro_batches)
+  assert zb_v.bubble_fraction <= run.bubble_fraction
+  assert run.bubble_fraction <= one_f_one_b.bubble_fraction + 1e-9
+
+
+def test_capped_v_is_at_most_what_it_may_hold():
+  # V-Half on 4 devices: (4 + 2) / 2 = 3 micro-batches of a device's two
+  # stages, 6 stage-micro-batches (1F1B: 8); V-Min (4 + 4) / 3, rounded
+  # up: 6 too; on 8 devices 10 and 8 (1F1B: 16).
+  half, least = (pipeline_order.Schedule.ZERO_BUBBLE_V_HALF,
+                 pipeline_order.Schedule.ZERO_BUBBLE_V_MIN)
+  assert [half.activation_cap(p) for p in (4, 8)] == [6, 10]
+  assert [least.activation_cap(p) for p in (4, 8)] == [6, 8]
+  with pytest.raises(ValueError, match="keeps each device within 1 "):
+    pipeline_order.capped_v_orders(2, 4, 1)
+
+
 def test_zb_v_order():
   # 2 devices: device 0 holds stages 0 and 3, device 1 stages 1 and 2.
   run = sim.simulate("ZeroBubbleV", 4, 3)

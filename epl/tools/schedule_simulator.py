@@ -101,19 +101,6 @@ class Simulation:
         self.schedule, [timed.step for timed in self.devices[device]])
 
 
-def _needs(step, num_stages):
-  """The passes `step` waits for."""
-  kind, stage, micro_batch = step
-  if kind == FORWARD:
-    return [Pass(FORWARD, stage - 1, micro_batch)] if stage else []
-  if kind == WEIGHT:
-    return [Pass(BACKWARD, stage, micro_batch)]
-  needs = [Pass(FORWARD, stage, micro_batch)]
-  if stage < num_stages - 1:
-    needs.append(Pass(BACKWARD, stage + 1, micro_batch))
-  return needs
-
-
 def simulate(schedule, num_stages, num_micro_batch, virtual_stages=1,
              costs=None):
   """Simulates one step of `schedule` (a Schedule or its pipeline.strategy
@@ -140,7 +127,7 @@ def simulate(schedule, num_stages, num_micro_batch, virtual_stages=1,
     for device, order in enumerate(orders):
       while position[device] < len(order):
         step = order[position[device]]
-        needs = _needs(step, num_stages)
+        needs = pipeline_order.needs(step, num_stages)
         if any(need not in ends for need in needs):
           break
         start = max([free[device]] + [ends[need] for need in needs])

@@ -28,6 +28,10 @@ class Schedule(enum.Enum):
   ZERO_BUBBLE = "ZeroBubble"            # ZB-H1 (Qi et al., ICLR 2024)
   # ZB-V (the same paper): two stages per device, placed in a V.
   ZERO_BUBBLE_V = "ZeroBubbleV"
+  # V-shaped with the activations a device holds capped at V-Half's and
+  # V-Min's (Qi et al., NeurIPS 2024), ordered greedily (`capped_v_orders`).
+  ZERO_BUBBLE_V_HALF = "ZeroBubbleVHalf"
+  ZERO_BUBBLE_V_MIN = "ZeroBubbleVMin"
 
   @classmethod
   def of(cls, schedule):
@@ -43,13 +47,25 @@ class Schedule(enum.Enum):
   def splits_backward(self):
     """Each backward runs as B (input gradients) and W (weight
     gradients), apart."""
-    return self in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V)
+    return self is Schedule.ZERO_BUBBLE or self.v_shaped
 
   @property
   def v_shaped(self):
     """Two stages per device, device d holding stages d and 2p - 1 - d of
     2p (the forward goes down the devices and comes back up)."""
-    return self is Schedule.ZERO_BUBBLE_V
+    return self in (Schedule.ZERO_BUBBLE_V, Schedule.ZERO_BUBBLE_V_HALF,
+                    Schedule.ZERO_BUBBLE_V_MIN)
+
+  def activation_cap(self, num_devices):
+    """The most stage-micro-batches (of one of the 2p stages) a device
+    may hold at once under a capped V schedule on `num_devices` devices:
+    V-Half (p + 2) / 2 and V-Min (p + 4) / 3 micro-batches of a whole
+    device's model part (two stages), rounded up; None for the others."""
+    if self is Schedule.ZERO_BUBBLE_V_HALF:
+      return num_devices + 2
+    if self is Schedule.ZERO_BUBBLE_V_MIN:
+      return -(-2 * (num_devices + 4) // 3)
+    return None
 
   @property
   def label(self):
@@ -62,7 +78,9 @@ _LABELS = {Schedule.PREFER_BACKWARD: "1F1B",
            Schedule.PREFER_BACKWARD_OPTIMIZER:
                "1F1B, one more forward in flight",
            Schedule.ZERO_BUBBLE: "ZB-H1",
-           Schedule.ZERO_BUBBLE_V: "ZB-V"}
+           Schedule.ZERO_BUBBLE_V: "ZB-V",
+           Schedule.ZERO_BUBBLE_V_HALF: "V-Half",
+           Schedule.ZERO_BUBBLE_V_MIN: "V-Min"}
 
 FORWARD, BACKWARD, WEIGHT = "forward", "backward", "weight"
 
@@ -238,6 +256,90 @@ def v_device_order(num_devices, device, num_micro_batch):
   return order
 
 
+def needs(step, num_stages):
+  """The passes pass `step` waits for: a forward the previous stage's
+  forward of its micro-batch; a backward (B) its own forward and the next
+  stage's backward; a weight pass (W) its B."""
+  kind, stage, micro_batch = step
+  if kind == FORWARD:
+    return [Pass(FORWARD, stage - 1, micro_batch)] if stage else []
+  if kind == WEIGHT:
+    return [Pass(BACKWARD, stage, micro_batch)]
+  result = [Pass(FORWARD, stage, micro_batch)]
+  if stage < num_stages - 1:
+    result.append(Pass(BACKWARD, stage + 1, micro_batch))
+  return result
+
+
+def _capped_v_pass(device, num_devices, num_micro_batch, cap, state):
+  """The pass device `device` runs next under a capped V schedule, or
+  None: the earliest ready B (the critical path), else a ready forward
+  that keeps its held activations within `cap`, else the earliest ready
+  W (which frees a micro-batch's activations). A forward of the `down`
+  stage also keeps room for the `up` forward of each micro-batch that
+  went down and has not come back, so the device never fills up with
+  forwards whose backwards cannot start."""
+  ran, ready, held = state
+  up, down = 2 * num_devices - 1 - device, device
+
+  def next_ready(kind, stage):
+    step = Pass(kind, stage, ran[(kind, stage)])
+    if step.micro_batch < num_micro_batch and ready(step):
+      return step
+    return None
+
+  for kind in (BACKWARD, FORWARD, WEIGHT):
+    steps = [step for step in (next_ready(kind, up), next_ready(kind, down))
+             if step is not None]
+    if kind == FORWARD:
+      returning = ran[(FORWARD, down)] - ran[(FORWARD, up)]
+      steps = [step for step in steps if held[device] + 1 + (
+          0 if step.stage == up else returning + 1) <= cap]
+    if steps:
+      return min(steps, key=lambda step: (step.micro_batch, -step.stage))
+  return None
+
+
+def capped_v_orders(num_devices, num_micro_batch, cap):
+  """[[Pass]] per device of a V-shaped pipeline (2p stages, device d
+  holding d and 2p - 1 - d) in which no device holds more than `cap`
+  stage-micro-batches of activations (from a forward to its W).
+
+  The orders are those of a greedy run with F = B = W = 1: at each time
+  unit, each free device takes `_capped_v_pass`. A run is a valid
+  execution, so the rewrite's control edges following its orders cannot
+  wait in a cycle. ValueError when the cap leaves every device waiting.
+  """
+  num_stages = 2 * num_devices
+  ended, orders = {}, [[] for _ in range(num_devices)]
+  ran, held = collections.Counter(), [0] * num_devices
+  state = (ran, lambda step: all(
+      ended.get(need, time + 1) <= time
+      for need in needs(step, num_stages)), held)
+  time, total = 0, 3 * num_stages * num_micro_batch
+  while sum(len(order) for order in orders) < total:
+    busy = False
+    for device, order in enumerate(orders):
+      if order and ended[order[-1]] > time:
+        busy = True
+        continue
+      step = _capped_v_pass(device, num_devices, num_micro_batch, cap,
+                            state)
+      if step is None:
+        continue
+      busy = True
+      ended[step] = time + 1
+      order.append(step)
+      ran[(step.kind, step.stage)] += 1
+      held[device] += {FORWARD: 1, WEIGHT: -1}.get(step.kind, 0)
+    if not busy:
+      raise ValueError(
+          "No V-shaped order on %d devices keeps each device within %d "
+          "stage-micro-batches of activations." % (num_devices, cap))
+    time += 1
+  return orders
+
+
 def device_of_stage(schedule, stage, num_devices):
   """The pipeline device (0 .. num_devices - 1) of stage `stage`: under a
   V-shaped schedule stage s and 2p - 1 - s share device s; otherwise stage
@@ -276,7 +378,7 @@ def device_orders(schedule, num_stages, num_micro_batch, virtual_stages=1):
     return [[Pass(kind, stage, m) for kind, m in stage_order(
         schedule, num_stages, stage, num_micro_batch)]
             for stage in range(num_stages)]
-  if schedule not in (Schedule.PREFER_BACKWARD, Schedule.ZERO_BUBBLE_V):
+  if schedule is not Schedule.PREFER_BACKWARD and not schedule.v_shaped:
     raise ValueError("Virtual stages (v = %d) interleave 1F1B only; "
                      "schedule %r has none: use %r or v = 1." % (
                          virtual_stages, schedule.value,
@@ -285,6 +387,9 @@ def device_orders(schedule, num_stages, num_micro_batch, virtual_stages=1):
     raise ValueError("%d stages do not divide into %d virtual stages per "
                      "device." % (num_stages, virtual_stages))
   devices = num_stages // virtual_stages
+  if schedule.activation_cap(devices) is not None:
+    return capped_v_orders(devices, num_micro_batch,
+                           schedule.activation_cap(devices))
   if schedule.v_shaped:
     return [v_device_order(devices, d, num_micro_batch)
             for d in range(devices)]

@@ -235,18 +235,18 @@ def _check_virtual_stages(taskgraphs, config, schedule):
   names = ", ".join(t.name for t in taskgraphs)
   if schedule.v_shaped and (stages % 2 or stages < 4):
     raise ValueError(
-        "ZB-V (pipeline.strategy \"ZeroBubbleV\") places 2 stage scopes "
-        "per device in a V, but the model has %d stage scope(s) (%s). Use "
-        "an even count of at least 4 (twice the devices of a pipeline)." %
-        (stages, names))
+        "%s (pipeline.strategy %r) places 2 stage scopes per device in a "
+        "V, but the model has %d stage scope(s) (%s). Use an even count of "
+        "at least 4 (twice the devices of a pipeline)." %
+        (schedule.label, schedule.value, stages, names))
   if stages % virtual_stages:
     raise ValueError(
         "pipeline.virtual_stages is %d but the model's %d stage scope(s) "
         "(%s) do not divide into %d per device. Use a stage count that is a "
         "multiple of pipeline.virtual_stages, or set it to a divisor of %d." %
         (virtual_stages, stages, names, virtual_stages, stages))
-  if schedule not in (pipeline_order.Schedule.PREFER_BACKWARD,
-                      pipeline_order.Schedule.ZERO_BUBBLE_V):
+  if (schedule is not pipeline_order.Schedule.PREFER_BACKWARD and
+      not schedule.v_shaped):
     raise ValueError(
         "pipeline.virtual_stages %d interleaves 1F1B only, but "
         "pipeline.strategy is %r: set it to %r (or %r for ZB-V), or set "
