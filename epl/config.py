@@ -127,13 +127,23 @@ class _Int(_Kind):
 
 
 class _PositiveFloat(_Kind):
-  type_text = "float > 0"
-  allowed = "a finite number > 0 (int or float)"
+  """A finite number > 0; with `zero_means`, also 0, which means that."""
+
+  def __init__(self, zero_means=None):
+    self.zero_means = zero_means
+    self.type_text = "float > 0"
+    self.allowed = "a finite number > 0 (int or float)"
+    if zero_means is not None:
+      self.type_text += " or 0 (%s)" % zero_means
+      self.allowed = "a finite number >= 0 (int or float; 0: %s)" % (
+          zero_means)
 
   def check(self, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
       raise _Invalid(self.allowed)
     value = float(value)
+    if value == 0 and self.zero_means is not None:
+      return value
     if not math.isfinite(value) or value <= 0:
       raise _Invalid(self.allowed)
     return value
@@ -434,6 +444,15 @@ _KEYS = (
        "\"ZeroBubbleV\" (which implies v = 2, stages placed in a V). Auto "
        "parallel cuts S = pipeline.num_stages x v stages.",
        built=True),
+    _k("pipeline", "activation_memory", _PositiveFloat(zero_means="off"), 0.0,
+       "A budget for the activations each pipeline device holds, as a "
+       "multiple of what 1F1B holds on the same devices (1: as much, 0.5: "
+       "half): EPL then chooses pipeline.strategy itself, the schedule with "
+       "the least bubble (simulated with F = B = W) among those that place "
+       "the stage scopes as the configuration does (one per device: GPipe, "
+       "1F1B, ZB-H1; two, with pipeline.virtual_stages 2 or a V schedule: "
+       "interleaved 1F1B, ZB-V, V-Half, V-Min) and hold no more than the "
+       "budget; epl-plan prints the choice and why.", built=True),
     # log
     _k("log", "passes", _Bool(), False,
        "Log each rewrite pass at INFO: whether it ran, the ops it added and "

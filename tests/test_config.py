@@ -57,6 +57,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_stages": -1,
     "pipeline.strategy": "PreferBackward",
     "pipeline.virtual_stages": 1,
+    "pipeline.activation_memory": 0.0,
     "log.passes": False,
 }
 
@@ -458,7 +459,7 @@ def test_repr_is_readable():
   assert repr(Config().pipeline) == (
       "pipeline(num_micro_batch=1, accumulation='loop', num_stages=-1, "
       "strategy='PreferBackward', "
-      "virtual_stages=1)")
+      "virtual_stages=1, activation_memory=0.0)")
 
 
 # ---------------------------------------------------------- reference table

@@ -9,6 +9,8 @@ import dataclasses
 import enum
 from typing import Optional
 
+from epl import config as epl_config
+from epl.parallel.plan import schedule_choice
 # The pipeline schedule is the enum the pass orders are keyed on.
 from epl.parallel.plan.pipeline_order import Schedule
 
@@ -197,11 +199,23 @@ def _communication(config, device_type, all_local):
                   "communication.backend is \"collective\"")
 
 
-def decide_schedule(config):
-  """The pipeline schedule (taken before the layout: a V-shaped one
-  places two stages per device)."""
-  return Decision(Schedule.of(config.pipeline.strategy),
-                  "pipeline.strategy is %r" % config.pipeline.strategy)
+def decide_schedule(config, num_stages):
+  """The pipeline schedule of `num_stages` pipeline stages (1: no
+  pipeline), taken before the layout (a V-shaped one places two stages
+  per device): pipeline.strategy, or under pipeline.activation_memory the
+  least bubble that fits (`schedule_choice`)."""
+  budget = config.pipeline.activation_memory
+  if not budget or num_stages < 2:
+    return Decision(Schedule.of(config.pipeline.strategy),
+                    "pipeline.strategy is %r" % config.pipeline.strategy)
+  per_device = epl_config.stages_per_device(config)
+  if num_stages % per_device:
+    # The planner reports the stage count that does not fit.
+    return Decision(Schedule.of(config.pipeline.strategy),
+                    "pipeline.strategy is %r" % config.pipeline.strategy)
+  best, reason = schedule_choice.choose(
+      num_stages, config.pipeline.num_micro_batch, per_device, budget)
+  return Decision(best.schedule, reason)
 
 
 def decide(config, num_stages, has_split, device_type, all_local, schedule):

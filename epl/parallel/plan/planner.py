@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from epl import config as epl_config
 from epl.cluster import VirtualDevice
 from epl.env import Env
 from epl.ir import graph_state
@@ -151,7 +152,9 @@ def plan_of(graph, for_rewrite=False):
 def make_plan(cluster, taskgraphs, config):
   """Lays the TaskGraphs out on the cluster's devices and takes the
   decisions the passes apply (`decisions.decide`)."""
-  schedule = plan_decisions.decide_schedule(config)
+  schedule = plan_decisions.decide_schedule(
+      config, 1 if any(isinstance(t.strategy, Split) for t in taskgraphs)
+      else len(taskgraphs))
   plan = _layout(cluster, taskgraphs, config, schedule.value)
   plan.decisions = plan_decisions.decide(
       config, plan.num_stages, plan.has_split, cluster.device_type,
@@ -228,7 +231,7 @@ def _check_virtual_stages(taskgraphs, config, schedule):
   and num_micro_batch what its order needs; raises ValueError naming the
   fix otherwise."""
   virtual_stages = pipeline_order.stages_per_device(
-      schedule, config.pipeline.virtual_stages)
+      schedule, epl_config.stages_per_device(config))
   if virtual_stages == 1:
     return 1
   stages = len(taskgraphs)

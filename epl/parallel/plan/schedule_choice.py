@@ -1,0 +1,102 @@
+"""The pipeline schedule EPL chooses under pipeline.activation_memory: the
+least bubble whose activations fit the budget.
+
+Activations are counted in stage-micro-batches (one stage scope's
+activations of one micro-batch; the stages are taken as equal, as the
+balanced cut makes them), the most any device holds at once in the
+schedule's order (`pipeline_order.held_at_peak`); the budget is a multiple
+of what 1F1B holds on the same devices. The bubble is simulated with
+F = B = W (`pipeline_timing`). Only schedules that place the stage scopes
+as the configuration does are candidates: changing the devices per
+pipeline would change the data-parallel degree, and the global batch with
+it. Plain Python.
+"""
+import dataclasses
+
+from epl.parallel.plan import pipeline_order
+from epl.parallel.plan import pipeline_timing
+from epl.parallel.plan.pipeline_order import Schedule
+
+# The schedules that place 1 or 2 stage scopes per device, least memory
+# first where bubbles tie.
+_CANDIDATES = {
+    1: (Schedule.PREFER_BACKWARD, Schedule.ZERO_BUBBLE,
+        Schedule.PREFER_FORWARD, Schedule.PREFER_BACKWARD_OPTIMIZER),
+    2: (Schedule.ZERO_BUBBLE_V_MIN, Schedule.ZERO_BUBBLE_V_HALF,
+        Schedule.ZERO_BUBBLE_V, Schedule.PREFER_BACKWARD),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """A schedule with its simulated bubble (a fraction of the step) and
+  the most stage-micro-batches of activations a device holds."""
+  schedule: Schedule
+  bubble: float
+  activations: int
+  # The name people know it by ("interleaved 1F1B" for PreferBackward
+  # with several stages per device).
+  name: str
+
+  def describe(self):
+    return "%s: bubble %.1f%%, %d stage-micro-batch(es) per device" % (
+        self.name, 100.0 * self.bubble, self.activations)
+
+
+def one_f_one_b_activations(num_stages, num_micro_batch, per_device):
+  """What 1F1B holds on the most loaded device, in stage-micro-batches,
+  with `per_device` of the `num_stages` stages on each device: its first
+  device holds min(devices, M) micro-batches of all its stages."""
+  return per_device * min(num_stages // per_device, num_micro_batch)
+
+
+def candidates(num_stages, num_micro_batch, per_device):
+  """[Candidate] of the schedules that place `per_device` of the
+  `num_stages` stages on each device and apply to `num_micro_batch`
+  (an order that needs more micro-batches is left out)."""
+  result = []
+  for schedule in _CANDIDATES.get(per_device, (Schedule.PREFER_BACKWARD,)):
+    try:
+      orders = pipeline_order.device_orders(schedule, num_stages,
+                                            num_micro_batch, per_device)
+    except ValueError:
+      continue
+    result.append(Candidate(
+        schedule, pipeline_timing.simulate(
+            schedule, num_stages, num_micro_batch,
+            per_device).bubble_fraction,
+        max(pipeline_order.held_at_peak(schedule, order)
+            for order in orders),
+        ("interleaved " if per_device > 1 and not schedule.v_shaped else "")
+        + schedule.label))
+  return result
+
+
+def choose(num_stages, num_micro_batch, per_device, budget):
+  """(the Candidate with the least bubble among those that hold at most
+  `budget` times 1F1B's activations, the reason as text); ValueError
+  naming the least any candidate needs when none fits."""
+  reference = one_f_one_b_activations(num_stages, num_micro_batch,
+                                      per_device)
+  allowed = budget * reference
+  found = candidates(num_stages, num_micro_batch, per_device)
+  fitting = [c for c in found if c.activations <= allowed + 1e-9]
+  if not fitting:
+    least = min(found, key=lambda c: c.activations)
+    raise ValueError(
+        "pipeline.activation_memory %g allows %.1f stage-micro-batches of "
+        "activations per device (1F1B holds %d with %d stage(s) per "
+        "device, %d micro-batches); the least any schedule placing the "
+        "stages so holds is %s's %d (%.2f x 1F1B). Raise the budget, or "
+        "cut more stages." % (
+            budget, allowed, reference, per_device, num_micro_batch,
+            least.name, least.activations,
+            least.activations / float(reference)))
+  best = min(fitting, key=lambda c: (round(c.bubble, 9), c.activations))
+  others = [c.describe() for c in found if c is not best]
+  return best, (
+      "pipeline.activation_memory %g of 1F1B's %d stage-micro-batches per "
+      "device allows %.1f; %s has the least bubble that fits "
+      "(simulated with F = B = W; the others: %s)" % (
+          budget, reference, allowed, best.describe(),
+          "; ".join(others) or "none"))
