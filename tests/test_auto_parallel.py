@@ -127,6 +127,23 @@ def test_mlp_interleaved_cuts_num_stages_times_virtual_stages(
             name, device)
 
 
+def test_mlp_zero_bubble_v_cuts_twice_the_devices_in_a_v(mlp_single_device):
+  # pipeline.num_stages 2 devices under ZB-V: 4 stages cut, stage s and
+  # 3 - s on device s.
+  config = dict(_auto_config(2, 2, 4),
+                **{"pipeline.strategy": "ZeroBubbleV"})
+  values, _, graph = training.train(
+      mlp, steps=STEPS, batch_size=GLOBAL_BATCH // 4, config=config,
+      default_strategy=False)
+  training.assert_close(values, mlp_single_device)
+  plan = engine.ensure_rewritten(graph).plan
+  assert (plan.num_stages, plan.virtual_stages) == (4, 2)
+  for stage in auto.stages_of(graph).stages:
+    for name in [n for n in stage.ops if n.endswith("/MatMul")]:
+      assert graph.get_operation_by_name(name).device.endswith(
+          "CPU:%d" % min(stage.index, 3 - stage.index)), name
+
+
 def test_interleaved_needs_several_devices_per_pipeline():
   with pytest.raises(ValueError, match="2 stages per device .*needs "
                      "pipeline.num_stages > 1"):
