@@ -1,9 +1,10 @@
 """The BERT example (examples/bert_large) as a pipeline under each of EPL's
-four schedules, for pipeline_pictures.py and pipeline_throughput.py.
+schedules, for pipeline_pictures.py and pipeline_throughput.py.
 
 GPipe, 1F1B and ZB-H1 cut the model into one stage per device; interleaved
 1F1B into two per device (pipeline.virtual_stages 2), stage s on device s
-mod devices. The stages are the example's own (`--parallel pipeline`):
+mod devices; ZB-V, V-Half and V-Min into two per device in a V, stages s
+and 2p - 1 - s on device s. The stages are the example's own (`--parallel pipeline`):
 the encoder layers split evenly, the embeddings with the first, the heads
 with the last; the schedule and the virtual stages reach the example's EPL
 config through its environment variables, as a user would set them. With
@@ -26,7 +27,7 @@ if ROOT not in sys.path:
 from epl.ir.graph_state import state_of  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
-# `picture`: its file in docs/ (pipeline_pictures.py).
+# `picture`: its file in docs/ (pipeline_pictures.py), None for none.
 Schedule = collections.namedtuple(
     "Schedule", "name strategy virtual_stages picture")
 SCHEDULES = (
@@ -35,6 +36,9 @@ SCHEDULES = (
     Schedule("interleaved 1F1B", "PreferBackward", 2,
              "pipeline_interleaved.png"),
     Schedule("ZB-H1", "ZeroBubble", 1, "pipeline_zb_h1.png"),
+    Schedule("ZB-V", "ZeroBubbleV", 2, "pipeline_zb_v.png"),
+    Schedule("V-Half", "ZeroBubbleVHalf", 2, None),
+    Schedule("V-Min", "ZeroBubbleVMin", 2, None),
 )
 
 

@@ -1,10 +1,12 @@
 """Draws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png,
-docs/pipeline_interleaved.png and docs/pipeline_zb_h1.png for
-docs/pipeline.md: one traced training step of the BERT example
-(examples/bert_large, tiny, 8 encoder layers) as a pipeline on 4 logical
-CPU devices with 4 micro-batches under each schedule (GPipe, 1F1B and
-ZB-H1: 4 stages; interleaved 1F1B: 8 stages, two per device, drawn one row
-per device), with epl.timeline's Gantt helper (needs matplotlib).
+docs/pipeline_interleaved.png, docs/pipeline_zb_h1.png and
+docs/pipeline_zb_v.png for docs/pipeline.md: one traced training step of
+the BERT example (examples/bert_large, tiny, 8 encoder layers) as a
+pipeline on 4 logical CPU devices with 4 micro-batches under each schedule
+(GPipe, 1F1B and ZB-H1: 4 stages; interleaved 1F1B and ZB-V: 8 stages, two
+per device, drawn one row per device; ZB-V with 2p - 1 = 7 micro-batches,
+the fewest its order takes), with epl.timeline's Gantt helper (needs
+matplotlib).
 
     python benchmarks/pipeline_pictures.py [--out_dir docs] [--smoke]
 """
@@ -19,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import epl  # noqa: E402
+from epl.parallel.plan.pipeline_order import Schedule  # noqa: E402
 from epl.tools import timeline  # noqa: E402
 
 import bert_schedules  # noqa: E402  (benchmarks/, next to this script)
@@ -34,12 +37,12 @@ SMOKE = ["--out_dir", os.path.join(tempfile.gettempdir(),
          "--vocab_size", "100"]
 
 
-def trace(args, schedule):
+def trace(args, schedule, micro_batches):
   """The PipelineTrace of the 3rd step of `schedule` (after 2 untraced
   ones: the first also rewrites the graph)."""
   pipeline = bert_schedules.Pipeline(
       schedule, args.devices, args.devices,
-      bert_schedules.layers_needed(args.devices), args.micro_batches,
+      bert_schedules.layers_needed(args.devices), micro_batches,
       args.micro_batch, args.seq_length, args.vocab_size)
   logging.getLogger("epl").setLevel(logging.WARNING)
   try:
@@ -64,12 +67,17 @@ def main(argv=None):
   tf.compat.v1.disable_eager_execution()
   os.makedirs(args.out_dir, exist_ok=True)
   for schedule in bert_schedules.SCHEDULES:
+    if schedule.picture is None:
+      continue
     stages = args.devices * schedule.virtual_stages
-    path = trace(args, schedule).save_gantt(
+    micro_batches = args.micro_batches
+    if Schedule.of(schedule.strategy).v_shaped:
+      micro_batches = max(micro_batches, 2 * args.devices - 1)
+    path = trace(args, schedule, micro_batches).save_gantt(
         os.path.join(args.out_dir, schedule.picture),
         title="%s: BERT, %d stages on %d devices, %d micro-batches, one "
         "traced step" % (schedule.name, stages, args.devices,
-                         args.micro_batches),
+                         micro_batches),
         by_device=schedule.virtual_stages > 1)
     print("wrote", path)
   return 0

@@ -1,5 +1,5 @@
 """Pipeline throughput: a 2-stage pipeline of dense layers against one
-device, and the BERT example under EPL's four schedules.
+device, and the BERT example under EPL's schedules.
 
 Dense layers. The same model (NUM_STAGES x LAYERS dense layers) trains on:
   - one device: EPL gradient accumulation over M micro-batches (the same
@@ -19,9 +19,9 @@ p-stage pipeline idles.
 
 BERT schedules. The BERT example (tiny, 2 encoder layers per device) as a
 pipeline on --bert_devices devices with the same micro-batch size and
-count under GPipe, 1F1B, interleaved 1F1B (two stages per device) and
-ZB-H1 (`bert_schedules`): per schedule the measured step time (median,
-the four timed in turn), the step time and bubble the schedule simulator
+count under GPipe, 1F1B, interleaved 1F1B (two stages per device), ZB-H1,
+ZB-V, V-Half and V-Min (two per device in a V) (`bert_schedules`): per
+schedule the measured step time (median, all timed in turn), the step time and bubble the schedule simulator
 gives from the per-stage F, B and W costs of one traced step of it
 (`schedule_simulator.costs_from_trace`), the bubble it gives with unit
 costs (F = B = W), and the activations each device holds at its peak by
@@ -58,7 +58,7 @@ import stage_model  # noqa: E402
 
 SMOKE = ["--micro_batches", "2", "--layers", "1", "--width", "16",
          "--micro_batch", "4", "--steps", "1", "--warmup", "1",
-         "--bert_micro_batches", "2", "--bert_micro_batch", "1",
+         "--bert_micro_batches", "4", "--bert_micro_batch", "1",
          "--bert_seq_length", "8",
          "--bert_vocab_size", "100"]
 
@@ -219,8 +219,8 @@ def _schedule_figures(pipeline):
 
 
 def bert_table(args):
-  """The BERT example under the four schedules at one micro-batch size
-  and count."""
+  """The BERT example under every schedule at one micro-batch size and
+  count."""
   gpus = len(tf.config.list_physical_devices("GPU"))
   devices = args.bert_devices
   where = ("%d GPU(s) found: pipelines of %d GPUs" % (gpus, devices) if gpus
@@ -229,7 +229,7 @@ def bert_table(args):
                devices, os.cpu_count()))
   print("BERT schedules: tiny BERT, %d encoder layers, sequence %d, "
         "micro-batch %d, %d micro-batches, on %s; median of %d steps after "
-        "%d warm-up steps, the four timed in turn; TensorFlow %s" % (
+        "%d warm-up steps, all timed in turn; TensorFlow %s" % (
             bert_schedules.layers_needed(devices), args.bert_seq_length,
             args.bert_micro_batch, args.bert_micro_batches, where,
             args.steps, args.warmup, tf.__version__))
@@ -289,7 +289,8 @@ def main(argv=None):
                       help="devices of a BERT pipeline")
   parser.add_argument("--bert_micro_batches", type=int, default=4,
                       help="micro-batches of a BERT step (a multiple of "
-                      "--bert_devices, for interleaved 1F1B)")
+                      "--bert_devices, for interleaved 1F1B; at least "
+                      "2 x --bert_devices - 1, for ZB-V)")
   parser.add_argument("--bert_micro_batch", type=int, default=4,
                       help="examples per BERT micro-batch")
   parser.add_argument("--bert_seq_length", type=int, default=64)

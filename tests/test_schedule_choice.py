@@ -74,8 +74,8 @@ def test_epl_plan_prints_the_choice():
   text = dry_run.describe(result)
   assert "schedule ZeroBubbleV (ZB-V), in a V" in text
   assert ("schedule: ZeroBubbleV, because pipeline.activation_memory 1 of "
-          "1F1B's 4 stage-micro-batches per device allows 4.0; ZB-V: "
-          "bubble 4.0%") in text
+          "1F1B's 4 stage-micro-batches per device allows 4.0; the least "
+          "bubble that fits is ZB-V: bubble 4.0%") in text
   assert "pipeline bubble: 4.0% of a step" in text
 
 

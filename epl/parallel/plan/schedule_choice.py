@@ -96,7 +96,7 @@ def choose(num_stages, num_micro_batch, per_device, budget):
   others = [c.describe() for c in found if c is not best]
   return best, (
       "pipeline.activation_memory %g of 1F1B's %d stage-micro-batches per "
-      "device allows %.1f; %s has the least bubble that fits "
-      "(simulated with F = B = W; the others: %s)" % (
+      "device allows %.1f; the least bubble that fits is %s (simulated "
+      "with F = B = W; the others: %s)" % (
           budget, reference, allowed, best.describe(),
           "; ".join(others) or "none"))
