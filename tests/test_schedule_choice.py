@@ -10,6 +10,8 @@ from epl.parallel.plan import planner
 from epl.parallel.plan import schedule_choice
 from epl.parallel.plan.pipeline_order import Schedule
 from epl.tools import dry_run
+from epl.tools import memory_estimate
+from epl.tools import schedule_simulator
 from tests import test_plan_dry_run
 
 
@@ -71,6 +73,14 @@ def test_epl_plan_prints_the_choice():
   result = test_plan_dry_run._pipeline_rewrite(  # pylint: disable=protected-access
       widths=(16, 16, 16, 1), micro_batches=4,
       **{"pipeline.virtual_stages": 2, "pipeline.activation_memory": 1})
+  # The memory estimate walks each device's ZB-V order: device 0 holds
+  # stages 0 and 3, device 1 stages 1 and 2, at most 2p = 4
+  # stage-micro-batches each (the V's cap, 1F1B's peak).
+  device_0, device_1 = memory_estimate.estimate(result)
+  assert (device_0.stages, device_1.stages) == ([0, 3], [1, 2])
+  run = schedule_simulator.simulate("ZeroBubbleV", 4, 4)
+  assert [device_0.in_flight, device_1.in_flight] == [
+      run.peak_in_flight(0), run.peak_in_flight(1)] == [4, 4]
   text = dry_run.describe(result)
   assert "schedule ZeroBubbleV (ZB-V), in a V" in text
   assert ("schedule: ZeroBubbleV, because pipeline.activation_memory 1 of "
