@@ -6,7 +6,10 @@ then the full backward and there is no W); ZB-H1 splits it into B, the
 gradients with respect to the stage's inputs that the previous stage waits
 for, and W, the gradients with respect to the stage's weights, which
 nothing downstream waits for and which fills what would be bubble.
-Interleaved 1F1B (Megatron-LM) gives each device several stages (chunks).
+Interleaved 1F1B (Megatron-LM) gives each device several stages (chunks);
+ZB-V, V-Half and V-Min give each device two, placed in a V, with ZB-H1's
+split. Schedules are the enum `Schedule`; every function here also takes
+a schedule's configuration name.
 
 Plain Python and plain data: the rewrite's schedule pass enforces these
 orders with control edges (`epl.parallel.passes.schedule`), the simulator times them
