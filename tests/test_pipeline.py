@@ -678,6 +678,16 @@ def test_zero_bubble_v_trains_like_one_device(devices, replicas, optimizer,
       device = (devices * replica + pipeline_device if intra_node else
                 pipeline_device * replicas + replica)
       assert kernel.device.endswith("CPU:%d" % device), kernel.name
+  if "gradient_checkpoint.type" in extra:
+    # Stage 1's recomputed output, which W of stage 2 (the V's tip, the
+    # same device) reads, runs in stage 2's B, on stage 1's device.
+    result = state_of(graph).rewrite_result
+    recomputed = "EPL_MICRO_BATCH_1/EPL_GRADIENT_CHECKPOINTS/layer_1/Tanh"
+    [(block, op)] = [(b, op) for b, ops in schedule.blocks(
+        result.context, result.subgraph, result.copies).items()
+                     for op in ops if op.name == recomputed]
+    assert (block.stage, block.kind) == (2, B)
+    assert op.device.endswith("CPU:1")
 
 
 @pytest.mark.parametrize("schedule, optimizer", [
