@@ -28,7 +28,8 @@ LAYERS = (
      "the parallel transformation's cost model: FLOPs and bytes per op, "
      "the repeated-block search (gradient checkpoints, stage cuts)"),
     (("epl.parallel.plan",),
-     "planner, balance, auto-parallel cut, pipeline pass orders"),
+     "planner, balance, auto-parallel cut, pipeline pass orders, their "
+     "timing and the schedule chosen under a memory budget"),
     (("epl.communicators", "epl.parallel.ops"),
      "collective, local and Horovod communicators; split lowering, "
      "collective gradients"),
