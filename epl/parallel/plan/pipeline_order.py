@@ -316,10 +316,14 @@ def capped_v_orders(num_devices, num_micro_batch, cap):
   num_stages = 2 * num_devices
   ended, orders = {}, [[] for _ in range(num_devices)]
   ran, held = collections.Counter(), [0] * num_devices
-  state = (ran, lambda step: all(
-      ended.get(need, time + 1) <= time
-      for need in needs(step, num_stages)), held)
   time, total = 0, 3 * num_stages * num_micro_batch
+
+  def ready(step):
+    """Every pass `step` needs has ended by the current `time`."""
+    return all(ended.get(need, time + 1) <= time
+               for need in needs(step, num_stages))
+
+  state = (ran, ready, held)
   while sum(len(order) for order in orders) < total:
     busy = False
     for device, order in enumerate(orders):
