@@ -251,14 +251,21 @@ def test_equals_single_device_on_the_same_global_batch(
   assert all(n.endswith("/attention/self/key/bias") for n in still), still
 
 
-def test_interleaved_equals_single_device(monkeypatch):
-  # 4 encoder layers in 4 stages, two per device on 2 devices (stages 0
-  # and 2 on one, 1 and 3 on the other). The gradient of each layer's
-  # output is summed with the next stage's (residual connections), and
-  # tf.gradients gates it with the layer's own gradients: without lifting
-  # that gate across stages, interleaved 1F1B waits in a cycle.
+@pytest.mark.parametrize("environment, micro_batches, device_of", [
+    ({"EPL_PIPELINE_VIRTUAL_STAGES": "2"}, 2, lambda index: index % 2),
+    ({"EPL_PIPELINE_STRATEGY": "ZeroBubbleV"}, 4,
+     lambda index: min(index, 3 - index))], ids=["interleaved", "ZB-V"])
+def test_two_stages_per_device_equal_single_device(monkeypatch, environment,
+                                                   micro_batches, device_of):
+  # 4 encoder layers in 4 stages, two per device on 2 devices (interleaved:
+  # stages 0 and 2 on one, 1 and 3 on the other; ZB-V: 0 and 3, 1 and 2).
+  # The gradient of each layer's output is summed with the next stage's
+  # (residual connections), and tf.gradients gates it with the layer's own
+  # gradients: without lifting that gate across stages, a device that runs
+  # a later stage's backward before an earlier one's waits in a cycle.
   expected, expected_losses, _, _ = _train_exact(num_layers=4)
-  monkeypatch.setenv("EPL_PIPELINE_VIRTUAL_STAGES", "2")
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
 
   def check(graph, handles):
     plan = engine.ensure_rewritten(graph).plan
@@ -266,10 +273,12 @@ def test_interleaved_equals_single_device(monkeypatch):
         4, 2, 1)
     layer = "bert/encoder/layer_%d/output/dense/kernel"
     for index in range(4):
-      assert _device_of(graph, layer % index).endswith("CPU:%d" % (index % 2))
+      assert _device_of(graph, layer % index).endswith(
+          "CPU:%d" % device_of(index))
 
   values, losses, _, _ = _train_exact(
-      "pipeline", batch_size=GLOBAL_BATCH // 2, check=check,
-      num_cpu_devices=2, num_micro_batch=2, num_stages=4, num_layers=4)
+      "pipeline", batch_size=GLOBAL_BATCH // micro_batches, check=check,
+      num_cpu_devices=2, num_micro_batch=micro_batches, num_stages=4,
+      num_layers=4)
   tolerance.assert_equivalent(losses, expected_losses)
   training.assert_close(values, expected, atol=1e-5)
