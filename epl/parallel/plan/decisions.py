@@ -205,12 +205,10 @@ def decide_schedule(config, num_stages):
   per device): pipeline.strategy, or under pipeline.activation_memory the
   least bubble that fits (`schedule_choice`)."""
   budget = config.pipeline.activation_memory
-  if not budget or num_stages < 2:
-    return Decision(Schedule.of(config.pipeline.strategy),
-                    "pipeline.strategy is %r" % config.pipeline.strategy)
   per_device = epl_config.stages_per_device(config)
-  if num_stages % per_device:
-    # The planner reports the stage count that does not fit.
+  # Without a pipeline, or with a stage count the planner reports as not
+  # fitting its devices, the written schedule.
+  if not budget or num_stages < 2 or num_stages % per_device:
     return Decision(Schedule.of(config.pipeline.strategy),
                     "pipeline.strategy is %r" % config.pipeline.strategy)
   best, reason = schedule_choice.choose(
