@@ -60,6 +60,7 @@ import tensorflow as tf
 
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
+from epl.ir.transfers import canonical_device
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.parallel.plan import pipeline_order
 
@@ -149,17 +150,6 @@ class DeviceEstimate:
             self.activations + self.recomputed + self.working)
 
 
-def _canonical(device):
-  """One spelling per device; "/device:CPU" (any CPU) is CPU:0, where
-  TensorFlow puts it."""
-  if not device:
-    return ""
-  spec = tf.DeviceSpec.from_string(device)
-  if spec.device_type and spec.device_index is None:
-    spec = spec.replace(device_index=0)
-  return spec.to_string()
-
-
 def _root(tensor):
   """The tensor whose buffer `tensor` shares (through views)."""
   while tensor.op.type in _VIEWS and tensor.op.inputs:
@@ -173,10 +163,10 @@ class _Devices:
 
   def __init__(self, host):
     self.by_name = collections.OrderedDict()
-    self._host = _canonical(host)
+    self._host = canonical_device(host)
 
   def __getitem__(self, device):
-    device = _canonical(device) or self._host
+    device = canonical_device(device) or self._host
     if device not in self.by_name:
       self.by_name[device] = DeviceEstimate(device)
     return self.by_name[device]
@@ -217,7 +207,7 @@ def with_batch_size(graph, input_reads, batch_size):
   return inferred
 
 
-class _TensorSizes:
+class TensorSizes:
   """tensor -> bytes (None if unknown). When the input's batch dimension
   is not static, shapes come from a copy of the graph inferred again with
   the batch size of the input pipeline."""
@@ -528,7 +518,7 @@ def estimate(result):
       device.stages.append(stage)
       order.append(device.device)
   _count_variables(result, devices)
-  sizes = _TensorSizes(result)
+  sizes = TensorSizes(result)
   _count_gradients(result, devices, sizes)
   _kept_activations(result, devices, sizes)
   _count_held(result, devices)

@@ -1,0 +1,515 @@
+"""Bytes each device sends and receives in one training step, by kind,
+counted from the rewritten graph, beside the formula of its layout.
+
+    from epl.tools import traffic
+    counts = traffic.count(result)           # [DeviceTraffic]
+    rows = traffic.compare(result, counts)   # [Comparison]: measured/formula
+
+What the graph sends (`count`):
+
+- collectives (TensorFlow's V2 ops, Horovod's): the graph gives each
+  member's payload P (its input; a broadcast receiver's output) and the
+  group size N; the bytes on the wire are those of the algorithm, sent
+  and received alike by each member: ring all-reduce 2(N-1)/N·P,
+  all-gather (N-1)·P (each member's block reaches the N-1 others),
+  all-to-all and reduce-scatter (N-1)/N·P; a broadcast's root sends
+  (N-1)·P and each other member receives P. A collective inside a
+  condition (`all_reduce_where`) counts as if it ran.
+- every other transfer is a cross-device edge of the graph
+  (`epl.ir.transfers`): one tensor to one device, by kind from the
+  provenance of its ends: a local sum (`communication` "local sums", and
+  Horovod's sum within a process) is all-reduce; ZeRO's reduction of a
+  gradient on its owner or shard is reduce-scatter, and its copy of a
+  variable's value to the other replicas (v1, v2) or gathered shards
+  (v3) all-gather; the offload pass's reads and writes are host
+  transfers; an edge between TaskGraphs' forward or backward ops is a
+  pipeline transfer; an input read on another device than its reader is
+  input; the rest (shared optimizer constants, a global step) other.
+
+A step runs the ancestors of the training step's train ops, each op once,
+those of the micro-batch loop once per micro-batch.
+
+The formulas (`formulas`), per device and step, bytes sent (and, alike,
+received), with N the replicas, Ψ (G: gradient bytes, W: weight bytes) the
+trained parameters of the device's stage, M the micro-batches:
+
+- data parallel (also ZeRO v0): all-reduce 2(N-1)/N·G (ring). Local sums
+  send the same in all: each gradient's root receives the N-1 others' and
+  sends the sum back to each ((N-1)·g both ways), every other member
+  sends g and receives g; 2(N-1)·G over the group, 2(N-1)/N·G per device
+  on average. Per device it depends on which gradients a device roots.
+- ZeRO v1, v2: reduce-scatter (N-1)/N·G to the owners, all-gather
+  (N-1)/N·W of the updated weights: 2(N-1)/N·Ψ as the ring. v2 sends each
+  micro-batch's gradient to its owner: M times the reduce-scatter.
+- ZeRO v3: reduce-scatter (N-1)/N·G and all-gather 2(N-1)/N·W (forward
+  and backward gather): 3(N-1)/N·Ψ.
+- pipeline: each stage sends its boundary activations A forward and
+  receives their gradients back, per micro-batch: M·A each way; the
+  stage that reads them receives M·A and sends M·A. Summed over the two
+  sides: M·A·2.
+- split and experts (MoE): each collective the split layer runs forward
+  is matched by its adjoint in backward, moving the same bytes
+  (all-gather ↔ reduce-scatter, here built as an all-to-all with a scalar
+  all-reduce that lets it run; all-to-all ↔ all-to-all; sum all-reduce ↔
+  all-reduce), once per micro-batch; collectives without a gradient (a
+  max, the integer labels) run forward only. An expert layer's dispatch
+  and combine are 4 all-to-alls of (N-1)/N·B per step and micro-batch.
+"""
+import collections
+import dataclasses
+from fractions import Fraction
+from typing import Dict
+
+import tensorflow as tf
+
+from epl.ir import collectives
+from epl.ir import control_flow
+from epl.ir import graph_editor
+from epl.ir import transfers
+from epl.ir.op_types import (COLLECTIVE_TYPES, INPUT_READ_TYPES,
+                             VARIABLE_READ_TYPES, VARIABLE_TYPES)
+from epl.ir.phase import Phase
+from epl.parallel import engine
+from epl.parallel.passes.gradient_aggregation import aggregate_gradients
+from epl.parallel.passes.forward_state import average_forward_state_updates
+from epl.parallel.passes.offload import offload_variables
+from epl.parallel.passes import zero
+from epl.parallel.passes import zero_weights
+from epl.parallel.passes.training_subgraph import tensors_of
+from epl.tools import memory_estimate
+
+ALL_REDUCE = "all-reduce"
+ALL_GATHER = "all-gather"
+REDUCE_SCATTER = "reduce-scatter"
+ALL_TO_ALL = "all-to-all"
+BROADCAST = "broadcast"
+PIPELINE = "pipeline"
+HOST = "host"
+INPUT = "input"
+OTHER = "other"
+KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST,
+         PIPELINE, HOST, INPUT, OTHER)
+
+# Collective op type -> (kind, bytes each member sends for a payload of 1
+# byte in a group of n, bytes it receives).
+_COLLECTIVES = {
+    "CollectiveReduceV2": (ALL_REDUCE, lambda n: Fraction(2 * (n - 1), n)),
+    "CollectiveGatherV2": (ALL_GATHER, lambda n: Fraction(n - 1)),
+    "CollectiveAllToAllV2": (ALL_TO_ALL, lambda n: Fraction(n - 1, n)),
+    "CollectiveReduceScatterV2": (REDUCE_SCATTER,
+                                  lambda n: Fraction(n - 1, n)),
+    "HorovodAllreduce": (ALL_REDUCE, lambda n: Fraction(2 * (n - 1), n)),
+    "HorovodAllgather": (ALL_GATHER, lambda n: Fraction(n - 1)),
+    "HorovodBroadcast": (BROADCAST, lambda n: Fraction(n - 1, n)),
+}
+_BROADCAST_SEND, _BROADCAST_RECEIVE = ("CollectiveBcastSendV2",
+                                       "CollectiveBcastRecvV2")
+_HOROVOD_TYPES = frozenset(t for t in _COLLECTIVES if t.startswith("Horovod"))
+
+
+def _pass_names(*functions):
+  return frozenset(p.name for p in engine.PASSES if p.function in functions)
+
+
+# The passes whose transfers are each kind (by provenance).
+_SUM_PASSES = _pass_names(aggregate_gradients, average_forward_state_updates)
+_OWNER_PASSES = _pass_names(zero.place_updates,
+                            zero_weights.partition_weights)
+_HOST_PASSES = _pass_names(offload_variables)
+
+
+@dataclasses.dataclass
+class DeviceTraffic:
+  """Bytes one device sends and receives in one step, by kind (exact
+  fractions: a ring's share of a payload need not be whole bytes)."""
+  device: str
+  sent: Dict[str, Fraction] = dataclasses.field(
+      default_factory=collections.Counter)
+  received: Dict[str, Fraction] = dataclasses.field(
+      default_factory=collections.Counter)
+  # Transfers and collectives whose size the graph does not tell.
+  unknown: int = 0
+
+
+class _Devices(collections.OrderedDict):
+  """DeviceTraffic per canonical device, made on first use."""
+
+  def __init__(self, host):
+    super().__init__()
+    self.host = host
+
+  def at(self, device):
+    device = transfers.canonical_device(device, self.host)
+    if device not in self:
+      self[device] = DeviceTraffic(device)
+    return self[device]
+
+
+def step_roots(result):
+  """The ops a training step fetches: the train ops (the NoOps that wait
+  for the updates), else the updates."""
+  return list(result.step.joins) or list(result.step.updates)
+
+
+def _runs(result, op):
+  """How many times one step runs `op`: M in the micro-batch loop."""
+  if control_flow.in_rewritten_loop(op, result.context.state.provenance):
+    return result.plan.num_micro_batch
+  return 1
+
+
+def _group_size(result, op):
+  if op.type in _HOROVOD_TYPES:
+    return result.context.cluster.worker_num
+  return collectives.group_size_of(op)
+
+
+def _count_collective(result, op, devices, sizes):
+  """Adds collective `op`'s wire bytes to its device."""
+  here = devices.at(op.device)
+  size = _group_size(result, op)
+  payload = sizes(op.outputs[0] if op.type == _BROADCAST_RECEIVE
+                  else op.inputs[0])
+  if size is None or payload is None:
+    here.unknown += 1
+    return
+  payload *= _runs(result, op)
+  if op.type == _BROADCAST_SEND:
+    here.sent[BROADCAST] += Fraction(payload * (size - 1))
+  elif op.type == _BROADCAST_RECEIVE:
+    here.received[BROADCAST] += Fraction(payload)
+  else:
+    kind, share = _COLLECTIVES[op.type]
+    here.sent[kind] += share(size) * payload
+    here.received[kind] += share(size) * payload
+
+
+def _reads_variable(op):
+  return op.type in VARIABLE_READ_TYPES and op.inputs and (
+      op.inputs[0].op.type in VARIABLE_TYPES)
+
+
+def transfer_kind(result, transfer):
+  """The kind of cross-device Transfer `transfer` of the rewritten step."""
+  state = result.context.state
+  producer = transfer.tensor.op
+  ends = (producer,) + transfer.readers
+  built = {state.provenance.pass_of(op) for op in ends}
+  if built & _HOST_PASSES:
+    return HOST
+  if producer.type in INPUT_READ_TYPES:
+    return INPUT
+  if built & _SUM_PASSES:
+    return ALL_REDUCE
+  if built & _OWNER_PASSES:
+    return ALL_GATHER if _reads_variable(producer) else REDUCE_SCATTER
+  passes = (Phase.FORWARD, Phase.BACKWARD)
+  if state.phase_of(producer) in passes and any(
+      state.phase_of(op) in passes and
+      state.taskgraph_index(op) != state.taskgraph_index(producer)
+      for op in transfer.readers):
+    return PIPELINE
+  return OTHER
+
+
+def count(result, roots=None):
+  """[DeviceTraffic] of one step of RewriteResult `result` (the ancestors
+  of `roots`, ops; by default the train ops), in plan order, then any
+  other device (the host)."""
+  ctx = result.context
+  devices = _Devices(ctx.cluster.host_device(ctx.cluster.worker_index))
+  for replica in ctx.replicas:
+    for device in result.plan.devices[replica]:
+      devices.at(device)
+  sizes = memory_estimate.TensorSizes(result)
+  ops = transfers.step_ops(roots or step_roots(result))
+  for op in ops:
+    if op.type in COLLECTIVE_TYPES or op.type in _HOROVOD_TYPES:
+      _count_collective(result, op, devices, sizes)
+  for transfer in transfers.cross_device_transfers(ops, devices.host):
+    size = sizes(transfer.tensor)
+    if size is None:
+      devices.at(transfer.destination).unknown += 1
+      continue
+    size *= max(_runs(result, op) for op in transfer.readers)
+    kind = transfer_kind(result, transfer)
+    devices.at(transfer.source).sent[kind] += Fraction(size)
+    devices.at(transfer.destination).received[kind] += Fraction(size)
+  return list(devices.values())
+
+
+@dataclasses.dataclass
+class StageBytes:
+  """Per stage (TaskGraph), the bytes of the trained weights (W) and of
+  their gradients (G) as the user built them (ZeRO v3's whole weights),
+  less split variables (each split member trains its own shard)."""
+  weights: int = 0
+  gradients: int = 0
+
+
+def stage_bytes(result):
+  """{stage: StageBytes} of the step of RewriteResult `result`."""
+  ctx = result.context
+  split = split_variables(result)
+  stages = collections.defaultdict(StageBytes)
+  for grad, variable in memory_estimate.trained_points(result):
+    if variable.name in split:
+      continue
+    elements = memory_estimate.unsharded_elements(result, variable)
+    stage = stages[ctx.taskgraph_index(variable)]
+    stage.weights += elements * tf.as_dtype(
+        variable.get_attr("dtype")).base_dtype.size
+    stage.gradients += elements * (
+        tensors_of(grad)[0].dtype.base_dtype.size)
+  return dict(stages)
+
+
+def split_variables(result):
+  """Names of the split variables (each member of a split trains its own
+  shard of them)."""
+  return frozenset(result.artifacts.get("split_variables") or {})
+
+
+def _data_parallel(result, level):
+  """{stage: {kind: bytes per device}} of the gradient synchronisation
+  (see the module's formulas)."""
+  n = len(result.context.replicas)
+  ring, share = Fraction(2 * (n - 1), n), Fraction(n - 1, n)
+  micro_batches = result.plan.num_micro_batch
+  by_stage = {}
+  for stage, sizes in stage_bytes(result).items():
+    if level in ("", "v0"):
+      kinds = {ALL_REDUCE: ring * sizes.gradients}
+    else:
+      scatters = micro_batches if level == "v2" else 1
+      gathers = 2 if level == "v3" else 1
+      kinds = {REDUCE_SCATTER: scatters * share * sizes.gradients,
+               ALL_GATHER: gathers * share * sizes.weights}
+    by_stage[stage] = kinds
+  return by_stage
+
+
+def _boundaries(result):
+  """{(producer stage, reader stage): bytes} of one micro-batch's
+  forward tensors that one stage hands another on another device (the
+  user's ops, micro-batch 0 of replica 0); input reads are not
+  activations."""
+  state, plan = result.context.state, result.plan
+  seen, sizes = set(), memory_estimate.TensorSizes(result)
+  boundaries = collections.Counter()
+  for op in result.subgraph.cloned:
+    if (state.phase_of(op) is not Phase.FORWARD or
+        state.micro_batch_of(op) not in (0, None)):
+      continue
+    reader = state.taskgraph_index(op)
+    for tensor in op.inputs:
+      producer = state.taskgraph_index(tensor.op)
+      if (state.phase_of(tensor.op) is not Phase.FORWARD or
+          tensor.op.type in INPUT_READ_TYPES or producer == reader or
+          plan.device(0, producer) == plan.device(0, reader) or
+          (tensor.name, reader) in seen):
+        continue
+      seen.add((tensor.name, reader))
+      boundaries[(producer, reader)] += sizes(tensor) or 0
+  return boundaries
+
+
+def _pipeline(result):
+  """{stage: bytes per device} a stage sends: its boundary activations
+  forward and the gradients of those it reads backward, per
+  micro-batch."""
+  sent = collections.Counter()
+  for (producer, reader), size in _boundaries(result).items():
+    sent[producer] += size * result.plan.num_micro_batch
+    sent[reader] += size * result.plan.num_micro_batch
+  return sent
+
+
+def _trained_descendants(result):
+  """Names of the ops whose values depend on a trained variable (of any
+  replica) through values a gradient can flow through (floating point,
+  and the handles and variants that carry them), as tf.gradients marks
+  the ops it differentiates."""
+  graph = result.context.graph
+  trained = [variable for _, variable in
+             memory_estimate.trained_points(result)] + [
+                 graph.get_operation_by_name(name)
+                 for name in split_variables(result)]
+  roots = [result.copies.op(local, variable) for variable in trained
+           for local in range(len(result.context.replicas))]
+  return {op.name for op in graph_editor.reachable(
+      roots, lambda op: [c for t in op.outputs if _carries_gradient(t)
+                         for c in t.consumers()])}
+
+
+def _carries_gradient(tensor):
+  dtype = tensor.dtype.base_dtype
+  return (dtype.is_floating or dtype.is_complex or
+          dtype in (tf.resource, tf.variant))
+
+
+def _differentiated(op, trained):
+  """Whether backward runs the adjoint of forward collective `op`."""
+  if not op.outputs[0].dtype.is_floating or op.inputs[0].op.name not in (
+      trained):
+    return False
+  return op.type != "CollectiveReduceV2" or (
+      op.get_attr("merge_op") == b"Add")
+
+
+def _split_collectives(result, ops):
+  """{device: {kind: bytes sent}} of the split layers' forward
+  collectives among `ops` and the adjoints backward runs for them."""
+  state, sizes = result.context.state, memory_estimate.TensorSizes(result)
+  trained = _trained_descendants(result)
+  sent = collections.defaultdict(collections.Counter)
+  for op in ops:
+    if (state.phase_of(op) is not Phase.FORWARD or
+        not collectives.is_split_collective(op, state.provenance) or
+        op.type not in _COLLECTIVES):
+      continue
+    n, payload = collectives.group_size_of(op), sizes(op.inputs[0])
+    if n is None or payload is None:
+      continue
+    kind, share = _COLLECTIVES[op.type]
+    wire = share(n) * payload * _runs(result, op)
+    here = sent[transfers.canonical_device(op.device)]
+    here[kind] += wire
+    if _differentiated(op, trained):
+      # A gather's adjoint is a reduce-scatter, built as an all-to-all of
+      # the same wire bytes and a scalar float32 all-reduce.
+      here[ALL_TO_ALL if kind == ALL_GATHER else kind] += wire
+      if kind == ALL_GATHER:
+        here[ALL_REDUCE] += _COLLECTIVES["CollectiveReduceV2"][1](n) * 4
+  return sent
+
+
+def _formula_texts(result):
+  """{kind: the formula in words} for the layout of `result`."""
+  level = result.plan.decisions.zero.value.value
+  texts = {}
+  if len(result.context.replicas) > 1:
+    if level in ("", "v0"):
+      texts[ALL_REDUCE] = "2(N-1)/N*G"
+    else:
+      texts[REDUCE_SCATTER] = ("M*(N-1)/N*G" if level == "v2" and
+                               result.plan.num_micro_batch > 1
+                               else "(N-1)/N*G")
+      texts[ALL_GATHER] = "2(N-1)/N*W" if level == "v3" else "(N-1)/N*W"
+  if any(_boundaries(result).values()):
+    texts[PIPELINE] = "M*A"
+  return texts
+
+
+def formulas(result, roots=None):
+  """({device: {kind: bytes sent per step}}, {kind: formula text}) of
+  the layout of RewriteResult `result` (see the module's formulas)."""
+  plan, ctx = result.plan, result.context
+  ops = transfers.step_ops(roots or step_roots(result))
+  expected = collections.defaultdict(collections.Counter)
+  texts = _formula_texts(result)
+  synchronised = _data_parallel(result, plan.decisions.zero.value.value)
+  pipeline = _pipeline(result)
+  for replica in ctx.replicas:
+    for stage in range(len(plan.taskgraphs)):
+      device = transfers.canonical_device(plan.device(replica, stage))
+      if len(ctx.replicas) > 1:
+        expected[device].update(synchronised.get(stage, {}))
+      expected[device][PIPELINE] += pipeline.get(stage, 0)
+  for device, kinds in _split_collectives(result, ops).items():
+    expected[device].update(kinds)
+    for kind in kinds:
+      if "split" not in texts.get(kind, ""):
+        texts[kind] = " + ".join(
+            ([texts[kind]] if kind in texts else []) + ["split"])
+  return expected, texts
+
+
+@dataclasses.dataclass
+class Comparison:
+  """One kind of traffic of a layout: what the graph sends against the
+  formula, over the devices (bytes per step)."""
+  kind: str
+  formula: str
+  measured: Fraction
+  expected: Fraction
+  # The largest measured/formula of one device (None: no formula).
+  worst: object
+
+  @property
+  def ratio(self):
+    """measured/formula over the devices (None: no formula)."""
+    return self.measured / self.expected if self.expected else None
+
+
+def compare(result, counts=None, roots=None):
+  """[Comparison] per kind the step sends or its formula expects."""
+  counts = counts if counts is not None else count(result, roots)
+  expected, texts = formulas(result, roots)
+  rows = []
+  for kind in KINDS:
+    measured = {c.device: c.sent.get(kind, 0) for c in counts}
+    wanted = {d: e.get(kind, 0) for d, e in expected.items()}
+    if not any(measured.values()) and not any(wanted.values()):
+      continue
+    ratios = [measured.get(d, 0) / w for d, w in wanted.items() if w]
+    rows.append(Comparison(kind, texts.get(kind, "-"),
+                           sum(measured.values(), Fraction(0)),
+                           sum(wanted.values(), Fraction(0)),
+                           max(ratios) if ratios else None))
+  return rows
+
+
+def persistent(result, estimates=None):
+  """[(device, measured, formula)]: the bytes of weights, gradients and
+  optimizer state a device holds (`memory_estimate`, counted from the
+  graph) against `memory_estimate.zero_formula` of its stages at the
+  run's ZeRO level (split variables count at their shard's size)."""
+  estimates = estimates or memory_estimate.estimate(result)
+  plan, level = result.plan, result.plan.decisions.zero.value.value
+  formula = {s.stage: memory_estimate.zero_formula(
+      level, s.parameters, len(result.context.replicas), s.weight_bytes,
+      s.gradient_bytes, s.optimizer_bytes, plan.num_micro_batch)
+             for s in memory_estimate.zero_parameters(result)}
+  expected = collections.Counter()
+  for replica in result.context.replicas:
+    for stage in sorted(set(range(len(plan.taskgraphs))) & set(formula)):
+      expected[transfers.canonical_device(plan.device(replica, stage))] += (
+          formula[stage])
+  return [(e.device, e.parameters + e.gradients + e.optimizer_state,
+           expected[e.device]) for e in estimates if e.device in expected]
+
+
+def _ratio(value):
+  return "-" if value is None else "%.3f" % value
+
+
+def lines(result, counts=None):
+  """The traffic and persistent memory of `result` beside their formulas,
+  as text for `epl-plan`."""
+  rows = [("kind", "formula", "sent/device", "formula/device",
+           "measured/formula", "worst device")]
+  counts = counts if counts is not None else count(result)
+  devices = max(len(counts), 1)
+  for row in compare(result, counts):
+    rows.append((row.kind, row.formula, "%.0f" % (row.measured / devices),
+                 "%.0f" % (row.expected / devices) if row.expected else "-",
+                 _ratio(row.ratio), _ratio(row.worst)))
+  text = ["  traffic per step (bytes each device sends, received alike; "
+          "N replicas, G/W gradient/weight bytes of the device's stage, M "
+          "micro-batches, A boundary activations; docs/traffic.md):"]
+  text.extend(_table(rows))
+  text.append("  persistent bytes per device (weights + gradients + "
+              "optimizer state) against the ZeRO formula:")
+  text.extend(_table([("device", "measured", "formula", "measured/formula")]
+                     + [(device, str(measured), "%.0f" % formula,
+                         _ratio(measured / formula if formula else None))
+                        for device, measured, formula in persistent(result)]))
+  return text
+
+
+def _table(rows):
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return ["    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(row, widths)))
+          for row in rows]
