@@ -498,17 +498,19 @@ def lines(result, counts=None):
   text = ["  traffic per step (bytes each device sends, received alike; "
           "N replicas, G/W gradient/weight bytes of the device's stage, M "
           "micro-batches, A boundary activations; docs/traffic.md):"]
-  text.extend(_table(rows))
+  text.extend(table(rows))
   text.append("  persistent bytes per device (weights + gradients + "
               "optimizer state) against the ZeRO formula:")
-  text.extend(_table([("device", "measured", "formula", "measured/formula")]
+  text.extend(table([("device", "measured", "formula", "measured/formula")]
                      + [(device, str(measured), "%.0f" % formula,
                          _ratio(measured / formula if formula else None))
                         for device, measured, formula in persistent(result)]))
   return text
 
 
-def _table(rows):
+def table(rows):
+  """`rows` (the first a header) as aligned lines: the first column to the
+  left, the others to the right."""
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
   return ["    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
                              for i, (cell, w) in enumerate(zip(row, widths)))

@@ -1,0 +1,156 @@
+"""Traffic per device and kind, counted from the rewritten graph, equals
+each layout's formula exactly on small layouts (epl.tools.traffic)."""
+from fractions import Fraction
+
+import pytest
+import tensorflow as tf
+
+import epl
+from epl.parallel import engine
+from epl.tools import dry_run
+from epl.tools import traffic
+from examples.moe import model as moe
+from tests import test_moe
+from tests import training
+
+DEVICES = 4
+FLOAT32 = 4
+# training.four_equal_layers: four 8x8 float32 weights, one per replica
+# under ZeRO's size-balanced partition.
+PSI = 4 * 8 * 8 * FLOAT32
+
+
+def _rewrite(config, model=training.four_equal_layers, default_strategy=True,
+             batch_size=16):
+  """The rewrite result of `model` (squared error, Momentum: no optimizer
+  state shared by the variables) under `config`, built without a run."""
+  epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES}, **config)))
+  if default_strategy:
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size, static_batch=True)
+    loss = tf.reduce_mean(tf.square(model(x) - y))
+    training.OPTIMIZERS["momentum"]().minimize(loss)
+    return engine.ensure_rewritten(graph)
+
+
+def _sent(result, kind):
+  return [device.sent.get(kind, 0) for device in traffic.count(result)]
+
+
+def _received(result, kind):
+  return [device.received.get(kind, 0) for device in traffic.count(result)]
+
+
+def _row(result, kind):
+  (row,) = [r for r in traffic.compare(result) if r.kind == kind]
+  return row
+
+
+@pytest.mark.parametrize("local_sums", [False, True])
+def test_data_parallel_sends_the_ring_formula(local_sums):
+  """Ring all-reduce: 2(N-1)/N * Ψ per replica. Local sums: each of the
+  four equal gradients has its own root, which receives 3 and sends 3
+  copies; each other member sends and receives one: per device the same
+  2(N-1)/N * Ψ."""
+  result = _rewrite({"communication.local_cpu_reduce": local_sums})
+  ring = Fraction(2 * (DEVICES - 1), DEVICES) * PSI
+  assert _sent(result, traffic.ALL_REDUCE) == [ring] * DEVICES
+  assert _received(result, traffic.ALL_REDUCE) == [ring] * DEVICES
+  row = _row(result, traffic.ALL_REDUCE)
+  assert (row.formula, row.ratio, row.worst) == ("2(N-1)/N*G", 1, 1)
+  # No other traffic but the other replicas' batches, read on device 0.
+  kinds = {r.kind for r in traffic.compare(result)}
+  assert kinds == {traffic.ALL_REDUCE, traffic.INPUT}
+
+
+def test_two_stage_pipeline_sends_its_boundary_both_ways():
+  """8 -> 16 tanh | -> 1, 2 micro-batches of 16: stage 0 sends the
+  [16, 16] activation of each micro-batch and receives its gradient."""
+  result = _rewrite({"pipeline.num_micro_batch": 2,
+                     "cluster.num_cpu_devices": 2},
+                    model=training.staged_model(), default_strategy=False)
+  boundary = 16 * 16 * FLOAT32
+  assert _sent(result, traffic.PIPELINE) == [2 * boundary] * 2
+  assert _received(result, traffic.PIPELINE) == [2 * boundary] * 2
+  row = _row(result, traffic.PIPELINE)
+  assert (row.formula, row.ratio, row.worst) == ("M*A", 1, 1)
+  # The labels, read with stage 0's input, go to stage 1 once per
+  # micro-batch; the optimizer's learning rate and momentum (scalars) too.
+  assert _sent(result, traffic.INPUT) == [2 * 16 * FLOAT32, 0]
+  assert _sent(result, traffic.OTHER) == [2 * FLOAT32, 0]
+
+
+@pytest.mark.parametrize("level", ["v1", "v2"])
+def test_zero_reduces_to_owners_and_gathers_the_ring_volume(level):
+  """Each replica owns one weight: it receives the 3 others' gradients
+  of it and sends its new value to them; it sends its gradient of each
+  of the 3 others' weights and receives their values. (N-1)/N * Ψ each
+  way, 2(N-1)/N * Ψ in all, as the ring."""
+  result = _rewrite({"zero.level": level})
+  share = Fraction(DEVICES - 1, DEVICES) * PSI
+  for kind in (traffic.REDUCE_SCATTER, traffic.ALL_GATHER):
+    assert _sent(result, kind) == [share] * DEVICES, kind
+    assert _received(result, kind) == [share] * DEVICES, kind
+    assert (_row(result, kind).ratio, _row(result, kind).worst) == (1, 1)
+  assert traffic.ALL_REDUCE not in {r.kind for r in traffic.compare(result)}
+
+
+@pytest.mark.parametrize("level", ["", "v1", "v2", "v3"])
+def test_persistent_bytes_equal_the_zero_formula(level):
+  """Weights, gradients and momentum per device: (W + G + K)Ψ without
+  ZeRO, WΨ + (G + K)Ψ/N for v1 and v2, (W + G + K)Ψ/N for v3."""
+  result = _rewrite({"zero.level": level, "zero.min_partition_size": 0})
+  per_device = {"": 3 * PSI, "v1": PSI + 2 * PSI // DEVICES,
+                "v2": PSI + 2 * PSI // DEVICES, "v3": 3 * PSI // DEVICES}
+  assert traffic.persistent(result) == [
+      ("/device:CPU:%d" % d, per_device[level], per_device[level])
+      for d in range(DEVICES)]
+
+
+def test_zero_v3_is_counted_and_printed():
+  """v3 gathers each weight whole for every reader (issue 35 item 4
+  reworks it): its reduce-scatter is the formula's, its all-gather is
+  counted against 2(N-1)/N * W."""
+  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0})
+  share = Fraction(DEVICES - 1, DEVICES) * PSI
+  assert _sent(result, traffic.REDUCE_SCATTER) == [share] * DEVICES
+  row = _row(result, traffic.ALL_GATHER)
+  assert row.formula == "2(N-1)/N*W" and row.expected == 2 * share * DEVICES
+  assert row.measured > 0
+
+
+def test_expert_all_to_alls_match_the_moe_formula():
+  """An expert layer over 4 devices, one example of 4 tokens per device:
+  dispatch and combine are all-to-alls of the [experts, groups, capacity,
+  model] buffer B, each moving (N-1)/N * B; backward runs the combine's
+  adjoint (nothing before the layer is trained, so not the dispatch's)."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  epl.set_default_strategy(epl.replicate(DEVICES))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = test_moe._batch(test_moe.LOCAL_BATCH)  # pylint: disable=protected-access
+    outputs, aux_loss = moe.moe_layer(
+        x, test_moe.EXPERTS, test_moe.HIDDEN, test_moe.CAPACITY, seed=5,
+        split_scope=epl.split(DEVICES))
+    loss = tf.reduce_mean(tf.square(outputs - y)) + 0.01 * aux_loss
+    training.OPTIMIZERS["momentum"]().minimize(loss)
+    result = engine.ensure_rewritten(graph)
+  buffer = (test_moe.EXPERTS * test_moe.LOCAL_BATCH * test_moe.CAPACITY *
+            test_moe.MODEL * FLOAT32)
+  exchanged = 3 * Fraction(DEVICES - 1, DEVICES) * buffer
+  assert _sent(result, traffic.ALL_TO_ALL) == [exchanged] * DEVICES
+  row = _row(result, traffic.ALL_TO_ALL)
+  assert (row.ratio, row.worst) == (1, 1)
+  assert _row(result, traffic.ALL_REDUCE).ratio == 1
+
+
+def test_epl_plan_prints_traffic_beside_the_formula():
+  text = dry_run.describe(_rewrite({"zero.level": "v1"}))
+  assert "traffic per step (bytes each device sends" in text
+  assert "persistent bytes per device" in text
+  (line,) = [l for l in text.splitlines()
+             if l.strip().startswith("reduce-scatter")]
+  assert line.split()[1:] == ["(N-1)/N*G", "768", "768", "1.000", "1.000"]
