@@ -11,6 +11,7 @@ from epl.tools import dry_run
 from epl.tools import traffic
 from examples.moe import model as moe
 from tests import test_moe
+from tests import test_split
 from tests import training
 
 DEVICES = 4
@@ -154,3 +155,34 @@ def test_epl_plan_prints_traffic_beside_the_formula():
   (line,) = [l for l in text.splitlines()
              if l.strip().startswith("reduce-scatter")]
   assert line.split()[1:] == ["(N-1)/N*G", "768", "768", "1.000", "1.000"]
+
+
+def test_split_head_gathers_its_input_and_scatters_its_gradient():
+  """A data-parallel backbone and a dense + softmax head split over the 4
+  devices: forward gathers the hidden [8, 16] float32 rows and the int64
+  labels of every device ((N-1) * P each); backward reduce-scatters the
+  rows' gradient as an all-to-all of the same bytes."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "cluster.colocate_split_and_replicate": True}))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, labels = test_split._classification_batch(  # pylint: disable=protected-access
+        test_split.LOCAL_BATCH, 12, static_batch=True)
+    with epl.replicate(DEVICES):
+      hidden = tf.compat.v1.layers.dense(x, 16, activation=tf.nn.tanh)
+    with epl.split(DEVICES):
+      loss, _ = test_split._head(hidden, labels, 12, "losses")  # pylint: disable=protected-access
+    training.OPTIMIZERS["momentum"]().minimize(loss)
+    result = engine.ensure_rewritten(graph)
+  rows = test_split.LOCAL_BATCH
+  hidden_bytes, label_bytes = rows * 16 * FLOAT32, rows * 8
+  assert _sent(result, traffic.ALL_GATHER) == [
+      (DEVICES - 1) * (hidden_bytes + label_bytes)] * DEVICES
+  assert _sent(result, traffic.ALL_TO_ALL) == [
+      (DEVICES - 1) * hidden_bytes] * DEVICES
+  assert not any(d.unknown for d in traffic.count(result))
+  for kind in (traffic.ALL_GATHER, traffic.ALL_TO_ALL):
+    assert (_row(result, kind).ratio, _row(result, kind).worst) == (1, 1)
+  # The backbone's gradients by local sums (their roots differ in size),
+  # the softmax statistics' all-reduces and their adjoints.
+  assert _row(result, traffic.ALL_REDUCE).ratio == 1

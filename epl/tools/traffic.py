@@ -164,12 +164,44 @@ def _group_size(result, op):
   return collectives.group_size_of(op)
 
 
+class _Sizes:
+  """tensor -> bytes (None if unknown), from its static shape
+  (`memory_estimate.TensorSizes`); a copy EPL made whose shape TensorFlow
+  did not infer again (the shapes a lowering set by hand are not in the
+  NodeDefs copied) has the shape of the tensor it copies."""
+
+  def __init__(self, result):
+    self._known = memory_estimate.TensorSizes(result)
+    self._graph = result.context.graph
+    self._provenance = result.context.state.provenance
+
+  def __call__(self, tensor):
+    size = self._known(tensor)
+    while size is None:
+      source = self._provenance.origin(tensor.op).source
+      if source is None:
+        return None
+      tensor = self._graph.get_operation_by_name(source).outputs[
+          tensor.value_index]
+      size = self._known(tensor)
+    return size
+
+
+def _payload(sizes, tensor):
+  """Bytes of `tensor`; through a Reshape whose shape is computed (an
+  all-to-all's [members, -1] view) the bytes of what it reshapes."""
+  size = sizes(tensor)
+  if size is None and tensor.op.type == "Reshape":
+    return sizes(tensor.op.inputs[0])
+  return size
+
+
 def _count_collective(result, op, devices, sizes):
   """Adds collective `op`'s wire bytes to its device."""
   here = devices.at(op.device)
   size = _group_size(result, op)
-  payload = sizes(op.outputs[0] if op.type == _BROADCAST_RECEIVE
-                  else op.inputs[0])
+  payload = _payload(sizes, op.outputs[0] if op.type == _BROADCAST_RECEIVE
+                     else op.inputs[0])
   if size is None or payload is None:
     here.unknown += 1
     return
@@ -221,7 +253,7 @@ def count(result, roots=None):
   for replica in ctx.replicas:
     for device in result.plan.devices[replica]:
       devices.at(device)
-  sizes = memory_estimate.TensorSizes(result)
+  sizes = _Sizes(result)
   ops = transfers.step_ops(roots or step_roots(result))
   for op in ops:
     if op.type in COLLECTIVE_TYPES or op.type in _HOROVOD_TYPES:
@@ -295,7 +327,7 @@ def _boundaries(result):
   user's ops, micro-batch 0 of replica 0); input reads are not
   activations."""
   state, plan = result.context.state, result.plan
-  seen, sizes = set(), memory_estimate.TensorSizes(result)
+  seen, sizes = set(), _Sizes(result)
   boundaries = collections.Counter()
   for op in result.subgraph.cloned:
     if (state.phase_of(op) is not Phase.FORWARD or
@@ -310,7 +342,14 @@ def _boundaries(result):
           (tensor.name, reader) in seen):
         continue
       seen.add((tensor.name, reader))
-      boundaries[(producer, reader)] += sizes(tensor) or 0
+      size = sizes(tensor)
+      if size is None:
+        raise ValueError(
+            "EPL traffic: the boundary tensor %r between stages %d and %d "
+            "has no static shape, so its bytes are unknown; give the "
+            "input a static batch size (drop_remainder=True)." % (
+                tensor.name, producer, reader))
+      boundaries[(producer, reader)] += size
   return boundaries
 
 
@@ -360,7 +399,7 @@ def _differentiated(op, trained):
 def _split_collectives(result, ops):
   """{device: {kind: bytes sent}} of the split layers' forward
   collectives among `ops` and the adjoints backward runs for them."""
-  state, sizes = result.context.state, memory_estimate.TensorSizes(result)
+  state, sizes = result.context.state, _Sizes(result)
   trained = _trained_descendants(result)
   sent = collections.defaultdict(collections.Counter)
   for op in ops:
@@ -368,7 +407,8 @@ def _split_collectives(result, ops):
         not collectives.is_split_collective(op, state.provenance) or
         op.type not in _COLLECTIVES):
       continue
-    n, payload = collectives.group_size_of(op), sizes(op.inputs[0])
+    n, payload = collectives.group_size_of(op), _payload(sizes,
+                                                         op.inputs[0])
     if n is None or payload is None:
       continue
     kind, share = _COLLECTIVES[op.type]
