@@ -50,12 +50,14 @@ def _row(result, kind):
 
 
 @pytest.mark.parametrize("local_sums", [False, True])
-def test_data_parallel_sends_the_ring_formula(local_sums):
-  """Ring all-reduce: 2(N-1)/N * Ψ per replica. Local sums: each of the
-  four equal gradients has its own root, which receives 3 and sends 3
-  copies; each other member sends and receives one: per device the same
-  2(N-1)/N * Ψ."""
-  result = _rewrite({"communication.local_cpu_reduce": local_sums})
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_data_parallel_sends_the_ring_formula(local_sums, micro_batches):
+  """Ring all-reduce: 2(N-1)/N * Ψ per replica, once per step (the
+  micro-batch loop sums first). Local sums: each of the four equal
+  gradients has its own root, which receives 3 and sends 3 copies; each
+  other member sends and receives one: per device the same."""
+  result = _rewrite({"communication.local_cpu_reduce": local_sums,
+                     "pipeline.num_micro_batch": micro_batches})
   ring = Fraction(2 * (DEVICES - 1), DEVICES) * PSI
   assert _sent(result, traffic.ALL_REDUCE) == [ring] * DEVICES
   assert _received(result, traffic.ALL_REDUCE) == [ring] * DEVICES
@@ -64,6 +66,15 @@ def test_data_parallel_sends_the_ring_formula(local_sums):
   # No other traffic but the other replicas' batches, read on device 0.
   kinds = {r.kind for r in traffic.compare(result)}
   assert kinds == {traffic.ALL_REDUCE, traffic.INPUT}
+
+
+def test_float16_communication_halves_the_all_reduce():
+  result = _rewrite({"communication.fp16": True,
+                     "communication.local_cpu_reduce": False})
+  ring = Fraction(2 * (DEVICES - 1), DEVICES) * PSI
+  assert _sent(result, traffic.ALL_REDUCE) == [ring / 2] * DEVICES
+  row = _row(result, traffic.ALL_REDUCE)
+  assert (row.formula, row.ratio) == ("2(N-1)/N*G (G as float16)", 1)
 
 
 def test_two_stage_pipeline_sends_its_boundary_both_ways():
@@ -83,18 +94,29 @@ def test_two_stage_pipeline_sends_its_boundary_both_ways():
   assert _sent(result, traffic.OTHER) == [2 * FLOAT32, 0]
 
 
-@pytest.mark.parametrize("level", ["v1", "v2"])
-def test_zero_reduces_to_owners_and_gathers_the_ring_volume(level):
-  """Each replica owns one weight: it receives the 3 others' gradients
-  of it and sends its new value to them; it sends its gradient of each
-  of the 3 others' weights and receives their values. (N-1)/N * Ψ each
-  way, 2(N-1)/N * Ψ in all, as the ring."""
-  result = _rewrite({"zero.level": level})
+@pytest.mark.parametrize("level, micro_batches, scatters, gathers", [
+    ("v1", 1, 1, 1), ("v2", 1, 1, 1), ("v3", 1, 1, 2),
+    # v1 sums a replica's micro-batches before it sends them; v2 and v3
+    # send each micro-batch's gradient; v3 gathers in each micro-batch's
+    # forward and backward.
+    ("v1", 2, 1, 1), ("v2", 2, 2, 1), ("v3", 2, 2, 4)])
+def test_zero_reduces_to_owners_and_gathers_weights(level, micro_batches,
+                                                    scatters, gathers):
+  """Each replica owns one weight (v3: one shard of each): it receives
+  the 3 others' gradients of it and sends its new value (v3: its shard)
+  to them; it sends its gradient of each of the 3 others' weights and
+  receives their values. (N-1)/N * Ψ each way: 2(N-1)/N * Ψ in all for v1
+  and v2 as the ring, 3(N-1)/N * Ψ for v3."""
+  result = _rewrite({"zero.level": level, "zero.min_partition_size": 0,
+                     "pipeline.num_micro_batch": micro_batches})
   share = Fraction(DEVICES - 1, DEVICES) * PSI
-  for kind in (traffic.REDUCE_SCATTER, traffic.ALL_GATHER):
-    assert _sent(result, kind) == [share] * DEVICES, kind
-    assert _received(result, kind) == [share] * DEVICES, kind
+  for kind, times in ((traffic.REDUCE_SCATTER, scatters),
+                      (traffic.ALL_GATHER, gathers)):
+    assert _sent(result, kind) == [times * share] * DEVICES, kind
+    assert _received(result, kind) == [times * share] * DEVICES, kind
     assert (_row(result, kind).ratio, _row(result, kind).worst) == (1, 1)
+  assert _row(result, traffic.ALL_GATHER).formula == (
+      "%s(N-1)/N*W" % ("%d*" % gathers if gathers > 1 else ""))
   assert traffic.ALL_REDUCE not in {r.kind for r in traffic.compare(result)}
 
 
@@ -110,16 +132,29 @@ def test_persistent_bytes_equal_the_zero_formula(level):
       for d in range(DEVICES)]
 
 
-def test_zero_v3_is_counted_and_printed():
-  """v3 gathers each weight whole for every reader (issue 35 item 4
-  reworks it): its reduce-scatter is the formula's, its all-gather is
-  counted against 2(N-1)/N * W."""
-  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0})
-  share = Fraction(DEVICES - 1, DEVICES) * PSI
-  assert _sent(result, traffic.REDUCE_SCATTER) == [share] * DEVICES
-  row = _row(result, traffic.ALL_GATHER)
-  assert row.formula == "2(N-1)/N*W" and row.expected == 2 * share * DEVICES
-  assert row.measured > 0
+def test_pipeline_of_two_replicas_sums_each_stage_over_its_replicas():
+  """2 stages x 2 replicas on 4 devices: each device all-reduces its
+  stage's gradients with the other replica's (N = 2) and sends its
+  boundary both ways."""
+  result = _rewrite({"pipeline.num_micro_batch": 2},
+                    model=training.staged_model(), default_strategy=False)
+  layers = [(8 * 16 + 16) * FLOAT32, (16 + 1) * FLOAT32]
+  # Plan order: replica 0's stages, then replica 1's.
+  assert _sent(result, traffic.ALL_REDUCE) == layers * 2
+  assert _sent(result, traffic.PIPELINE) == [2 * 16 * 16 * FLOAT32] * 4
+  for kind in (traffic.ALL_REDUCE, traffic.PIPELINE):
+    assert (_row(result, kind).ratio, _row(result, kind).worst) == (1, 1)
+
+
+def test_offloaded_variables_are_host_transfers():
+  """offload v0 keeps every variable and update on the host (CPU:0 here,
+  also replica 0's device): the other replicas read the weights from it
+  (their gradients reach it through the all-reduce)."""
+  result = _rewrite({"offload.level": "v0"})
+  sent = _sent(result, traffic.HOST)
+  assert sent[0] > 0 and not any(sent[1:])
+  assert all(_received(result, traffic.HOST)[1:])
+  assert _row(result, traffic.HOST).formula == "-"
 
 
 def test_expert_all_to_alls_match_the_moe_formula():

@@ -166,7 +166,8 @@ def _group_size(result, op):
 
 class _Sizes:
   """tensor -> bytes (None if unknown), from its static shape
-  (`memory_estimate.TensorSizes`); a copy EPL made whose shape TensorFlow
+  (`memory_estimate.TensorSizes`), a variable's read from the variable;
+  a copy EPL made whose shape TensorFlow
   did not infer again (the shapes a lowering set by hand are not in the
   NodeDefs copied) has the shape of the tensor it copies."""
 
@@ -176,6 +177,11 @@ class _Sizes:
     self._provenance = result.context.state.provenance
 
   def __call__(self, tensor):
+    if _reads_variable(tensor.op):
+      # The variable's own shape: a read's static shape is the one the
+      # variable had when the read was built (ZeRO v3 shards a variable
+      # after its reads were made).
+      return memory_estimate.variable_bytes(tensor.op.inputs[0].op)
     size = self._known(tensor)
     while size is None:
       source = self._provenance.origin(tensor.op).source
@@ -274,15 +280,19 @@ def count(result, roots=None):
 class StageBytes:
   """Per stage (TaskGraph), the bytes of the trained weights (W) and of
   their gradients (G) as the user built them (ZeRO v3's whole weights),
-  less split variables (each split member trains its own shard)."""
+  less split variables (each split member trains its own shard), and of
+  the gradients as the replicas all-reduce them (float16 with
+  communication.fp16)."""
   weights: int = 0
   gradients: int = 0
+  reduced: int = 0
 
 
 def stage_bytes(result):
   """{stage: StageBytes} of the step of RewriteResult `result`."""
   ctx = result.context
   split = split_variables(result)
+  half = ctx.config.communication.fp16
   stages = collections.defaultdict(StageBytes)
   for grad, variable in memory_estimate.trained_points(result):
     if variable.name in split:
@@ -291,8 +301,10 @@ def stage_bytes(result):
     stage = stages[ctx.taskgraph_index(variable)]
     stage.weights += elements * tf.as_dtype(
         variable.get_attr("dtype")).base_dtype.size
-    stage.gradients += elements * (
-        tensors_of(grad)[0].dtype.base_dtype.size)
+    dtype = tensors_of(grad)[0].dtype.base_dtype
+    stage.gradients += elements * dtype.size
+    stage.reduced += elements * (
+        tf.float16.size if half and dtype == tf.float32 else dtype.size)
   return dict(stages)
 
 
@@ -302,33 +314,36 @@ def split_variables(result):
   return frozenset(result.artifacts.get("split_variables") or {})
 
 
-def _data_parallel(result, level):
-  """{stage: {kind: bytes per device}} of the gradient synchronisation
-  (see the module's formulas)."""
-  n = len(result.context.replicas)
-  ring, share = Fraction(2 * (n - 1), n), Fraction(n - 1, n)
-  micro_batches = result.plan.num_micro_batch
-  by_stage = {}
-  for stage, sizes in stage_bytes(result).items():
-    if level in ("", "v0"):
-      kinds = {ALL_REDUCE: ring * sizes.gradients}
-    else:
-      scatters = micro_batches if level == "v2" else 1
-      gathers = 2 if level == "v3" else 1
-      kinds = {REDUCE_SCATTER: scatters * share * sizes.gradients,
-               ALL_GATHER: gathers * share * sizes.weights}
-    by_stage[stage] = kinds
-  return by_stage
+def _synchronisation(level, n, micro_batches):
+  """{kind: (times G, times W, formula)}: the bytes a device sends per
+  step to synchronise its stage's gradients (G bytes) and weights (W)
+  over `n` replicas at ZeRO `level` (see the module's formulas)."""
+  if n < 2:
+    return {}
+  share = Fraction(n - 1, n)
+  if level in ("", "v0"):
+    return {ALL_REDUCE: (2 * share, 0, "2(N-1)/N*G")}
+  # v1 sums a replica's micro-batches before it sends them; v2 and v3
+  # send each micro-batch's gradient, and v3 gathers each weight in each
+  # micro-batch's forward and backward.
+  scatters = 1 if level == "v1" else micro_batches
+  gathers = 2 * micro_batches if level == "v3" else 1
+
+  def times(count):
+    return "%d*" % count if count > 1 else ""
+  return {REDUCE_SCATTER: (scatters * share, 0,
+                           times(scatters) + "(N-1)/N*G"),
+          ALL_GATHER: (0, gathers * share, times(gathers) + "(N-1)/N*W")}
 
 
 def _boundaries(result):
-  """{(producer stage, reader stage): bytes} of one micro-batch's
-  forward tensors that one stage hands another on another device (the
-  user's ops, micro-batch 0 of replica 0); input reads are not
-  activations."""
+  """({(producer stage, reader stage): bytes}, [names of tensors of
+  unknown size]) of one micro-batch's forward tensors that one stage
+  hands another on another device (the user's ops, micro-batch 0 of
+  replica 0); input reads are not activations."""
   state, plan = result.context.state, result.plan
   seen, sizes = set(), _Sizes(result)
-  boundaries = collections.Counter()
+  boundaries, unknown = collections.Counter(), []
   for op in result.subgraph.cloned:
     if (state.phase_of(op) is not Phase.FORWARD or
         state.micro_batch_of(op) not in (0, None)):
@@ -344,13 +359,10 @@ def _boundaries(result):
       seen.add((tensor.name, reader))
       size = sizes(tensor)
       if size is None:
-        raise ValueError(
-            "EPL traffic: the boundary tensor %r between stages %d and %d "
-            "has no static shape, so its bytes are unknown; give the "
-            "input a static batch size (drop_remainder=True)." % (
-                tensor.name, producer, reader))
-      boundaries[(producer, reader)] += size
-  return boundaries
+        unknown.append(tensor.name)
+      else:
+        boundaries[(producer, reader)] += size
+  return boundaries, unknown
 
 
 def _pipeline(result):
@@ -358,7 +370,7 @@ def _pipeline(result):
   forward and the gradients of those it reads backward, per
   micro-batch."""
   sent = collections.Counter()
-  for (producer, reader), size in _boundaries(result).items():
+  for (producer, reader), size in _boundaries(result)[0].items():
     sent[producer] += size * result.plan.num_micro_batch
     sent[reader] += size * result.plan.num_micro_batch
   return sent
@@ -424,38 +436,39 @@ def _split_collectives(result, ops):
   return sent
 
 
-def _formula_texts(result):
-  """{kind: the formula in words} for the layout of `result`."""
-  level = result.plan.decisions.zero.value.value
-  texts = {}
-  if len(result.context.replicas) > 1:
-    if level in ("", "v0"):
-      texts[ALL_REDUCE] = "2(N-1)/N*G"
-    else:
-      texts[REDUCE_SCATTER] = ("M*(N-1)/N*G" if level == "v2" and
-                               result.plan.num_micro_batch > 1
-                               else "(N-1)/N*G")
-      texts[ALL_GATHER] = "2(N-1)/N*W" if level == "v3" else "(N-1)/N*W"
-  if any(_boundaries(result).values()):
-    texts[PIPELINE] = "M*A"
-  return texts
+def _pipeline_text(result):
+  boundaries, unknown = _boundaries(result)
+  if not any(boundaries.values()) and not unknown:
+    return {}
+  text = "M*A"
+  if unknown:
+    text += " (A less %d tensor(s) of unknown size)" % len(unknown)
+  return {PIPELINE: text}
 
 
 def formulas(result, roots=None):
   """({device: {kind: bytes sent per step}}, {kind: formula text}) of
   the layout of RewriteResult `result` (see the module's formulas)."""
   plan, ctx = result.plan, result.context
-  ops = transfers.step_ops(roots or step_roots(result))
+  synchronisation = _synchronisation(plan.decisions.zero.value.value,
+                                     len(ctx.replicas), plan.num_micro_batch)
+  texts = dict(_pipeline_text(result),
+               **{kind: text for kind, (_, _, text)
+                  in synchronisation.items()})
+  if ALL_REDUCE in texts and ctx.config.communication.fp16:
+    texts[ALL_REDUCE] += " (G as float16)"
+  stages, pipeline = stage_bytes(result), _pipeline(result)
   expected = collections.defaultdict(collections.Counter)
-  texts = _formula_texts(result)
-  synchronised = _data_parallel(result, plan.decisions.zero.value.value)
-  pipeline = _pipeline(result)
   for replica in ctx.replicas:
     for stage in range(len(plan.taskgraphs)):
       device = transfers.canonical_device(plan.device(replica, stage))
-      if len(ctx.replicas) > 1:
-        expected[device].update(synchronised.get(stage, {}))
+      sizes = stages.get(stage, StageBytes())
+      for kind, (gradients, weights, _) in synchronisation.items():
+        # communication.fp16 all-reduces float32 gradients as float16.
+        sent = sizes.reduced if kind == ALL_REDUCE else sizes.gradients
+        expected[device][kind] += gradients * sent + weights * sizes.weights
       expected[device][PIPELINE] += pipeline.get(stage, 0)
+  ops = transfers.step_ops(roots or step_roots(result))
   for device, kinds in _split_collectives(result, ops).items():
     expected[device].update(kinds)
     for kind in kinds:
