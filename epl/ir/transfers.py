@@ -7,8 +7,12 @@ it). So the tensors a run moves between devices are the graph's
 cross-device edges, one per (tensor, receiving device), among the ops the
 run executes: the ancestors of what it fetches.
 
-Resource handles cross devices without their data (an op that reads a
-variable runs where the variable is), so they are not transfers.
+TensorFlow's placer puts an op that takes a resource handle or a
+reference (a variable's read, its update) on the device of the op that
+made the handle, whatever device the op asks for: the handle never
+crosses devices, the values read from it do (checked with the partition
+graphs of TF 2.15: a ReadVariableOp asked on CPU:1 of a variable on CPU:0
+runs on CPU:0 and sends its value). `placed_device` follows that rule.
 """
 import collections
 import dataclasses
@@ -43,23 +47,51 @@ def canonical_device(device, default=""):
   return spec.to_string()
 
 
+def _handle(tensor):
+  return tensor.dtype.base_dtype == tf.resource or graph_editor.is_ref_dtype(
+      tensor.dtype)
+
+
+class Placement:
+  """op -> the canonical device it runs on: the device of the op that made
+  its first resource or reference input (through the ops that pass one
+  on), else its own (`host` when it has none). Memoised per op."""
+
+  def __init__(self, host=""):
+    self.host = host
+    self._devices = {}
+
+  def __call__(self, op):
+    chain = []
+    while op.name not in self._devices:
+      handles = [t.op for t in op.inputs if _handle(t)]
+      if not handles:
+        self._devices[op.name] = canonical_device(op.device, self.host)
+        break
+      chain.append(op)
+      op = handles[0]
+    for passed in chain:
+      self._devices[passed.name] = self._devices[op.name]
+    return self._devices[op.name]
+
+
 def step_ops(roots):
   """The ops a run that fetches `roots` (ops) executes: `roots` and their
   ancestors through data and control edges."""
   return graph_editor.ancestors(roots)
 
 
-def cross_device_transfers(ops, host=""):
+def cross_device_transfers(ops, placement):
   """[Transfer] of a run of `ops` (what `step_ops` gives), one per tensor
-  and receiving device, in the order of `ops`; ops without a device count
-  on `host`."""
+  and receiving device, in the order of `ops`, with devices from
+  `placement` (a Placement)."""
   readers = collections.OrderedDict()
   for op in ops:
-    destination = canonical_device(op.device, host)
+    destination = placement(op)
     for tensor in op.inputs:
-      if tensor.dtype.base_dtype == tf.resource:
+      if _handle(tensor):
         continue
-      source = canonical_device(tensor.op.device, host)
+      source = placement(tensor.op)
       if source != destination:
         readers.setdefault((tensor.name, destination),
                            (tensor, source, []))[2].append(op)

@@ -239,14 +239,24 @@ class TensorSizes:
     return tensor_bytes(tensor)
 
 
+def split_points(result):
+  """The (gradient, variable) pairs of the split variables (each replica
+  trains its shard; the split rewrite reduces their gradients), as
+  captured."""
+  split = result.artifacts.get("split_variables") or {}
+  return [(grad, variable) for record in result.step.gradient_records
+          for grad, variable in record.pairs if variable.name in split]
+
+
 def trained_points(result):
   """The (gradient, variable) pair of every trained variable: those the
-  replicas all-reduce and those ZeRO reduces on their owner."""
+  replicas all-reduce, those ZeRO reduces on their owner and the split
+  variables."""
   points = [p for points in result.gradient_points for p in points]
   partition = result.zero_partition
   if partition is not None and partition.reduces_to_owners:
     points.extend(partition.reduced_points)
-  return points
+  return points + split_points(result)
 
 
 def unsharded_elements(result, op):
@@ -278,9 +288,10 @@ def _count_variables(result, devices):
 
 
 def _count_gradients(result, devices, sizes):
-  """Every replica's copy of each all-reduced gradient; with ZeRO v1 and
-  v2, each reduced gradient on its owner, and (v1, several micro-batches)
-  every replica's sum of its micro-batches."""
+  """Every replica's copy of each all-reduced gradient and of each split
+  variable's; with ZeRO v1 and v2, each reduced gradient on its owner,
+  and (v1, several micro-batches) every replica's sum of its
+  micro-batches."""
   several = result.plan.num_micro_batch > 1
 
   def count(tensor):
@@ -294,7 +305,7 @@ def _count_gradients(result, devices, sizes):
       estimate.gradient_sets = 2
 
   replicas = range(len(result.context.replicas))
-  for points in result.gradient_points:
+  for points in list(result.gradient_points) + [split_points(result)]:
     for grad, _ in points:
       for local in replicas:
         for tensor in tensors_of(grad):

@@ -241,11 +241,11 @@ def transfer_kind(result, transfer):
     return ALL_REDUCE
   if built & _OWNER_PASSES:
     return ALL_GATHER if _reads_variable(producer) else REDUCE_SCATTER
+  # Between the forward and backward ops of one replica's stages: no
+  # pass of the rewrite moves those between replicas.
   passes = (Phase.FORWARD, Phase.BACKWARD)
   if state.phase_of(producer) in passes and any(
-      state.phase_of(op) in passes and
-      state.taskgraph_index(op) != state.taskgraph_index(producer)
-      for op in transfer.readers):
+      state.phase_of(op) in passes for op in transfer.readers):
     return PIPELINE
   return OTHER
 
@@ -259,12 +259,12 @@ def count(result, roots=None):
   for replica in ctx.replicas:
     for device in result.plan.devices[replica]:
       devices.at(device)
-  sizes = _Sizes(result)
+  sizes, placement = _Sizes(result), transfers.Placement(devices.host)
   ops = transfers.step_ops(roots or step_roots(result))
   for op in ops:
     if op.type in COLLECTIVE_TYPES or op.type in _HOROVOD_TYPES:
       _count_collective(result, op, devices, sizes)
-  for transfer in transfers.cross_device_transfers(ops, devices.host):
+  for transfer in transfers.cross_device_transfers(ops, placement):
     size = sizes(transfer.tensor)
     if size is None:
       devices.at(transfer.destination).unknown += 1
@@ -336,43 +336,65 @@ def _synchronisation(level, n, micro_batches):
           ALL_GATHER: (0, gathers * share, times(gathers) + "(N-1)/N*W")}
 
 
+@dataclasses.dataclass
+class _Boundaries:
+  """What the user's forward ops of one micro-batch (replica 0's) read
+  from another stage's device, by (sending stage, reading stage): the
+  activations' bytes, those of them a gradient flows back through, and
+  the trained weights read there; tensors of unknown size by name."""
+  activations: Dict = dataclasses.field(default_factory=collections.Counter)
+  gradients: Dict = dataclasses.field(default_factory=collections.Counter)
+  weights: Dict = dataclasses.field(default_factory=collections.Counter)
+  unknown: list = dataclasses.field(default_factory=list)
+
+
 def _boundaries(result):
-  """({(producer stage, reader stage): bytes}, [names of tensors of
-  unknown size]) of one micro-batch's forward tensors that one stage
-  hands another on another device (the user's ops, micro-batch 0 of
-  replica 0); input reads are not activations."""
-  state, plan = result.context.state, result.plan
-  seen, sizes = set(), _Sizes(result)
-  boundaries, unknown = collections.Counter(), []
+  """The _Boundaries of the step of `result` (input reads are no
+  activations: a stage reads its own)."""
+  state, plan, ctx = result.context.state, result.plan, result.context
+  stages = {}
+  for stage in range(len(plan.taskgraphs)):
+    stages.setdefault(transfers.canonical_device(
+        plan.device(ctx.replicas[0], stage)), stage)
+  placement, sizes = transfers.Placement(), _Sizes(result)
+  trained, found, seen = _trained_descendants(result), _Boundaries(), set()
   for op in result.subgraph.cloned:
     if (state.phase_of(op) is not Phase.FORWARD or
         state.micro_batch_of(op) not in (0, None)):
       continue
-    reader = state.taskgraph_index(op)
     for tensor in op.inputs:
-      producer = state.taskgraph_index(tensor.op)
-      if (state.phase_of(tensor.op) is not Phase.FORWARD or
-          tensor.op.type in INPUT_READ_TYPES or producer == reader or
-          plan.device(0, producer) == plan.device(0, reader) or
-          (tensor.name, reader) in seen):
+      ends = (stages.get(placement(tensor.op)), stages.get(placement(op)))
+      if (ends[0] == ends[1] or None in ends or (tensor.name, ends) in seen
+          or state.phase_of(tensor.op) is not Phase.FORWARD or
+          tensor.op.type in INPUT_READ_TYPES):
         continue
-      seen.add((tensor.name, reader))
+      seen.add((tensor.name, ends))
       size = sizes(tensor)
       if size is None:
-        unknown.append(tensor.name)
+        found.unknown.append(tensor.name)
+      elif _reads_variable(tensor.op):
+        found.weights[ends] += size
       else:
-        boundaries[(producer, reader)] += size
-  return boundaries, unknown
+        found.activations[ends] += size
+        if tensor.dtype.is_floating and tensor.op.name in trained:
+          found.gradients[ends] += size
+  return found
 
 
 def _pipeline(result):
-  """{stage: bytes per device} a stage sends: its boundary activations
-  forward and the gradients of those it reads backward, per
-  micro-batch."""
-  sent = collections.Counter()
-  for (producer, reader), size in _boundaries(result)[0].items():
-    sent[producer] += size * result.plan.num_micro_batch
-    sent[reader] += size * result.plan.num_micro_batch
+  """{stage: bytes per device} a stage sends: per micro-batch, its
+  boundary activations forward and the gradients of those it reads
+  backward; once a step, the weights other stages read and their
+  gradients (summed over the micro-batches where they are read)."""
+  sent, found = collections.Counter(), _boundaries(result)
+  micro_batches = result.plan.num_micro_batch
+  for (producer, reader), size in found.activations.items():
+    sent[producer] += size * micro_batches
+  for (producer, reader), size in found.gradients.items():
+    sent[reader] += size * micro_batches
+  for (producer, reader), size in found.weights.items():
+    sent[producer] += size
+    sent[reader] += size
   return sent
 
 
@@ -381,12 +403,8 @@ def _trained_descendants(result):
   replica) through values a gradient can flow through (floating point,
   and the handles and variants that carry them), as tf.gradients marks
   the ops it differentiates."""
-  graph = result.context.graph
-  trained = [variable for _, variable in
-             memory_estimate.trained_points(result)] + [
-                 graph.get_operation_by_name(name)
-                 for name in split_variables(result)]
-  roots = [result.copies.op(local, variable) for variable in trained
+  roots = [result.copies.op(local, variable)
+           for _, variable in memory_estimate.trained_points(result)
            for local in range(len(result.context.replicas))]
   return {op.name for op in graph_editor.reachable(
       roots, lambda op: [c for t in op.outputs if _carries_gradient(t)
@@ -437,12 +455,15 @@ def _split_collectives(result, ops):
 
 
 def _pipeline_text(result):
-  boundaries, unknown = _boundaries(result)
-  if not any(boundaries.values()) and not unknown:
+  found = _boundaries(result)
+  if not (any(found.activations.values()) or any(found.weights.values()) or
+          found.unknown):
     return {}
   text = "M*A"
-  if unknown:
-    text += " (A less %d tensor(s) of unknown size)" % len(unknown)
+  if any(found.weights.values()):
+    text += " + 2*W_shared"
+  if found.unknown:
+    text += " (less %d tensor(s) of unknown size)" % len(found.unknown)
   return {PIPELINE: text}
 
 
