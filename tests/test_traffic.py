@@ -181,6 +181,9 @@ def test_expert_all_to_alls_match_the_moe_formula():
   row = _row(result, traffic.ALL_TO_ALL)
   assert (row.ratio, row.worst) == (1, 1)
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
+  # Each member's expert shards (their slots, gradients) and a copy of
+  # the gate.
+  assert all(m == f for _, m, f in traffic.persistent(result))
 
 
 def test_epl_plan_prints_traffic_beside_the_formula():
@@ -221,3 +224,38 @@ def test_split_head_gathers_its_input_and_scatters_its_gradient():
   # The backbone's gradients by local sums (their roots differ in size),
   # the softmax statistics' all-reduces and their adjoints.
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
+  # The head's kernel and bias count at their shard's size.
+  assert all(m == f for _, m, f in traffic.persistent(result))
+
+
+def _tied_stages(x):
+  """Stage 0: tanh(x W), W [8, 16]; stage 1 reads W again (a weight
+  shared by the stages, as BERT's word embeddings): tanh(x W) W^T."""
+  with epl.replicate(device_count=1, name="stage_0"):
+    weight = tf.compat.v1.get_variable(
+        "w", [training.FEATURES, 16],
+        initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    hidden = tf.tanh(tf.matmul(x, weight))
+  stage_1 = epl.replicate(device_count=1, name="stage_1")
+  epl.set_default_strategy(stage_1)
+  with stage_1:
+    back = tf.matmul(hidden, weight, transpose_b=True)
+    return tf.reduce_mean(back, axis=1, keepdims=True)
+
+
+def test_weight_read_by_another_stage_is_sent_each_micro_batch():
+  """The formula sends a shared weight W to the stage that reads it once
+  a step, and its gradient back once (summed over the micro-batches
+  first): M A + W each way. The graph reads it in each of the M = 2
+  micro-batches; stage 0 sends its part of W's gradient in each to stage
+  1, which sums them (its op adds the two stages' parts) and sends the
+  step's sum back to W's update."""
+  result = _rewrite({"pipeline.num_micro_batch": 2,
+                     "cluster.num_cpu_devices": 2},
+                    model=_tied_stages, default_strategy=False)
+  activations, weight = 2 * 16 * 16 * FLOAT32, 8 * 16 * FLOAT32
+  assert _sent(result, traffic.PIPELINE) == [activations + 4 * weight,
+                                             activations + weight]
+  row = _row(result, traffic.PIPELINE)
+  assert row.formula == "M*A + 2*W_shared"
+  assert row.expected == 2 * (activations + weight)

@@ -241,11 +241,12 @@ def transfer_kind(result, transfer):
     return ALL_REDUCE
   if built & _OWNER_PASSES:
     return ALL_GATHER if _reads_variable(producer) else REDUCE_SCATTER
-  # Between the forward and backward ops of one replica's stages: no
-  # pass of the rewrite moves those between replicas.
-  passes = (Phase.FORWARD, Phase.BACKWARD)
-  if state.phase_of(producer) in passes and any(
-      state.phase_of(op) in passes for op in transfer.readers):
+  # From the forward or backward ops of one replica's stage to another
+  # stage's (its update, for a weight two stages read): no pass of the
+  # rewrite moves those between replicas.
+  if state.phase_of(producer) in (Phase.FORWARD, Phase.BACKWARD) and any(
+      state.phase_of(op) in (Phase.FORWARD, Phase.BACKWARD, Phase.APPLY)
+      for op in transfer.readers):
     return PIPELINE
   return OTHER
 
