@@ -11,7 +11,9 @@ does it). Then the rewrite runs in full, the plan is printed (replicas,
 stages and their devices, micro-batches, the memory savers and
 communication settings in effect, estimated memory per device from
 `epl.tools.memory_estimate`, the persistent bytes per device each ZeRO
-level would leave; for a pipeline its schedule and bubble), and the
+level would leave, the bytes each device sends per step by kind and
+holds beside their formulas from `epl.tools.traffic`; for a pipeline its
+schedule and bubble), and the
 process exits with status 0: no variable is initialised and no step runs.
 
 A `Session.run` before the script has built a training step for EPL to

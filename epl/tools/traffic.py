@@ -1,59 +1,49 @@
 """Bytes each device sends and receives in one training step, by kind,
-counted from the rewritten graph, beside the formula of its layout.
+counted from the rewritten graph, beside the formula of its layout
+(docs/traffic.md derives each).
 
     from epl.tools import traffic
     counts = traffic.count(result)           # [DeviceTraffic]
     rows = traffic.compare(result, counts)   # [Comparison]: measured/formula
+    held = traffic.persistent(result)        # [(device, measured, formula)]
 
-What the graph sends (`count`):
+What a step sends (`count`): a step runs the ancestors of the training
+step's train ops, each once (the micro-batch loop's once per
+micro-batch).
 
-- collectives (TensorFlow's V2 ops, Horovod's): the graph gives each
-  member's payload P (its input; a broadcast receiver's output) and the
-  group size N; the bytes on the wire are those of the algorithm, sent
-  and received alike by each member: ring all-reduce 2(N-1)/N·P,
-  all-gather (N-1)·P (each member's block reaches the N-1 others),
-  all-to-all and reduce-scatter (N-1)/N·P; a broadcast's root sends
-  (N-1)·P and each other member receives P. A collective inside a
-  condition (`all_reduce_where`) counts as if it ran.
-- every other transfer is a cross-device edge of the graph
-  (`epl.ir.transfers`): one tensor to one device, by kind from the
-  provenance of its ends: a local sum (`communication` "local sums", and
-  Horovod's sum within a process) is all-reduce; ZeRO's reduction of a
-  gradient on its owner or shard is reduce-scatter, and its copy of a
-  variable's value to the other replicas (v1, v2) or gathered shards
-  (v3) all-gather; the offload pass's reads and writes are host
-  transfers; an edge between TaskGraphs' forward or backward ops is a
-  pipeline transfer; an input read on another device than its reader is
-  input; the rest (shared optimizer constants, a global step) other.
+- Collectives (TensorFlow's V2 ops, Horovod's): the graph gives each
+  member's payload P and the group size N; the bytes on the wire are the
+  algorithm's, sent and received alike by each member: ring all-reduce
+  2(N-1)/N·P, all-gather (N-1)·P, all-to-all and reduce-scatter
+  (N-1)/N·P; a broadcast's root sends (N-1)·P, each other member receives
+  P. A collective inside a condition counts as if it ran.
+- Every other transfer is a cross-device edge (`epl.ir.transfers`: one
+  per tensor and receiving device, devices as TensorFlow's placer sets
+  them), its kind from the provenance of its ends: a local sum's is
+  all-reduce; ZeRO's reduction of a gradient on its owner or shard is
+  reduce-scatter, its copy of a variable's value to the other replicas or
+  of shards to their reader all-gather; the offload pass's are host; one
+  between a replica's forward, backward and update ops of different
+  stages is pipeline; an input read's is input; the rest other.
 
-A step runs the ancestors of the training step's train ops, each op once,
-those of the micro-batch loop once per micro-batch.
+The formulas (`formulas`), bytes a device sends per step (received
+alike), with N replicas, G and W the gradient and weight bytes of the
+device's stage, M micro-batches:
 
-The formulas (`formulas`), per device and step, bytes sent (and, alike,
-received), with N the replicas, Ψ (G: gradient bytes, W: weight bytes) the
-trained parameters of the device's stage, M the micro-batches:
-
-- data parallel (also ZeRO v0): all-reduce 2(N-1)/N·G (ring). Local sums
-  send the same in all: each gradient's root receives the N-1 others' and
-  sends the sum back to each ((N-1)·g both ways), every other member
-  sends g and receives g; 2(N-1)·G over the group, 2(N-1)/N·G per device
-  on average. Per device it depends on which gradients a device roots.
-- ZeRO v1, v2: reduce-scatter (N-1)/N·G to the owners, all-gather
-  (N-1)/N·W of the updated weights: 2(N-1)/N·Ψ as the ring. v2 sends each
-  micro-batch's gradient to its owner: M times the reduce-scatter.
-- ZeRO v3: reduce-scatter (N-1)/N·G and all-gather 2(N-1)/N·W (forward
-  and backward gather): 3(N-1)/N·Ψ.
-- pipeline: each stage sends its boundary activations A forward and
-  receives their gradients back, per micro-batch: M·A each way; the
-  stage that reads them receives M·A and sends M·A. Summed over the two
-  sides: M·A·2.
-- split and experts (MoE): each collective the split layer runs forward
-  is matched by its adjoint in backward, moving the same bytes
-  (all-gather ↔ reduce-scatter, here built as an all-to-all with a scalar
-  all-reduce that lets it run; all-to-all ↔ all-to-all; sum all-reduce ↔
-  all-reduce), once per micro-batch; collectives without a gradient (a
-  max, the integer labels) run forward only. An expert layer's dispatch
-  and combine are 4 all-to-alls of (N-1)/N·B per step and micro-batch.
+- data parallel, ZeRO v0: all-reduce 2(N-1)/N·G (ring; G in float16 with
+  communication.fp16). Local sums send as much over the group (a
+  gradient's root receives and sends N-1 copies, each other member one
+  each way): the ring's figure on average over the devices.
+- ZeRO v1: reduce-scatter (N-1)/N·G to the owners and all-gather
+  (N-1)/N·W of the updated weights; v2 reduces each micro-batch's
+  gradient (M times); v3 too, and gathers each weight forward and
+  backward in each micro-batch: 2M·(N-1)/N·W.
+- pipeline: per micro-batch, a stage's boundary activations A forward
+  and the gradients of those a gradient flows through back; a weight
+  another stage reads, once a step each way: M·A + 2·W_shared.
+- split and experts: each forward collective of a split layer, and its
+  adjoint in backward where a gradient flows (the same bytes; an
+  all-gather's adjoint is an all-to-all and a scalar all-reduce).
 """
 import collections
 import dataclasses
@@ -100,6 +90,7 @@ _COLLECTIVES = {
                                   lambda n: Fraction(n - 1, n)),
     "HorovodAllreduce": (ALL_REDUCE, lambda n: Fraction(2 * (n - 1), n)),
     "HorovodAllgather": (ALL_GATHER, lambda n: Fraction(n - 1)),
+    # Horovod's root is a rank, not an op of this graph: the mean.
     "HorovodBroadcast": (BROADCAST, lambda n: Fraction(n - 1, n)),
 }
 _BROADCAST_SEND, _BROADCAST_RECEIVE = ("CollectiveBcastSendV2",
@@ -165,9 +156,9 @@ def _group_size(result, op):
 
 
 class _Sizes:
-  """tensor -> bytes (None if unknown), from its static shape
-  (`memory_estimate.TensorSizes`), a variable's read from the variable;
-  a copy EPL made whose shape TensorFlow
+  """tensor -> bytes (None if unknown): a variable's read from the
+  variable, other tensors from their static shape
+  (`memory_estimate.TensorSizes`); a copy EPL made whose shape TensorFlow
   did not infer again (the shapes a lowering set by hand are not in the
   NodeDefs copied) has the shape of the tensor it copies."""
 
@@ -315,10 +306,15 @@ def split_variables(result):
   return frozenset(result.artifacts.get("split_variables") or {})
 
 
-def _synchronisation(level, n, micro_batches):
+def _synchronisation(result):
   """{kind: (times G, times W, formula)}: the bytes a device sends per
   step to synchronise its stage's gradients (G bytes) and weights (W)
-  over `n` replicas at ZeRO `level` (see the module's formulas)."""
+  over the replicas (see the module's formulas): all of them for an
+  all-reduce, this worker's for ZeRO's owners."""
+  level = result.plan.decisions.zero.value.value
+  micro_batches = result.plan.num_micro_batch
+  n = (result.plan.num_replicas if level in ("", "v0") else
+       len(result.context.replicas))
   if n < 2:
     return {}
   share = Fraction(n - 1, n)
@@ -472,8 +468,7 @@ def formulas(result, roots=None):
   """({device: {kind: bytes sent per step}}, {kind: formula text}) of
   the layout of RewriteResult `result` (see the module's formulas)."""
   plan, ctx = result.plan, result.context
-  synchronisation = _synchronisation(plan.decisions.zero.value.value,
-                                     len(ctx.replicas), plan.num_micro_batch)
+  synchronisation = _synchronisation(result)
   texts = dict(_pipeline_text(result),
                **{kind: text for kind, (_, _, text)
                   in synchronisation.items()})
