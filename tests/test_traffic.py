@@ -259,3 +259,22 @@ def test_weight_read_by_another_stage_is_sent_each_micro_batch():
   row = _row(result, traffic.PIPELINE)
   assert row.formula == "M*A + 2*W_shared"
   assert row.expected == 2 * (activations + weight)
+
+
+def test_tensors_of_unknown_size_are_reported_not_guessed():
+  """A fed batch of unknown size: its rows' transfers cannot be counted;
+  the gradients' all-reduce still is, and epl-plan says what it left
+  out."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    loss = tf.reduce_mean(tf.square(training.four_equal_layers(x) - y))
+    training.OPTIMIZERS["momentum"]().minimize(loss)
+    result = engine.ensure_rewritten(graph)
+  assert any(d.unknown for d in traffic.count(result))
+  assert _row(result, traffic.ALL_REDUCE).ratio == 1
+  assert "are not counted: the counts are low" in "\n".join(
+      traffic.lines(result))

@@ -424,10 +424,11 @@ def _differentiated(op, trained):
 
 
 def _split_collectives(result, ops):
-  """{device: {kind: bytes sent}} of the split layers' forward
-  collectives among `ops` and the adjoints backward runs for them."""
+  """({device: {kind: bytes sent}}, count of collectives of unknown size)
+  of the split layers' forward collectives among `ops` and the adjoints
+  backward runs for them."""
   state, sizes = result.context.state, _Sizes(result)
-  trained = _trained_descendants(result)
+  trained, unknown = _trained_descendants(result), 0
   sent = collections.defaultdict(collections.Counter)
   for op in ops:
     if (state.phase_of(op) is not Phase.FORWARD or
@@ -437,6 +438,7 @@ def _split_collectives(result, ops):
     n, payload = collectives.group_size_of(op), _payload(sizes,
                                                          op.inputs[0])
     if n is None or payload is None:
+      unknown += 1
       continue
     kind, share = _COLLECTIVES[op.type]
     wire = share(n) * payload * _runs(result, op)
@@ -448,7 +450,7 @@ def _split_collectives(result, ops):
       here[ALL_TO_ALL if kind == ALL_GATHER else kind] += wire
       if kind == ALL_GATHER:
         here[ALL_REDUCE] += _COLLECTIVES["CollectiveReduceV2"][1](n) * 4
-  return sent
+  return sent, unknown
 
 
 def _pipeline_text(result):
@@ -486,12 +488,15 @@ def formulas(result, roots=None):
         expected[device][kind] += gradients * sent + weights * sizes.weights
       expected[device][PIPELINE] += pipeline.get(stage, 0)
   ops = transfers.step_ops(roots or step_roots(result))
-  for device, kinds in _split_collectives(result, ops).items():
+  split, unknown = _split_collectives(result, ops)
+  term = "split" + (" (less %d of unknown size)" % unknown if unknown
+                    else "")
+  for device, kinds in split.items():
     expected[device].update(kinds)
     for kind in kinds:
-      if "split" not in texts.get(kind, ""):
+      if term not in texts.get(kind, ""):
         texts[kind] = " + ".join(
-            ([texts[kind]] if kind in texts else []) + ["split"])
+            ([texts[kind]] if kind in texts else []) + [term])
   return expected, texts
 
 
@@ -569,6 +574,12 @@ def lines(result, counts=None):
           "N replicas, G/W gradient/weight bytes of the device's stage, M "
           "micro-batches, A boundary activations; docs/traffic.md):"]
   text.extend(table(rows))
+  unknown = sum(c.unknown for c in counts)
+  if unknown:
+    text.append("    WARNING: %d transfer(s) and collective(s) have no "
+                "fully known static shape and are not counted: the counts "
+                "are low. Give the input a static batch size "
+                "(drop_remainder=True)." % unknown)
   text.append("  persistent bytes per device (weights + gradients + "
               "optimizer state) against the ZeRO formula:")
   text.extend(table([("device", "measured", "formula", "measured/formula")]
