@@ -12,6 +12,7 @@ from epl.tools import traffic
 from examples.moe import model as moe
 from tests import test_moe
 from tests import test_split
+from tests import tf_versions
 from tests import training
 
 DEVICES = 4
@@ -278,3 +279,15 @@ def test_tensors_of_unknown_size_are_reported_not_guessed():
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
   assert "are not counted: the counts are low" in "\n".join(
       traffic.lines(result))
+
+
+def test_horovod_sums_within_a_process_on_the_first_member():
+  """One Horovod process of 4 replicas: the sum runs on the first
+  member's device, which receives the 3 other gradients and sends the sum
+  to each (no Horovod op: there is no other process); the mean over the
+  devices is the ring's."""
+  tf_versions.require_horovod()
+  result = _rewrite({"communication.backend": "horovod"})
+  assert _sent(result, traffic.ALL_REDUCE) == [3 * PSI, PSI, PSI, PSI]
+  row = _row(result, traffic.ALL_REDUCE)
+  assert (row.ratio, row.worst) == (1, 2)
