@@ -12,7 +12,11 @@ reference (a variable's read, its update) on the device of the op that
 made the handle, whatever device the op asks for: the handle never
 crosses devices, the values read from it do (checked with the partition
 graphs of TF 2.15: a ReadVariableOp asked on CPU:1 of a variable on CPU:0
-runs on CPU:0 and sends its value). `placed_device` follows that rule.
+runs on CPU:0 and sends its value). `Placement` follows that rule.
+
+A constant is not counted: TensorFlow 2.21 copies it into each partition
+that reads it (2.15 still sends the few bytes of an optimizer's scalar
+hyperparameters read on another stage).
 """
 import collections
 import dataclasses
@@ -89,7 +93,7 @@ def cross_device_transfers(ops, placement):
   for op in ops:
     destination = placement(op)
     for tensor in op.inputs:
-      if _handle(tensor):
+      if _handle(tensor) or tensor.op.type == "Const":
         continue
       source = placement(tensor.op)
       if source != destination:
