@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import epl
+from epl.ir import transfers
 from epl.parallel import engine
 from epl.tools import dry_run
 from epl.tools import memory_estimate
@@ -25,8 +26,7 @@ FLOAT32 = 4
 PSI = 4 * 8 * 8 * FLOAT32
 
 
-def _rewrite(config, model=training.four_equal_layers, default_strategy=True,
-             batch_size=16):
+def _rewrite(config, model=training.four_equal_layers, default_strategy=True):
   """The rewrite result of `model` (squared error, Momentum: no optimizer
   state shared by the variables) under `config`, built without a run."""
   epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES}, **config)))
@@ -34,7 +34,7 @@ def _rewrite(config, model=training.four_equal_layers, default_strategy=True,
     epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
   with graph.as_default():
-    x, y = training.input_batch(batch_size, static_batch=True)
+    x, y = training.input_batch(16, static_batch=True)
     loss = tf.reduce_mean(tf.square(model(x) - y))
     training.OPTIMIZERS["momentum"]().minimize(loss)
     return engine.ensure_rewritten(graph)
@@ -98,6 +98,9 @@ def test_two_stage_pipeline_sends_its_boundary_both_ways():
   assert not any(_sent(result, traffic.OTHER))
 
 
+# v3 as it is today: every use of a weight gathers its shards (issue 35
+# item 4 makes that an all-gather with prefetch, which moves the same
+# bytes per use).
 @pytest.mark.parametrize("level, micro_batches, scatters, gathers", [
     ("v1", 1, 1, 1), ("v2", 1, 1, 1), ("v3", 1, 1, 2),
     # v1 sums a replica's micro-batches before it sends them; v2 and v3
@@ -349,3 +352,32 @@ def test_counts_are_what_tensorflow_sends(config, model, default_strategy):
   assert {_local(c.device): sum(c.sent.values()) for c in counts} == sent
   assert {_local(c.device): sum(c.received.values())
           for c in counts} == received
+
+
+def test_a_variable_read_runs_where_the_variable_is():
+  """TensorFlow's placer runs a read asked on CPU:1 of a variable on
+  CPU:0 on CPU:0, and sends the value: the one transfer counted."""
+  graph = tf.Graph()
+  with graph.as_default():
+    with tf.device("/device:CPU:0"):
+      variable = tf.compat.v1.get_variable("v", [4, 4], use_resource=True)
+    with tf.device("/device:CPU:1"):
+      read = tf.raw_ops.ReadVariableOp(resource=variable.handle,
+                                       dtype=tf.float32)
+      doubled = read * 2.0
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
+        device_count={"CPU": 2})) as session:
+      session.run(variable.initializer)
+      session.run(doubled, options=tf.compat.v1.RunOptions(
+          output_partition_graphs=True), run_metadata=metadata)
+  placed = {node.name: _local(node.device)
+            for partition in metadata.partition_graphs
+            for node in partition.node}
+  placement = transfers.Placement()
+  assert placement(read.op) == placed[read.op.name] == "/device:CPU:0"
+  (transfer,) = transfers.cross_device_transfers(
+      transfers.step_ops([doubled.op]), placement)
+  assert (transfer.tensor, transfer.source, transfer.destination,
+          transfer.readers) == (read, "/device:CPU:0", "/device:CPU:1",
+                                (doubled.op,))
