@@ -293,7 +293,7 @@ def describe(result, estimates=None):
   lines.append(_communication_line(result, gradient_bytes))
   lines.extend(_memory_lines(estimates, interleaved))
   lines.extend(_zero_lines(result))
-  lines.extend(traffic.lines(result))
+  lines.extend(traffic.lines(result, estimates))
   return "\n".join(lines)
 
 

@@ -378,12 +378,13 @@ def _boundaries(result):
   return found
 
 
-def _pipeline(result):
-  """{stage: bytes per device} a stage sends: per micro-batch, its
-  boundary activations forward and the gradients of those it reads
-  backward; once a step, the weights other stages read and their
-  gradients (summed over the micro-batches where they are read)."""
-  sent, found = collections.Counter(), _boundaries(result)
+def _pipeline(result, found):
+  """{stage: bytes per device} a stage sends, by _Boundaries `found`: per
+  micro-batch, its boundary activations forward and the gradients of
+  those it reads backward; once a step, the weights other stages read
+  and their gradients (summed over the micro-batches where they are
+  read)."""
+  sent = collections.Counter()
   micro_batches = result.plan.num_micro_batch
   for (producer, reader), size in found.activations.items():
     sent[producer] += size * micro_batches
@@ -453,8 +454,7 @@ def _split_collectives(result, ops):
   return sent, unknown
 
 
-def _pipeline_text(result):
-  found = _boundaries(result)
+def _pipeline_text(found):
   if not (any(found.activations.values()) or any(found.weights.values()) or
           found.unknown):
     return {}
@@ -471,12 +471,13 @@ def formulas(result, roots=None):
   the layout of RewriteResult `result` (see the module's formulas)."""
   plan, ctx = result.plan, result.context
   synchronisation = _synchronisation(result)
-  texts = dict(_pipeline_text(result),
+  found = _boundaries(result)
+  texts = dict(_pipeline_text(found),
                **{kind: text for kind, (_, _, text)
                   in synchronisation.items()})
   if ALL_REDUCE in texts and ctx.config.communication.fp16:
     texts[ALL_REDUCE] += " (G as float16)"
-  stages, pipeline = stage_bytes(result), _pipeline(result)
+  stages, pipeline = stage_bytes(result), _pipeline(result, found)
   expected = collections.defaultdict(collections.Counter)
   for replica in ctx.replicas:
     for stage in range(len(plan.taskgraphs)):
@@ -559,12 +560,13 @@ def _ratio(value):
   return "-" if value is None else "%.3f" % value
 
 
-def lines(result, counts=None):
-  """The traffic and persistent memory of `result` beside their formulas,
-  as text for `epl-plan`."""
+def lines(result, estimates=None):
+  """The traffic and persistent memory of `result` (its memory
+  `estimates`, when made already) beside their formulas, as text for
+  `epl-plan`."""
   rows = [("kind", "formula", "sent/device", "formula/device",
            "measured/formula", "worst device")]
-  counts = counts if counts is not None else count(result)
+  counts = count(result)
   devices = max(len(counts), 1)
   for row in compare(result, counts):
     rows.append((row.kind, row.formula, "%.0f" % (row.measured / devices),
@@ -585,7 +587,8 @@ def lines(result, counts=None):
   text.extend(table([("device", "measured", "formula", "measured/formula")]
                      + [(device, str(measured), "%.0f" % formula,
                          _ratio(measured / formula if formula else None))
-                        for device, measured, formula in persistent(result)]))
+                        for device, measured, formula
+                        in persistent(result, estimates)]))
   return text
 
 
