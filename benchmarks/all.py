@@ -173,6 +173,19 @@ EPL's memory estimate (what `epl-plan` prints) against each device's
 measured peak of a traced step: **est/meas near 1 is better** (within
 25% is the target)."""),
     _section(
+        "traffic", "Traffic and memory against their formulas",
+        [], "measured/formula", """
+What each device sends per step by kind (all-reduce, all-gather,
+reduce-scatter, all-to-all, pipeline, host, input) and the bytes of
+weights, gradients and optimizer state it holds, counted from the
+rewritten graph (what `epl-plan` prints), against each layout's formula
+(docs/traffic.md): ring all-reduce 2(N-1)/N G, ZeRO's reduce-scatter and
+all-gather, the pipeline's boundary, the split and expert collectives
+and their adjoints. Nothing runs. **measured/formula: 1.000 is the
+formula, above it is traffic to remove**; the goal is at most 1.05 for
+traffic and 1.000 for memory. The worst device's ratio is beside it
+(local sums root each gradient on one device).""", both_versions=True),
+    _section(
         "auto_parallel", "Auto parallel", [], "auto/hand", """
 BERT pipelines cut by hand and by auto parallel: **auto/hand is
 examples/s over the hand-annotated run's, higher is better**."""),

@@ -20,7 +20,8 @@ LAYERS = (
      "workers and devices, the process-wide environment"),
     (("epl.ir",),
      "graph state, TaskGraphs, phases, graph editing (`Cloner`; the "
-     "passes' only way to edit), variables by structure, EPL's op names"),
+     "passes' only way to edit), variables by structure, EPL's op names, "
+     "what a run moves between devices"),
     (("epl.strategies",), "`replicate`, `split` scopes"),
     (("epl.capture",),
      "what the TF hooks record at graph-build time; graph mode; IO slicing"),
@@ -42,7 +43,8 @@ LAYERS = (
      "namespace exposes), checkpoints, summaries, failures, collective "
      "groups of a run, Estimator"),
     (("epl.tools",),
-     "dry run (`epl-plan`) and its memory estimate, launcher "
+     "dry run (`epl-plan`) with its memory estimate and traffic against "
+     "its formulas, launcher "
      "(`epl-launch`) and its private network namespace, Horovod launch, "
      "timeline, schedule simulator, the architecture diagram"),
     (("epl.hooks", "epl.api", "epl.profiler", "epl"),

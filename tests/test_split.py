@@ -20,13 +20,15 @@ LOCAL_BATCH = 8
 STEPS = 5
 
 
-def _classification_batch(batch_size, classes):
+def _classification_batch(batch_size, classes, static_batch=False):
+  """The next batch of features and class labels; with `static_batch`,
+  its batch size is part of its static shape (drop_remainder)."""
   rng = np.random.RandomState(0)
   x = rng.normal(size=(256, training.FEATURES)).astype(np.float32)
   labels = np.argmax(x @ rng.normal(size=(training.FEATURES, classes)),
                      axis=1).astype(np.int64)
   dataset = tf.data.Dataset.from_tensor_slices((x, labels)).repeat().batch(
-      batch_size)
+      batch_size, drop_remainder=static_batch)
   return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 

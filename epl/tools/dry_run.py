@@ -11,7 +11,9 @@ does it). Then the rewrite runs in full, the plan is printed (replicas,
 stages and their devices, micro-batches, the memory savers and
 communication settings in effect, estimated memory per device from
 `epl.tools.memory_estimate`, the persistent bytes per device each ZeRO
-level would leave; for a pipeline its schedule and bubble), and the
+level would leave, the bytes each device sends per step by kind and
+holds beside their formulas from `epl.tools.traffic`; for a pipeline its
+schedule and bubble), and the
 process exits with status 0: no variable is initialised and no step runs.
 
 A `Session.run` before the script has built a training step for EPL to
@@ -35,6 +37,7 @@ from epl.tools import memory_estimate
 from epl.ir.phase import Phase
 from epl.tools import schedule_simulator
 from epl.tools import shadowing
+from epl.tools import traffic
 
 logger = logging.getLogger("epl")
 
@@ -162,15 +165,6 @@ _ZERO_COMMUNICATION = {
 }
 
 
-def _table(rows):
-  """`rows` (the first a header) as aligned lines: the first column to the
-  left, the others to the right."""
-  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  return ["    " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
-                             for i, (cell, w) in enumerate(zip(row, widths)))
-          for row in rows]
-
-
 def _zero_lines(result):
   """Per stage, the persistent bytes per device each ZeRO level leaves, by
   `memory_estimate.zero_formula`, over this worker's replicas (those ZeRO
@@ -195,7 +189,7 @@ def _zero_lines(result):
                  "%g" % stage.weight_bytes, "%g" % stage.gradient_bytes,
                  "%.3g" % stage.optimizer_bytes) +
                 tuple("%.2f" % (f / unit) for f in figure))
-  lines.extend(_table(rows))
+  lines.extend(traffic.table(rows))
   return lines
 
 
@@ -225,7 +219,7 @@ def _memory_lines(estimates, interleaved=False):
                  "%s x %d" % (size(e.gradients), e.gradient_sets),
                  activations(e),
                  size(e.recomputed), size(e.working), size(e.total)))
-  lines.extend(_table(rows))
+  lines.extend(traffic.table(rows))
   if estimates and estimates[0].batch_size_assumed:
     lines.append("    (the input's batch dimension is not static: shapes "
                  "inferred with the input pipeline's batch size %d)" %
@@ -295,6 +289,7 @@ def describe(result, estimates=None):
   lines.append(_communication_line(result, gradient_bytes))
   lines.extend(_memory_lines(estimates, interleaved))
   lines.extend(_zero_lines(result))
+  lines.extend(traffic.lines(result, estimates))
   return "\n".join(lines)
 
 

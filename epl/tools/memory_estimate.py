@@ -60,6 +60,7 @@ import tensorflow as tf
 
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
+from epl.ir.transfers import canonical_device
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.parallel.plan import pipeline_order
 
@@ -149,17 +150,6 @@ class DeviceEstimate:
             self.activations + self.recomputed + self.working)
 
 
-def _canonical(device):
-  """One spelling per device; "/device:CPU" (any CPU) is CPU:0, where
-  TensorFlow puts it."""
-  if not device:
-    return ""
-  spec = tf.DeviceSpec.from_string(device)
-  if spec.device_type and spec.device_index is None:
-    spec = spec.replace(device_index=0)
-  return spec.to_string()
-
-
 def _root(tensor):
   """The tensor whose buffer `tensor` shares (through views)."""
   while tensor.op.type in _VIEWS and tensor.op.inputs:
@@ -173,10 +163,10 @@ class _Devices:
 
   def __init__(self, host):
     self.by_name = collections.OrderedDict()
-    self._host = _canonical(host)
+    self._host = canonical_device(host)
 
   def __getitem__(self, device):
-    device = _canonical(device) or self._host
+    device = canonical_device(device) or self._host
     if device not in self.by_name:
       self.by_name[device] = DeviceEstimate(device)
     return self.by_name[device]
@@ -217,7 +207,7 @@ def with_batch_size(graph, input_reads, batch_size):
   return inferred
 
 
-class _TensorSizes:
+class TensorSizes:
   """tensor -> bytes (None if unknown). When the input's batch dimension
   is not static, shapes come from a copy of the graph inferred again with
   the batch size of the input pipeline."""
@@ -249,14 +239,24 @@ class _TensorSizes:
     return tensor_bytes(tensor)
 
 
+def split_points(result):
+  """The (gradient, variable) pairs of the split variables (each replica
+  trains its shard; the split rewrite reduces their gradients), as
+  captured."""
+  split = result.artifacts.get("split_variables") or {}
+  return [(grad, variable) for record in result.step.gradient_records
+          for grad, variable in record.pairs if variable.name in split]
+
+
 def trained_points(result):
   """The (gradient, variable) pair of every trained variable: those the
-  replicas all-reduce and those ZeRO reduces on their owner."""
+  replicas all-reduce, those ZeRO reduces on their owner and the split
+  variables."""
   points = [p for points in result.gradient_points for p in points]
   partition = result.zero_partition
   if partition is not None and partition.reduces_to_owners:
     points.extend(partition.reduced_points)
-  return points
+  return points + split_points(result)
 
 
 def unsharded_elements(result, op):
@@ -288,9 +288,10 @@ def _count_variables(result, devices):
 
 
 def _count_gradients(result, devices, sizes):
-  """Every replica's copy of each all-reduced gradient; with ZeRO v1 and
-  v2, each reduced gradient on its owner, and (v1, several micro-batches)
-  every replica's sum of its micro-batches."""
+  """Every replica's copy of each all-reduced gradient and of each split
+  variable's; with ZeRO v1 and v2, each reduced gradient on its owner,
+  and (v1, several micro-batches) every replica's sum of its
+  micro-batches."""
   several = result.plan.num_micro_batch > 1
 
   def count(tensor):
@@ -304,7 +305,7 @@ def _count_gradients(result, devices, sizes):
       estimate.gradient_sets = 2
 
   replicas = range(len(result.context.replicas))
-  for points in result.gradient_points:
+  for points in list(result.gradient_points) + [split_points(result)]:
     for grad, _ in points:
       for local in replicas:
         for tensor in tensors_of(grad):
@@ -528,7 +529,7 @@ def estimate(result):
       device.stages.append(stage)
       order.append(device.device)
   _count_variables(result, devices)
-  sizes = _TensorSizes(result)
+  sizes = TensorSizes(result)
   _count_gradients(result, devices, sizes)
   _kept_activations(result, devices, sizes)
   _count_held(result, devices)
