@@ -752,6 +752,60 @@ def test_frozen_keras_targets_are_what_tf1_layer_subclasses_use(calls):
   assert len(added) == 1 and added[0][1] == "scale"
 
 
+@contract("keras.targets")
+def test_keras_graph_mode_targets_are_what_fit_runs(calls):
+  # This process runs in graph mode, as a TF1 script's Model.fit does.
+  found = keras.targets()
+  compiled = calls(found.v1_compile)
+  made = calls(found.graph_function_callable)
+  with tf.Graph().as_default():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32),
+              batch_size=4, verbose=0)
+    assert isinstance(model, found.v1_compile[0])
+    assert isinstance(model.train_function, found.graph_function_callable[0])
+    session = tf.compat.v1.keras.backend.get_session()
+    assert keras.is_keras_session(session)
+  keras.set_session(None)
+  session.close()
+  assert len(compiled) == 1 and len(made) == 1
+
+
+@contract("keras.graph_function_step", "keras.set_graph_function_callable",
+          "keras.is_keras_session", "keras.set_session")
+def test_keras_backend_function_runs_the_callable_it_is_given():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None])
+    extra = tf.compat.v1.placeholder(tf.float32, [])
+    weight = tf.Variable(1.0)
+    function = tf.compat.v1.keras.backend.function(
+        [x], [tf.reduce_sum(x) * weight], updates=[weight.assign_add(extra)],
+        feed_dict={extra: 2.0})
+    fetches, target, fed = keras.graph_function_step(function)
+    assert fetches == function.outputs and fed == [extra]
+    session = tf.compat.v1.Session()
+    keras.set_session(session)
+    assert keras.is_keras_session(session)
+    session.run(weight.initializer)
+    arrays_seen = []
+
+    def run(*arrays, run_metadata=None):
+      del run_metadata
+      arrays_seen.append(len(arrays))
+      return session.run([fetches, target], dict(zip([x] + fed, arrays)))[0]
+
+    keras.set_graph_function_callable(function, run, ([x], [], []), session)
+    # Keras keeps the callable (the same feeds and session): it runs it with
+    # the array for x and the value of its own feed_dict.
+    assert function([np.ones(3, np.float32)]) == [3.0]
+    assert arrays_seen == [2] and session.run(weight) == 3.0
+    keras.set_session(None)
+    assert not keras.is_keras_session(session)
+    session.close()
+
+
 def test_keras_3_installs_no_layer_hooks(monkeypatch):
   # Under Keras 3 (TF >= 2.16 without TF_USE_LEGACY_KERAS) the v1 layers'
   # package reports a 3.x version: nothing is hooked, and the error says

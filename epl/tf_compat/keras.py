@@ -63,6 +63,16 @@ class KerasTargets:
   # (training_v1.Model, "_make_train_function") of Keras 2, or None: what
   # Model.fit and train_on_batch build their update with in graph mode.
   v1_make_train_function: tuple = None
+  # (GraphExecutionFunction, "_make_callable") of Keras 2, or None: how a
+  # Keras backend function (Model.fit's train function in graph mode)
+  # runs its step: a callable of the session, which bypasses Session.run.
+  graph_function_callable: tuple = None
+  # (training_v1.Model, "compile") of Keras 2, or None: in graph mode it
+  # builds the loss and the metrics, outside the user's stage scopes.
+  v1_compile: tuple = None
+  # Keras 2's holder of the session its graph-mode functions run in (its
+  # `.session`), or None.
+  session_holder: object = None
 
   @property
   def dense_class(self):
@@ -115,6 +125,8 @@ def targets():
   dense = _find(prefix + "layers.core.dense", "Dense")
   model = _find(prefix + "engine.training", "Model")
   v1_model = _find(prefix + "engine.training_v1", "Model")
+  graph_function = _find(prefix + "backend", "GraphExecutionFunction")
+  session_holder = _find(prefix + "backend", "_SESSION")
   missing = [name for name, found in (
       ("engine.base_layer.Layer", layers[0]),
       ("engine.base_layer_v1.Layer", layers[1]),
@@ -138,6 +150,10 @@ def targets():
       make_train_function=(model, "make_train_function") if model else None,
       v1_make_train_function=(
           (v1_model, "_make_train_function") if v1_model else None),
+      v1_compile=(v1_model, "compile") if v1_model else None,
+      session_holder=session_holder,
+      graph_function_callable=(
+          (graph_function, "_make_callable") if graph_function else None),
       problem=problem)
 
 
@@ -145,6 +161,44 @@ def count_train_step(model):
   """Adds one to the step count Keras keeps for `Model.fit` (what its own
   train function does after each step)."""
   model._train_counter.assign_add(1)  # pylint: disable=protected-access
+
+
+def set_graph_function_callable(function, callable_fn, feeds, session):
+  """Makes Keras backend function `function` (a GraphExecutionFunction)
+  run `callable_fn(*fed_arrays, run_metadata=...)`, keeping what Keras
+  compares at each call to decide whether to make a callable again.
+  `feeds` is (feed_arrays, feed_symbols, symbol_vals), as Keras passes
+  them to `_make_callable`."""
+  # pylint: disable=protected-access
+  feed_arrays, feed_symbols, symbol_vals = feeds
+  function._callable_fn = callable_fn
+  function._feed_arrays = feed_arrays
+  function._feed_symbols = feed_symbols
+  function._symbol_vals = symbol_vals
+  function._fetches = list(function.fetches)
+  function._session = session
+
+
+def is_keras_session(session):
+  """Whether `session` is the one Keras 2 runs its graph-mode functions
+  in (its own, or the one given to `set_session`)."""
+  holder = targets().session_holder
+  return holder is not None and getattr(holder, "session", None) is session
+
+
+def set_session(session):
+  """Makes `session` the one Keras 2 runs its graph-mode functions in."""
+  tf.compat.v1.keras.backend.set_session(session)
+
+
+def graph_function_step(function):
+  """(fetches, target, fed keys) of Keras backend function `function`: the
+  tensors it returns (its outputs, then its extra fetches), the op that
+  runs its updates, and the extra tensors of its `feed_dict` in the order
+  it feeds them, after the arrays its caller passes."""
+  extra = sorted(function.feed_dict.keys()) if function.feed_dict else []
+  return (list(function.outputs) + list(function.fetches),
+          function.updates_op, extra)
 
 
 def steps_per_execution(model):
