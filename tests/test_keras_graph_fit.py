@@ -1,7 +1,8 @@
 """Keras `Model.fit` in graph mode (issue 34 item 4): a TF1-style script
 with tf-keras and legacy optimizers trains under EPL, data parallel and
 as a pipeline, with ZeRO and gradient checkpointing, equal to the same
-script without EPL; the Keras v2 optimizers give TensorFlow's own error.
+script without EPL, and its ModelCheckpoint files and `load_weights` hold
+and restore the one value of each weight; the Keras v2 optimizers give TensorFlow's own error.
 Each scenario runs in a subprocess (tests/clients/keras_graph_fit.py):
 each switches eager execution off in its own way, and Keras keeps a
 session per process. `make test-latest` runs them on TF 2.21 with
@@ -19,7 +20,8 @@ def _run(*arguments):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", [
-    "dp", "dp_v1_behavior", "pipeline", "pipeline_sequential"])
+    "dp", "dp_v1_behavior", "pipeline", "pipeline_sequential",
+    "checkpoints"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)
   assert "KERAS_GRAPH_FIT_OK" in printed, printed

@@ -16,13 +16,19 @@ after 5 steps (2 epochs of 5 steps where it says so).
   stage scopes, 4 micro-batches, 2 replicas of the pipeline.
 - pipeline_sequential: a Sequential model whose layers are added in the
   stage scopes.
+- checkpoints: data parallel, 2 epochs with a `ModelCheckpoint` callback
+  (weights only, each epoch), then `load_weights` of the first epoch's
+  file and one more epoch; equal to the same without EPL, and the last
+  epoch's file holds the weights fit ended with.
 - Extra KEY=VALUE arguments are EPL config entries (zero.level=v1).
 - v2_optimizer: the Keras v2 Adam in graph mode; prints TensorFlow's
   error, which EPL leaves as it is, with and without EPL.
 - metrics_refused: compiled metrics raise EPL's error.
 """
 import contextlib
+import os
 import sys
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -153,6 +159,43 @@ def pipeline():
 
 def pipeline_sequential():
   _pipeline(_sequential_stages)
+
+
+def _fit_from_checkpoints(under_epl):
+  """2 epochs saved by ModelCheckpoint, then one more from the first's
+  file: the weights at the end, and those the last file holds."""
+  path = os.path.join(tempfile.mkdtemp(), "epoch_{epoch}.h5")
+  model = _set_weights(_sequential(under_epl))
+  model.compile(optimizer=_legacy_adam(), loss="mse")
+  x, y = _data()
+  checkpoint = tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+  model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0,
+            shuffle=False, callbacks=[checkpoint])
+  trained = model.get_weights()
+  model.load_weights(path.format(epoch=1))
+  model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
+            shuffle=False)
+  result = {"weights": model.get_weights(), "trained": trained,
+            "last_file": path.format(epoch=2)}
+  tf.keras.backend.clear_session()
+  return result
+
+
+def checkpoints():
+  tf.compat.v1.disable_eager_execution()
+  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  actual = _fit_from_checkpoints(True)
+  epl.shutdown()
+  expected = _fit_from_checkpoints(False)
+  for key in ("weights", "trained"):
+    for a, e in zip(actual[key], expected[key]):
+      tolerance.assert_equivalent(a, e, err_msg=key)
+  restored = _set_weights(_sequential(False))
+  restored.load_weights(actual["last_file"])
+  for a, e in zip(restored.get_weights(), actual["trained"]):
+    np.testing.assert_array_equal(a, e)
+  print("KERAS_GRAPH_FIT_OK checkpoints tf=%s" % tf.__version__)
 
 
 def _error_of(under_epl, optimizer, metrics=None):
