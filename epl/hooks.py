@@ -82,10 +82,13 @@ capture, planning, the rewrite, the runtime and the tools together.
   The Keras ones only where the Keras that TensorFlow uses has them
   (`epl.tf_compat.keras`).
 - Under Keras 3 (tf.keras 3.x): Keras 3's `Optimizer.apply` (behind
-  `apply_gradients`), `Model.fit` and `Model.train_on_batch` raise an
-  error that names Keras 3, the TensorFlow version and the fix
+  `apply_gradients`) outside a TF2 step being traced, `Model.fit` and
+  `Model.train_on_batch` raise an error that names Keras 3, the
+  TensorFlow version and the fix
   (`epl.tf_compat.keras.keras3_training_error`): they update variables
-  outside the graph training step EPL parallelises. `tf.compat.v1.layers`
+  outside a training step EPL parallelises. Inside a `tf.function` traced
+  with eager execution on, the optimizer's update is part of the traced
+  step, which EPL rewrites. `tf.compat.v1.layers`
   and `tf.compat.v1.nn.rnn_cell`, which Keras 3 lacks, are replaced by
   stand-ins whose first use raises EPL's error naming the fix
   (`epl.tf_compat.keras.Keras3MissingModule`) instead of TensorFlow's.
@@ -177,6 +180,14 @@ def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
   return seeds
 
 
+def _tracing_tf2_step():
+  """Whether ops are being built in a tf.function traced while eager
+  execution is on: a TF2 step, which EPL rewrites when it is called."""
+  return (tf.compat.v1.executing_eagerly_outside_functions() and
+          not tf.executing_eagerly() and
+          tf.compat.v1.get_default_graph().building_function)
+
+
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = active()
   if env is None:
@@ -185,10 +196,12 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
     if tf.executing_eagerly():
       traced_function.refuse_eager_gradients()
     grads = original(tape, target, sources, *args, **kwargs)
-    graph = tf.compat.v1.get_default_graph()
-    if not tf.executing_eagerly() and graph.building_function:
-      traced_step.record_gradients(graph, tf.nest.flatten(sources),
-                                   tf.nest.flatten(grads))
+    if _tracing_tf2_step():
+      # Keras 3 variables hold the tf.Variable they train.
+      traced_step.record_gradients(
+          tf.compat.v1.get_default_graph(),
+          [keras.tf_variable_of(source) for source in tf.nest.flatten(sources)],
+          tf.nest.flatten(grads))
     return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
@@ -454,7 +467,10 @@ _STATIC = frozenset([targets.LIST_FILES])
 
 
 def _keras3_training(original, owner, *args, **kwargs):
-  if active() is None:
+  # A Keras 3 optimizer in a TF2 step updates the variables in the traced
+  # graph, which EPL rewrites like any other.
+  if active() is None or (isinstance(owner, tf.keras.optimizers.Optimizer)
+                          and _tracing_tf2_step()):
     return original(owner, *args, **kwargs)
   raise keras.keras3_training_error("Keras 3's %s.%s" % (
       type(owner).__name__, original.__name__))

@@ -112,3 +112,24 @@ def test_init_warns_of_keras3_and_v1_layers_raise_the_fix():
       "%s uses Keras 3" % tf.__version__), out
   assert "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported" in \
       error
+
+
+@pytest.mark.parametrize("scenario, micro_batches", [
+    ("eager_loop_dp", 1), ("eager_loop_accumulation", 4)])
+def test_keras3_optimizer_in_an_eager_tf_function_loop_equals_plain(
+    scenario, micro_batches):
+  out = _run(scenario)
+  assert ("KERAS3_EAGER_LOOP_OK tf=%s keras=3." % tf.__version__ in out and
+          "micro_batches=%d" % micro_batches in out), out
+  assert "data parallel over 4 replicas" in out, out
+
+
+@pytest.mark.parametrize("scenario, what", [
+    ("eager_fit", "Keras 3's Sequential.fit"),
+    ("eager_apply", "Keras 3's Adam.apply"),
+])
+def test_keras3_fit_and_eager_updates_name_keras3_and_the_fix(scenario,
+                                                              what):
+  out = _run(scenario)
+  assert "KERAS3_ERROR EPL does not support %s" % what in out, out
+  assert "call the Keras 3 optimizer in your own @tf.function" in out, out

@@ -9,6 +9,8 @@ goes into epl.tf_compat and epl.tf_compat.VERSIONS.
 import collections
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -781,7 +783,7 @@ def test_keras_backend_function_runs_the_callable_it_is_given():
     extra = tf.compat.v1.placeholder(tf.float32, [])
     weight = tf.Variable(1.0)
     function = tf.compat.v1.keras.backend.function(
-        [x], [tf.reduce_sum(x) * weight], updates=[weight.assign_add(extra)],
+        [x], [tf.reduce_sum(x)], updates=[weight.assign_add(extra)],
         feed_dict={extra: 2.0})
     fetches, target, fed = keras.graph_function_step(function)
     assert fetches == function.outputs and fed == [extra]
@@ -804,6 +806,26 @@ def test_keras_backend_function_runs_the_callable_it_is_given():
     keras.set_session(None)
     assert not keras.is_keras_session(session)
     session.close()
+
+
+@contract("keras.tf_variable_of")
+def test_tf_variable_of_is_the_variable_a_gradient_trains(monkeypatch):
+  with tf.Graph().as_default():
+    variable = tf.Variable(1.0)
+    assert keras.tf_variable_of(variable) is variable
+    assert keras.tf_variable_of(variable + 1.0) is None
+  if importlib.util.find_spec("keras") is None or not importlib.metadata.version(
+      "keras").startswith("3."):
+    return
+  # A Keras 3 variable (TensorFlow backend) holds a tf.Variable.
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+  done = _python(
+      "import keras\n"
+      "from epl.tf_compat import keras as compat\n"
+      "variable = keras.Variable(1.0)\n"
+      "assert compat.tf_variable_of(variable) is variable.value\n"
+      "print('found')\n")
+  assert done.returncode == 0 and "found" in done.stdout, done.stderr[-2000:]
 
 
 def test_keras_3_installs_no_layer_hooks(monkeypatch):

@@ -106,6 +106,8 @@ VERSIONS = {
     **{"keras." + name: _KERAS_2 for name in (
         "set_graph_function_callable", "graph_function_step",
         "is_keras_session", "set_session")},
+    # The tf.Variable a gradient's source is, Keras 3 variables included.
+    "keras.tf_variable_of": _TESTED,
     "keras.keras3_training_targets": Range(
         (2, 16), (2, 21), keras=KERAS_3,
         optional="Keras 3 is TensorFlow's Keras from 2.16"),

@@ -207,6 +207,17 @@ def steps_per_execution(model):
   return 1 if steps is None else int(steps.numpy())
 
 
+def tf_variable_of(source):
+  """The tf.Variable behind `source`: itself, or the one a Keras 3
+  variable (TensorFlow backend) holds as its `value`; None for anything
+  else."""
+  if isinstance(source, tf.Variable):
+    return source
+  value = getattr(source, "value", None) if "keras" in type(
+      source).__module__ else None
+  return value if isinstance(value, tf.Variable) else None
+
+
 def keras3_training_targets():
   """Keras 3's optimizer `apply` and Model.fit/train_on_batch, when
   tf.keras is Keras 3; () otherwise."""
@@ -269,8 +280,10 @@ def init_notice():
         "(package %s) without it." % (removed, tf.__version__, package)
   keras3 = (
       "TensorFlow %s uses Keras 3: tf.compat.v1.layers, the v1 RNN cells, "
-      "epl.split, Keras 3 optimizers and Model.fit will raise (EPL supports "
-      "Keras 3 layers trained by a tf.compat.v1.train optimizer)" %
+      "epl.split, Model.fit and Keras 3 optimizers outside a tf.function "
+      "train step will raise (EPL supports Keras 3 layers trained in an "
+      "eager loop over a tf.function step, or by a tf.compat.v1.train "
+      "optimizer in a TF1 graph)" %
       tf.__version__)
   if keras_selection.keras3_requested():
     return logging.INFO, "epl.init: %s; TF_USE_LEGACY_KERAS=%s chose it." % (
@@ -284,11 +297,15 @@ def keras3_training_error(what):
   EPL."""
   return RuntimeError(
       "EPL does not support %s: TensorFlow %s uses Keras %s, whose "
-      "optimizers and Model.fit/train_on_batch update variables outside the "
-      "TF1 graph training step that EPL parallelises (of Keras 3, EPL "
-      "supports layers only). Train them with a tf.compat.v1.train "
-      "optimizer (minimize or compute_gradients/apply_gradients) and tf.compat.v1.Session, or use Keras 2: %s, then "
-      "tf.keras.optimizers.legacy optimizers work under EPL." % (
+      "Model.fit/train_on_batch, and optimizers outside a tf.function "
+      "train step, update variables outside a training step that EPL "
+      "parallelises. With eager execution on, call the Keras 3 optimizer "
+      "in your own @tf.function train step (GradientTape, "
+      "optimizer.apply_gradients: EPL rewrites it, docs/tf2.md); in a TF1 "
+      "graph, train with a tf.compat.v1.train optimizer (minimize or "
+      "compute_gradients/apply_gradients) and tf.compat.v1.Session; or use "
+      "Keras 2: %s, then Model.fit and tf.keras.optimizers.legacy "
+      "optimizers work under EPL." % (
           what, tf.__version__, tf.keras.__version__, fix_for_legacy_keras()))
 
 
