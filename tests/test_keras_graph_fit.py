@@ -20,7 +20,7 @@ def _run(*arguments):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", [
-    "dp", "dp_v1_behavior", "pipeline", "pipeline_sequential",
+    "dp", "dp_in_scope", "dp_v1_behavior", "pipeline", "pipeline_sequential",
     "checkpoints"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)

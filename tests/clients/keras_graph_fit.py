@@ -10,6 +10,8 @@ after 5 steps (2 epochs of 5 steps where it says so).
   replicas (the default strategy): weights, each epoch's loss, `evaluate`
   and `predict` after training equal plain Keras (a pipeline's `predict`
   raises EPL's error, printed).
+- dp_in_scope: the Sequential model built inside `with epl.replicate(1):`
+  (no default strategy; the issue's third script, in graph mode).
 - dp_v1_behavior: `disable_v2_behavior()` (reference variables) and a
   `tf.compat.v1.train` optimizer.
 - pipeline: a functional model whose two Dense layers are called in two
@@ -64,6 +66,11 @@ def _sequential(under_epl):
   return tf.keras.Sequential([
       tf.keras.layers.Dense(16, activation="tanh", input_shape=(8,)),
       tf.keras.layers.Dense(1)])
+
+
+def _sequential_in_scope(under_epl):
+  with _stage("replicated", under_epl):
+    return _sequential(under_epl)
 
 
 def _functional_stages(under_epl):
@@ -136,6 +143,13 @@ def dp():
   _equivalence(_sequential, _legacy_adam,
                {"cluster.num_cpu_devices": REPLICAS, **_extra_config()},
                default_strategy=True, epochs=2)
+
+
+def dp_in_scope():
+  tf.compat.v1.disable_eager_execution()
+  _equivalence(_sequential_in_scope, _legacy_adam,
+               {"cluster.num_cpu_devices": REPLICAS, **_extra_config()},
+               default_strategy=False)
 
 
 def dp_v1_behavior():
