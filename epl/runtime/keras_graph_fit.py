@@ -99,7 +99,7 @@ def output_stage(model, what):
 def make_train_function(original, model, *args, **kwargs):
   """Keras' `_make_train_function` under EPL, in graph mode: built in the
   stage of the model's outputs (the optimizer's step count, which Keras
-  creates there, is trained with the last stage); the loss it returns is
+  creates there, belongs to that stage); the loss it returns is
   the mean over replicas and micro-batches, the whole batch's, and the
   model's outputs are every replica's and micro-batch's, in the batch's
   order."""
@@ -115,9 +115,10 @@ def make_train_function(original, model, *args, **kwargs):
     raise MetricsNotSupported(
         "Keras Model.fit of %s in graph mode under EPL: compiled metrics "
         "(%s) are not supported yet (Keras computes them outside the "
-        "training step EPL divides). Compile without metrics and evaluate "
-        "them separately, or leave eager execution on: Model.fit then "
-        "computes them on the whole batch (docs/tf2.md)." % (
+        "training step EPL divides). Compile without metrics (compute "
+        "them from model.predict, which returns every row), or leave eager "
+        "execution on: Model.fit then computes them on the whole batch "
+        "(docs/tf2.md)." % (
             model.name, ", ".join(model.metrics_names[1:])))
   collections.add_to_collection(function.outputs[0],
                                 collections.GraphKeys.GLOBAL_MEAN_OBJECTS)
