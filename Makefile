@@ -24,7 +24,7 @@ EXTRAS ?= cpu,test,plot
 STAMP := $(VENV)/.epl-installed
 
 .PHONY: venv venv-latest horovod tools test test-latest test-tf1 demo \
-  quick-start benchmarks benchmarks-smoke clean distclean FORCE
+  quick-start keras-fit benchmarks benchmarks-smoke clean distclean FORCE
 
 venv: $(STAMP)
 
@@ -142,6 +142,12 @@ demo: venv-latest
 # in the same environment as the demo.
 quick-start: venv-latest
 	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) examples/quick_start/train.py
+
+# The Keras fit example: data parallel with eager execution on, then a
+# 2-stage pipeline with 4 micro-batches in graph mode, on 4 logical devices.
+keras-fit: venv-latest
+	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) -m examples.keras_fit.train --mode dp
+	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) -m examples.keras_fit.train --mode pipeline
 
 # Every benchmark at its documented size, written to docs/benchmarks.md
 # with the date, the machine and the commands (hours on 2 cores). The

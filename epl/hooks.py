@@ -25,9 +25,15 @@ capture, planning, the rewrite, the runtime and the tools together.
   the rewrite of a traced training step instead of the trace
   (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
   makes `Model.fit` call such a step with each batch's tensors
-  (`epl.runtime.keras_fit`); in graph mode, Keras 2's
-  `training_v1.Model._make_train_function` (behind `fit` and
-  `train_on_batch`) raises EPL's error: not supported yet.
+  (`epl.runtime.keras_fit`).
+- Keras 2 in graph mode (TF1 scripts, `epl.runtime.keras_graph_fit`):
+  `training_v1.Model.compile` and `_make_train_function` (behind `fit`
+  and `train_on_batch`) build the loss, metrics and optimizer step count
+  in the stage of the model's outputs when the model was built in stage
+  scopes, and the loss comes back merged over replicas;
+  `GraphExecutionFunction._make_callable` (how Keras backend functions
+  run) makes a callable that runs through `Session.run`, with EPL's hooks
+  below.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -40,7 +46,9 @@ capture, planning, the rewrite, the runtime and the tools together.
   worker that holds no replica's first stage serves instead
   (`epl.runtime.serving`).
 - `BaseSession.__init__`: the session gets EPL's devices and settings.
-- `BaseSession.run`: the rewrite runs before the first step; fetches of
+- `BaseSession.run`: the rewrite runs before the first step (Keras'
+  session, when it ran the graph before, is then replaced by a new one
+  holding its variables' values, `epl.runtime.keras_session`); fetches of
   merged tensors are swapped for their merged values; in a multi-worker job
   an error that means a lost peer becomes `epl.WorkerFailureError`.
 - `TFRecordDataset`, `TextLineDataset`, `FixedLengthRecordDataset`
@@ -74,10 +82,13 @@ capture, planning, the rewrite, the runtime and the tools together.
   The Keras ones only where the Keras that TensorFlow uses has them
   (`epl.tf_compat.keras`).
 - Under Keras 3 (tf.keras 3.x): Keras 3's `Optimizer.apply` (behind
-  `apply_gradients`), `Model.fit` and `Model.train_on_batch` raise an
-  error that names Keras 3, the TensorFlow version and the fix
+  `apply_gradients`) outside a TF2 step being traced, `Model.fit` and
+  `Model.train_on_batch` raise an error that names Keras 3, the
+  TensorFlow version and the fix
   (`epl.tf_compat.keras.keras3_training_error`): they update variables
-  outside the graph training step EPL parallelises. `tf.compat.v1.layers`
+  outside a training step EPL parallelises. Inside a `tf.function` traced
+  with eager execution on, the optimizer's update is part of the traced
+  step, which EPL rewrites. `tf.compat.v1.layers`
   and `tf.compat.v1.nn.rnn_cell`, which Keras 3 lacks, are replaced by
   stand-ins whose first use raises EPL's error naming the fix
   (`epl.tf_compat.keras.Keras3MissingModule`) instead of TensorFlow's.
@@ -106,6 +117,8 @@ from epl.runtime import checkpoint
 from epl.runtime import estimator
 from epl.runtime import failures
 from epl.runtime import keras_fit
+from epl.runtime import keras_graph_fit
+from epl.runtime import keras_session
 from epl.runtime import serving
 from epl.runtime import session as epl_session
 from epl.runtime import summaries
@@ -167,6 +180,14 @@ def _default_grad_ys(original, grad_ys, ys, *args, **kwargs):
   return seeds
 
 
+def _tracing_tf2_step():
+  """Whether ops are being built in a tf.function traced while eager
+  execution is on: a TF2 step, which EPL rewrites when it is called."""
+  return (tf.compat.v1.executing_eagerly_outside_functions() and
+          not tf.executing_eagerly() and
+          tf.compat.v1.get_default_graph().building_function)
+
+
 def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   env = active()
   if env is None:
@@ -175,10 +196,12 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
     if tf.executing_eagerly():
       traced_function.refuse_eager_gradients()
     grads = original(tape, target, sources, *args, **kwargs)
-    graph = tf.compat.v1.get_default_graph()
-    if not tf.executing_eagerly() and graph.building_function:
-      traced_step.record_gradients(graph, tf.nest.flatten(sources),
-                                   tf.nest.flatten(grads))
+    if _tracing_tf2_step():
+      # Keras 3 variables hold the tf.Variable they train.
+      traced_step.record_gradients(
+          tf.compat.v1.get_default_graph(),
+          [keras.tf_variable_of(source) for source in tf.nest.flatten(sources)],
+          tf.nest.flatten(grads))
     return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
@@ -229,7 +252,25 @@ def _make_train_function(original, model, *args, **kwargs):
 def _v1_make_train_function(original, model, *args, **kwargs):
   if active() is None:
     return original(model, *args, **kwargs)
-  keras_fit.refuse_graph_mode_fit(model)
+  return keras_graph_fit.make_train_function(original, model, *args,
+                                             **kwargs)
+
+
+def _v1_compile(original, model, *args, **kwargs):
+  stage = keras_graph_fit.output_stage(model, "the loss and metrics")
+  if stage is None:
+    return original(model, *args, **kwargs)
+  with stage:
+    return original(model, *args, **kwargs)
+
+
+def _graph_function_callable(original, function, feed_arrays, feed_symbols,
+                             symbol_vals, session):
+  if active() is None:
+    return original(function, feed_arrays, feed_symbols, symbol_vals,
+                    session)
+  return keras_graph_fit.make_callable(
+      function, (feed_arrays, feed_symbols, symbol_vals), session)
 
 
 def _finalize(original, graph):
@@ -254,8 +295,11 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   if env is None:
     return original(session, fetches, feed_dict, options, run_metadata)
   serving.maybe_serve(env, session.graph)
+  saved = keras_session.values_before_rewrite(
+      session, functools.partial(original, session))
   if _rewrite(session.graph) is None and dry_run.enabled():
     dry_run.refuse_run()
+  session = keras_session.session_after_rewrite(session, saved)
   fetches, beside = epl_session.before_run(
       session.graph, fetches, feed_dict,
       one_worker=not env.cluster.is_distributed)
@@ -423,7 +467,10 @@ _STATIC = frozenset([targets.LIST_FILES])
 
 
 def _keras3_training(original, owner, *args, **kwargs):
-  if active() is None:
+  # A Keras 3 optimizer in a TF2 step updates the variables in the traced
+  # graph, which EPL rewrites like any other.
+  if active() is None or (isinstance(owner, tf.keras.optimizers.Optimizer)
+                          and _tracing_tf2_step()):
     return original(owner, *args, **kwargs)
   raise keras.keras3_training_error("Keras 3's %s.%s" % (
       type(owner).__name__, original.__name__))
@@ -445,6 +492,10 @@ def _keras_hooks():
     hooks.append((found.make_train_function, _make_train_function))
   if found.v1_make_train_function is not None:
     hooks.append((found.v1_make_train_function, _v1_make_train_function))
+  if found.v1_compile is not None:
+    hooks.append((found.v1_compile, _v1_compile))
+  if found.graph_function_callable is not None:
+    hooks.append((found.graph_function_callable, _graph_function_callable))
   return tuple(hooks)
 
 

@@ -73,6 +73,8 @@ def test_keras3_layers_data_parallel_equal_single_device(replicas):
     ("optimizer_apply", "Keras 3's Adam.apply"),
     ("model_fit", "Keras 3's Sequential.fit"),
     ("train_on_batch", "Keras 3's Sequential.train_on_batch"),
+    ("eager_fit", "Keras 3's Sequential.fit"),
+    ("eager_apply", "Keras 3's Adam.apply"),
 ])
 def test_keras3_training_entry_points_name_keras3_and_the_fix(scenario,
                                                               what):
@@ -83,6 +85,7 @@ def test_keras3_training_entry_points_name_keras3_and_the_fix(scenario,
   assert "pip install 'tf-keras~=%s.0'" % major_minor in out, out
   assert "TF_USE_LEGACY_KERAS=1" in out, out
   assert "tf.compat.v1.train optimizer" in out, out
+  assert "call the Keras 3 optimizer in your own @tf.function" in out, out
 
 
 def test_keras3_split_names_the_fix():
@@ -112,3 +115,13 @@ def test_init_warns_of_keras3_and_v1_layers_raise_the_fix():
       "%s uses Keras 3" % tf.__version__), out
   assert "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported" in \
       error
+
+
+@pytest.mark.parametrize("scenario, micro_batches", [
+    ("eager_loop_dp", 1), ("eager_loop_accumulation", 4)])
+def test_keras3_optimizer_in_an_eager_tf_function_loop_equals_plain(
+    scenario, micro_batches):
+  out = _run(scenario)
+  assert ("KERAS3_EAGER_LOOP_OK tf=%s keras=3." % tf.__version__ in out and
+          "micro_batches=%d" % micro_batches in out), out
+  assert "data parallel over 4 replicas" in out, out

@@ -60,9 +60,6 @@ def test_checkpoint_after_eager_training_holds_one_copy():
 @pytest.mark.parametrize("scenario, says", [
     ("eager_tape_refused", "Decorate the train step with @tf.function"),
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
-    ("graph_mode_fit_refused", "in graph mode (after "
-                               "tf.compat.v1.disable_eager_execution()) is "
-                               "not supported under EPL yet"),
     ("stage_scope_refused", "opens epl.replicate(device_count=1, "
                             "name='stage_0') inside the step"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),

@@ -9,6 +9,8 @@ goes into epl.tf_compat and epl.tf_compat.VERSIONS.
 import collections
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -750,6 +752,80 @@ def test_frozen_keras_targets_are_what_tf1_layer_subclasses_use(calls):
     layer(tf.ones([2, 3]))
   assert found.frozen_add_weight[1][0] in type(layer).__mro__
   assert len(added) == 1 and added[0][1] == "scale"
+
+
+@contract("keras.targets")
+def test_keras_graph_mode_targets_are_what_fit_runs(calls):
+  # This process runs in graph mode, as a TF1 script's Model.fit does.
+  found = keras.targets()
+  compiled = calls(found.v1_compile)
+  made = calls(found.graph_function_callable)
+  with tf.Graph().as_default():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse")
+    model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32),
+              batch_size=4, verbose=0)
+    assert isinstance(model, found.v1_compile[0])
+    assert isinstance(model.train_function, found.graph_function_callable[0])
+    session = tf.compat.v1.keras.backend.get_session()
+    assert keras.is_keras_session(session)
+  keras.set_session(None)
+  session.close()
+  assert len(compiled) == 1 and len(made) == 1
+
+
+@contract("keras.graph_function_step", "keras.set_graph_function_callable",
+          "keras.is_keras_session", "keras.set_session")
+def test_keras_backend_function_runs_the_callable_it_is_given():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None])
+    extra = tf.compat.v1.placeholder(tf.float32, [])
+    weight = tf.Variable(1.0)
+    function = tf.compat.v1.keras.backend.function(
+        [x], [tf.reduce_sum(x)], updates=[weight.assign_add(extra)],
+        feed_dict={extra: 2.0})
+    fetches, target, fed = keras.graph_function_step(function)
+    assert fetches == function.outputs and fed == [extra]
+    session = tf.compat.v1.Session()
+    keras.set_session(session)
+    assert keras.is_keras_session(session)
+    session.run(weight.initializer)
+    arrays_seen = []
+
+    def run(*arrays, run_metadata=None):
+      del run_metadata
+      arrays_seen.append(len(arrays))
+      return session.run([fetches, target], dict(zip([x] + fed, arrays)))[0]
+
+    keras.set_graph_function_callable(function, run, ([x], [], []), session)
+    # Keras keeps the callable (the same feeds and session): it runs it with
+    # the array for x and the value of its own feed_dict.
+    assert function([np.ones(3, np.float32)]) == [3.0]
+    assert arrays_seen == [2] and session.run(weight) == 3.0
+    keras.set_session(None)
+    assert not keras.is_keras_session(session)
+    session.close()
+
+
+@contract("keras.tf_variable_of")
+def test_tf_variable_of_is_the_variable_a_gradient_trains(monkeypatch):
+  with tf.Graph().as_default():
+    variable = tf.Variable(1.0)
+    assert keras.tf_variable_of(variable) is variable
+    assert keras.tf_variable_of(variable + 1.0) is None
+  if importlib.util.find_spec("keras") is None or not importlib.metadata.version(
+      "keras").startswith("3."):
+    return
+  # A Keras 3 variable (TensorFlow backend) holds a tf.Variable.
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+  done = _python(
+      "import keras\n"
+      "from epl.tf_compat import keras as compat\n"
+      "variable = keras.Variable(1.0)\n"
+      "assert compat.tf_variable_of(variable) is variable.value\n"
+      "print('found')\n")
+  assert done.returncode == 0 and "found" in done.stdout, done.stderr[-2000:]
 
 
 def test_keras_3_installs_no_layer_hooks(monkeypatch):

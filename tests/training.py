@@ -7,6 +7,10 @@ compared with plain single-device TensorFlow on the same global batch.
 import contextlib
 import functools
 import logging
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -15,6 +19,7 @@ import epl
 from tests.tolerance import EQUIVALENCE_TOLERANCE
 
 FEATURES = 8
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def dataset_arrays(rows=256, seed=0):
@@ -234,3 +239,18 @@ def epl_logs_caught(caplog):
     yield
   finally:
     logger.removeHandler(caplog.handler)
+
+
+def run_client(script, *arguments, timeout=240, **environment):
+  """What `python <script> <arguments>` prints, then logs, in a fresh process
+  with this checkout first on the path; fails the test, showing its
+  output, when it exits with an error or runs over `timeout` seconds.
+  For scripts that need a TensorFlow state this process cannot have
+  (eager execution, once the conftest switched it off)."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+             **environment)
+  result = subprocess.run([sys.executable, str(ROOT / script), *arguments],
+                          capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env, cwd=str(ROOT))
+  assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+  return result.stdout + result.stderr

@@ -31,6 +31,9 @@ OFFLOAD = "EPL_OFFLOAD"
 FORWARD_STATE = "EPL_FORWARD_STATE"
 VARIABLE_SYNC = "EPL_VARIABLE_SYNC"
 MERGED_OUTPUTS = "EPL_MERGED_OUTPUTS"
+# What EPL reads of Keras' session before it opens a new one
+# (`epl.runtime.keras_session`).
+KERAS_SESSION_RENEWAL = "EPL_KERAS_SESSION_RENEWAL"
 STEP_COUNTER = "EPL_STEP_COUNTER/"
 # Ops a split layer builds while the user builds the model: its shard
 # index and the random ops of a shard's initial value.

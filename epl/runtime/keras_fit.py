@@ -52,14 +52,3 @@ def make_train_function(original, model, force=False):
   model.train_function = train_function
   return train_function
 
-
-def refuse_graph_mode_fit(model):
-  """Keras Model.fit/train_on_batch in graph mode (TF1 style) under EPL:
-  Keras initialises only the variables it tracks, so the replicas' copies
-  would never be; refused before anything runs."""
-  raise NotSupportedInTracedStep(
-      "Keras Model.fit/train_on_batch of %s in graph mode (after "
-      "tf.compat.v1.disable_eager_execution()) is not supported under EPL "
-      "yet. Leave eager execution on (a TF2 script: Model.fit is then data "
-      "parallel, docs/tf2.md), or train TF1 style with an optimizer's "
-      "minimize in a Session." % model.name)

@@ -101,6 +101,13 @@ VERSIONS = {
     # epl.runtime.keras_fit keeps as Keras' own train function does.
     "keras.count_train_step": _KERAS_2,
     "keras.steps_per_execution": _KERAS_2,
+    # Keras 2's backend functions and session in graph mode, which
+    # epl.runtime.keras_graph_fit and keras_session run through Session.run.
+    **{"keras." + name: _KERAS_2 for name in (
+        "set_graph_function_callable", "graph_function_step",
+        "is_keras_session", "set_session")},
+    # The tf.Variable a gradient's source is, Keras 3 variables included.
+    "keras.tf_variable_of": _TESTED,
     "keras.keras3_training_targets": Range(
         (2, 16), (2, 21), keras=KERAS_3,
         optional="Keras 3 is TensorFlow's Keras from 2.16"),

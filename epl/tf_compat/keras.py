@@ -63,6 +63,16 @@ class KerasTargets:
   # (training_v1.Model, "_make_train_function") of Keras 2, or None: what
   # Model.fit and train_on_batch build their update with in graph mode.
   v1_make_train_function: tuple = None
+  # (GraphExecutionFunction, "_make_callable") of Keras 2, or None: how a
+  # Keras backend function (Model.fit's train function in graph mode)
+  # runs its step: a callable of the session, which bypasses Session.run.
+  graph_function_callable: tuple = None
+  # (training_v1.Model, "compile") of Keras 2, or None: in graph mode it
+  # builds the loss and the metrics, outside the user's stage scopes.
+  v1_compile: tuple = None
+  # Keras 2's holder of the session its graph-mode functions run in (its
+  # `.session`), or None.
+  session_holder: object = None
 
   @property
   def dense_class(self):
@@ -115,6 +125,8 @@ def targets():
   dense = _find(prefix + "layers.core.dense", "Dense")
   model = _find(prefix + "engine.training", "Model")
   v1_model = _find(prefix + "engine.training_v1", "Model")
+  graph_function = _find(prefix + "backend", "GraphExecutionFunction")
+  session_holder = _find(prefix + "backend", "_SESSION")
   missing = [name for name, found in (
       ("engine.base_layer.Layer", layers[0]),
       ("engine.base_layer_v1.Layer", layers[1]),
@@ -138,6 +150,10 @@ def targets():
       make_train_function=(model, "make_train_function") if model else None,
       v1_make_train_function=(
           (v1_model, "_make_train_function") if v1_model else None),
+      v1_compile=(v1_model, "compile") if v1_model else None,
+      session_holder=session_holder,
+      graph_function_callable=(
+          (graph_function, "_make_callable") if graph_function else None),
       problem=problem)
 
 
@@ -147,10 +163,59 @@ def count_train_step(model):
   model._train_counter.assign_add(1)  # pylint: disable=protected-access
 
 
+def set_graph_function_callable(function, callable_fn, feeds, session):
+  """Makes Keras backend function `function` (a GraphExecutionFunction)
+  run `callable_fn(*fed_arrays, run_metadata=...)`, keeping what Keras
+  compares at each call to decide whether to make a callable again.
+  `feeds` is (feed_arrays, feed_symbols, symbol_vals), as Keras passes
+  them to `_make_callable`."""
+  # pylint: disable=protected-access
+  feed_arrays, feed_symbols, symbol_vals = feeds
+  function._callable_fn = callable_fn
+  function._feed_arrays = feed_arrays
+  function._feed_symbols = feed_symbols
+  function._symbol_vals = symbol_vals
+  function._fetches = list(function.fetches)
+  function._session = session
+
+
+def is_keras_session(session):
+  """Whether `session` is the one Keras 2 runs its graph-mode functions
+  in (its own, or the one given to `set_session`)."""
+  holder = targets().session_holder
+  return holder is not None and getattr(holder, "session", None) is session
+
+
+def set_session(session):
+  """Makes `session` the one Keras 2 runs its graph-mode functions in."""
+  tf.compat.v1.keras.backend.set_session(session)
+
+
+def graph_function_step(function):
+  """(fetches, target, fed keys) of Keras backend function `function`: the
+  tensors it returns (its outputs, then its extra fetches), the op that
+  runs its updates, and the extra tensors of its `feed_dict` in the order
+  it feeds them, after the arrays its caller passes."""
+  extra = sorted(function.feed_dict.keys()) if function.feed_dict else []
+  return (list(function.outputs) + list(function.fetches),
+          function.updates_op, extra)
+
+
 def steps_per_execution(model):
   """`Model.compile(steps_per_execution=...)`, 1 when unset."""
   steps = model._steps_per_execution  # pylint: disable=protected-access
   return 1 if steps is None else int(steps.numpy())
+
+
+def tf_variable_of(source):
+  """The tf.Variable behind `source`: itself, or the one a Keras 3
+  variable (TensorFlow backend) holds as its `value`; None for anything
+  else."""
+  if isinstance(source, tf.Variable):
+    return source
+  value = getattr(source, "value", None) if "keras" in type(
+      source).__module__ else None
+  return value if isinstance(value, tf.Variable) else None
 
 
 def keras3_training_targets():
@@ -215,8 +280,10 @@ def init_notice():
         "(package %s) without it." % (removed, tf.__version__, package)
   keras3 = (
       "TensorFlow %s uses Keras 3: tf.compat.v1.layers, the v1 RNN cells, "
-      "epl.split, Keras 3 optimizers and Model.fit will raise (EPL supports "
-      "Keras 3 layers trained by a tf.compat.v1.train optimizer)" %
+      "epl.split, Model.fit and Keras 3 optimizers outside a tf.function "
+      "train step will raise (EPL supports Keras 3 layers trained in an "
+      "eager loop over a tf.function step, or by a tf.compat.v1.train "
+      "optimizer in a TF1 graph)" %
       tf.__version__)
   if keras_selection.keras3_requested():
     return logging.INFO, "epl.init: %s; TF_USE_LEGACY_KERAS=%s chose it." % (
@@ -230,11 +297,15 @@ def keras3_training_error(what):
   EPL."""
   return RuntimeError(
       "EPL does not support %s: TensorFlow %s uses Keras %s, whose "
-      "optimizers and Model.fit/train_on_batch update variables outside the "
-      "TF1 graph training step that EPL parallelises (of Keras 3, EPL "
-      "supports layers only). Train them with a tf.compat.v1.train "
-      "optimizer (minimize or compute_gradients/apply_gradients) and tf.compat.v1.Session, or use Keras 2: %s, then "
-      "tf.keras.optimizers.legacy optimizers work under EPL." % (
+      "Model.fit/train_on_batch, and optimizers outside a tf.function "
+      "train step, update variables outside a training step that EPL "
+      "parallelises. With eager execution on, call the Keras 3 optimizer "
+      "in your own @tf.function train step (GradientTape, "
+      "optimizer.apply_gradients: EPL rewrites it, docs/tf2.md); in a TF1 "
+      "graph, train with a tf.compat.v1.train optimizer (minimize or "
+      "compute_gradients/apply_gradients) and tf.compat.v1.Session; or use "
+      "Keras 2: %s, then Model.fit and tf.keras.optimizers.legacy "
+      "optimizers work under EPL." % (
           what, tf.__version__, tf.keras.__version__, fix_for_legacy_keras()))
 
 

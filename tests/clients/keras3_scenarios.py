@@ -6,8 +6,13 @@ and reads what it prints.
 - layers_dp_<N>: Keras 3 Dense layers on a dataset tensor in a TF1 graph,
   trained by tf.compat.v1.train.MomentumOptimizer under epl.replicate on N
   CPU devices, equal to single-device TF on the same global batch.
-- optimizer_apply, model_fit, train_on_batch, split, v1_layers: each
-  raises; the error is printed.
+- eager_loop_dp, eager_loop_accumulation: with eager execution on, an
+  eager loop over a `@tf.function` step (GradientTape, a Keras 3 model,
+  Keras 3 Adam's apply_gradients) on 4 CPU replicas (with 4 micro-batches
+  each) equals the same loop without EPL after 5 steps.
+- optimizer_apply, model_fit, train_on_batch, split, v1_layers (in a TF1
+  graph), eager_fit, eager_apply (Keras 3 Adam called eagerly, outside a
+  tf.function): each raises; the error is printed.
 """
 import sys
 
@@ -137,6 +142,86 @@ def v1_layers():
     del y
     tf.compat.v1.layers.dense(x, 1)
   _refused(build, AttributeError)
+
+
+def _eager_model():
+  keras = tf.keras
+  model = keras.Sequential([keras.Input((training.FEATURES,)),
+                            keras.layers.Dense(16, activation="tanh"),
+                            keras.layers.Dense(1)])
+  rng = np.random.RandomState(1)
+  model.set_weights([0.3 * rng.normal(size=w.shape).astype(np.float32)
+                     for w in model.get_weights()])
+  return model
+
+
+def _eager_loop():
+  """The eager loop of the TF2 tutorials, with Keras 3; the weights after
+  5 steps of a global batch of 32 and the last loss."""
+  model = _eager_model()
+  optimizer = tf.keras.optimizers.Adam(0.01)
+
+  @tf.function
+  def train_step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  features, labels = training.dataset_arrays(rows=STEPS * 32)
+  for x, y in tf.data.Dataset.from_tensor_slices((features, labels)).batch(32):
+    loss = train_step(x, y)
+  return model.get_weights(), float(loss)
+
+
+def _eager_loop_equals_plain(micro_batches):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4,
+                       "pipeline.num_micro_batch": micro_batches}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  weights, loss = _eager_loop()
+  epl.shutdown()
+  expected_weights, expected_loss = _eager_loop()
+  training.assert_close(dict(enumerate(weights)),
+                        dict(enumerate(expected_weights)))
+  training.assert_close({"loss": loss}, {"loss": expected_loss})
+  print("KERAS3_EAGER_LOOP_OK tf=%s keras=%s micro_batches=%d" % (
+      tf.__version__, tf.keras.__version__, micro_batches))
+
+
+def eager_loop_dp():
+  _eager_loop_equals_plain(1)
+
+
+def eager_loop_accumulation():
+  _eager_loop_equals_plain(4)
+
+
+def _eager_refused(run):
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  try:
+    run()
+  except RuntimeError as raised:
+    print("KERAS3_ERROR %s" % raised)
+    return
+  print("KERAS3_NO_ERROR")
+
+
+def eager_fit():
+  def run():
+    features, labels = training.dataset_arrays()
+    _compiled().fit(features, labels, batch_size=MICRO, epochs=1, verbose=0)
+  _eager_refused(run)
+
+
+def eager_apply():
+  def run():
+    model = _eager_model()
+    zeros = [tf.zeros_like(v) for v in model.trainable_variables]
+    tf.keras.optimizers.Adam(0.01).apply_gradients(
+        zip(zeros, model.trainable_variables))
+  _eager_refused(run)
 
 
 if __name__ == "__main__":

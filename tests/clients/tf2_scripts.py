@@ -17,8 +17,7 @@ conftest switched it off) and reads what they print.
   metric of each epoch (the whole batch's, not replica 0's).
 - evaluation_untouched: a tf.function that computes no gradient runs as
   traced, on any batch.
-- eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
-  stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
+- eager_tape_refused, fit_run_eagerly_refused, stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import sys
 import tempfile
@@ -150,17 +149,6 @@ def fit_run_eagerly_refused():
     model.compile(optimizer=_optimizer("adam"), loss="mse", run_eagerly=True)
     model.fit(tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
               epochs=1, verbose=0)
-  _refused(run)
-
-
-def graph_mode_fit_refused():
-  tf.compat.v1.disable_eager_execution()
-
-  def run():
-    model = _model()
-    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01),
-                  loss="mse")
-    model.fit(*_data(), batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
   _refused(run)
 
 

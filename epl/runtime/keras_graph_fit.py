@@ -1,0 +1,129 @@
+"""Keras `Model.fit` in graph mode (a TF1 script with tf-keras): its train
+function becomes a `Session.run` of the graph EPL rewrites.
+
+In graph mode Keras 2 builds the training step in the session's graph
+(`training_v1.Model._make_train_function`: the loss, the legacy
+optimizer's `get_updates`, which calls `tf.gradients` and
+`apply_gradients`) and runs it through a Keras backend function, a
+callable of the session made from the fetch and feed names
+(`Session._make_callable_from_options`). Such a callable bypasses
+`Session.run`, where EPL rewrites the graph, swaps fetches for their
+merged values and checks the fed batch. Under EPL a backend function runs
+`Session.run` instead, with the same feeds and fetches.
+
+Keras' loss and metrics, built in `compile` outside the user's scopes,
+go to the stage that computes the model's outputs, and come back from
+each step as their mean over replicas and micro-batches (the whole
+batch's). Keras' session is opened again after the rewrite
+(`epl.runtime.keras_session`).
+"""
+import contextlib
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from epl import collections
+from epl.env import active
+from epl.ir.graph_state import state_of
+from epl.tf_compat import keras
+
+logger = logging.getLogger("epl")
+
+
+class MetricsNotSupported(NotImplementedError):
+  """Keras metrics compiled into Model.fit in graph mode under EPL."""
+
+
+class PipelinedPredictNotSupported(NotImplementedError):
+  """Model.predict of a pipelined model in graph mode under EPL."""
+
+
+def make_callable(function, feeds, session):
+  """What Keras' `GraphExecutionFunction._make_callable` makes under EPL:
+  a callable that runs the function's step through `Session.run`. `feeds`
+  is (feed_arrays, feed_symbols, symbol_vals): placeholders fed arrays,
+  and placeholders fed from tensors (a dataset's batch)."""
+  _refuse_pipelined_predict(function, session.graph)
+  fetches, target, extra = keras.graph_function_step(function)
+  feed_arrays, feed_symbols, symbol_vals = feeds
+  fed = list(feed_arrays) + extra
+
+  def run(*arrays, run_metadata=None):
+    feed_dict = dict(zip(fed, arrays))
+    if feed_symbols:
+      # A batch drawn from tensors in the graph (a dataset's iterator) is
+      # drawn first, then fed whole: EPL divides fed batches.
+      values = session.run(list(symbol_vals))
+      feed_dict.update(
+          (placeholder, np.asarray(value, placeholder.dtype.as_numpy_dtype))
+          for placeholder, value in zip(feed_symbols, values))
+    return session.run([fetches, target], feed_dict,
+                       run_metadata=run_metadata)[0]
+
+  keras.set_graph_function_callable(function, run, feeds, session)
+
+
+def _refuse_pipelined_predict(function, graph):
+  """`Model.predict` of a model in pipeline stages reads the stages'
+  outputs, which the schedule runs with the training step's loss."""
+  state = state_of(graph)
+  if (function.name == "predict_function" and state is not None and
+      state.rewrite_result is not None and len(state.taskgraphs) > 1):
+    raise PipelinedPredictNotSupported(
+        "Keras Model.predict of a model built in %d pipeline stages, in "
+        "graph mode under EPL, is not supported yet (the pipeline runs "
+        "the stages with the training step). Save the weights "
+        "(model.save_weights) and predict with the model built without "
+        "EPL; Model.evaluate works." % len(state.taskgraphs))
+
+
+def output_stage(model, what):
+  """The stage scope to build `what` of Keras in: the strategy of
+  the TaskGraph that computes `model`'s first output, when the model was
+  built in stage scopes and no scope is open and no default strategy set
+  (a TF1 script builds its loss in its last stage likewise); else None."""
+  env = active()
+  if env is None or env.current_strategy() is not None or not model.outputs:
+    return None
+  output = model.outputs[0]
+  state = state_of(output.graph)
+  taskgraph = state.taskgraph_of(output.op) if state is not None else None
+  if taskgraph is None:
+    return None
+  logger.info("EPL: Keras builds %s of %s in stage %r, which computes the "
+              "model's outputs", what, model.name, taskgraph.name)
+  return taskgraph.strategy
+
+
+def make_train_function(original, model, *args, **kwargs):
+  """Keras' `_make_train_function` under EPL, in graph mode: built in the
+  stage of the model's outputs (the optimizer's step count, which Keras
+  creates there, belongs to that stage); the loss it returns is
+  the mean over replicas and micro-batches, the whole batch's, and the
+  model's outputs are every replica's and micro-batch's, in the batch's
+  order."""
+  built = getattr(model, "train_function", None)
+  stage = output_stage(model, "the optimizer's step count")
+  with stage or contextlib.nullcontext():
+    result = original(model, *args, **kwargs)
+  function = model.train_function
+  if function is None or function is built:
+    return result
+  if len(function.outputs) > 1:
+    model.train_function = None
+    raise MetricsNotSupported(
+        "Keras Model.fit of %s in graph mode under EPL: compiled metrics "
+        "(%s) are not supported yet (Keras computes them outside the "
+        "training step EPL divides). Compile without metrics (compute "
+        "them from model.predict, which returns every row), or leave eager "
+        "execution on: Model.fit then computes them on the whole batch "
+        "(docs/tf2.md)." % (
+            model.name, ", ".join(model.metrics_names[1:])))
+  collections.add_to_collection(function.outputs[0],
+                                collections.GraphKeys.GLOBAL_MEAN_OBJECTS)
+  # `predict` and `evaluate` fetch these too: every row of the batch.
+  for output in model.outputs:
+    collections.add_to_collection(
+        output, collections.GraphKeys.GLOBAL_CONCAT_OBJECTS)
+  return result
