@@ -112,6 +112,7 @@ from epl.runtime import summaries
 from epl.runtime import traced_function
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import keras
+from epl.tf_compat import tape as tf_tape
 from epl.tf_compat import targets
 from epl.tools import dry_run
 
@@ -174,7 +175,8 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   if tf.compat.v1.executing_eagerly_outside_functions():
     if tf.executing_eagerly():
       traced_function.refuse_eager_gradients()
-    grads = original(tape, target, sources, *args, **kwargs)
+    with capture.phase_scope(Phase.BACKWARD):
+      grads = original(tape, target, sources, *args, **kwargs)
     graph = tf.compat.v1.get_default_graph()
     if not tf.executing_eagerly() and graph.building_function:
       traced_step.record_gradients(graph, tf.nest.flatten(sources),
@@ -186,6 +188,22 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   capture.record_gradients(tf.nest.flatten(sources),
                            tf.nest.flatten(grads))
   return grads
+
+
+def _gradient_lookup(original, registry, op_type):
+  function = original(registry, op_type)
+  if active() is None or not tf_tape.is_gradient_registry(registry):
+    return function
+
+  @functools.wraps(function)
+  def gradient(op, *grads):
+    graph = tf.compat.v1.get_default_graph()
+    forward = tf_tape.forward_op(op) if graph.building_function else None
+    if forward is None or forward.graph is not graph:
+      return function(op, *grads)
+    with tf_tape.original_op_scope(graph, forward):
+      return function(op, *grads)
+  return gradient
 
 
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
@@ -357,6 +375,14 @@ def _install_estimator_hooks():
                                      _latest_checkpoint, _evaluate)))
 
 
+def _tracing_eagerly():
+  """Whether ops are built for a tf.function traced with eager execution
+  on: split lowering builds for a TF1 graph only; a split scope opened in
+  such a step is refused once it is traced
+  (`epl.runtime.traced_function`)."""
+  return tf.compat.v1.executing_eagerly_outside_functions()
+
+
 def _split_lowering(name, module=split_lowering):
   """A wrapper that forwards to `<module>.<name>` (autograph, which
   converts Keras `call`s, leaves it alone)."""
@@ -367,7 +393,7 @@ def _split_lowering(name, module=split_lowering):
     # TensorFlow's own warnings (tf.layers.dense is deprecated) then name
     # the user's line, not this wrapper's.
     original = user_warnings.as_user(original)
-    if active() is None:
+    if active() is None or _tracing_eagerly():
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)
   return wrapper
@@ -383,7 +409,7 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   def call(*call_args, **call_kwargs):
     return super(keras.targets().dense_class, layer).__call__(*call_args,
                                                               **call_kwargs)
-  if active() is None:
+  if active() is None or _tracing_eagerly():
     return call(*args, **kwargs)
   return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
 
@@ -393,6 +419,7 @@ _HOOKS = (
     (targets.GRADIENTS, _gradients_helper),
     (targets.DEFAULT_GRAD_YS, _default_grad_ys),
     (targets.TAPE_GRADIENT, _tape_gradient),
+    (tf_tape.GRADIENT_LOOKUP, _gradient_lookup),
     (targets.APPLY_GRADIENTS, _apply_gradients),
     (targets.FUNCTION_CALL, _function_call),
     (targets.GRAPH_FINALIZE, _finalize),

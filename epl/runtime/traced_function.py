@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from epl.capture import traced_step
+from epl.runtime import traced_engine
 
 logger = logging.getLogger("epl")
 
@@ -412,7 +413,7 @@ def refuse_eager_gradients():
       "device. Decorate the train step with @tf.function (docs/tf2.md).")
 
 
-def _refuse_unsupported(step, name, env):
+def _refuse_unsupported_gradients(step, name):
   if step.unsupported_gradients:
     kind, variable = step.unsupported_gradients[0]
     raise NotSupportedInTracedStep(
@@ -421,32 +422,58 @@ def _refuse_unsupported(step, name, env):
         "sparse one in the step (tf.convert_to_tensor(grad)), take the "
         "gradient in the step itself (no jit_compile), or build the step "
         "TF1 style (docs/tf2.md)." % (name, variable, kind))
-  if step.strategies:
+
+
+def _refuse_multi_worker(name, env):
+  if env.cluster.is_distributed:
     raise NotSupportedInTracedStep(
-        "tf.function %s opens %r inside the step: pipeline stages and "
-        "split layers in a traced TF2 step are not supported yet, only "
-        "data parallelism by epl.set_default_strategy(epl.replicate(1)). "
-        "Build the model TF1 style for those (docs/tf2.md)." % (
-            name, step.strategies[0]))
+        "tf.function %s: a traced TF2 step is parallelised over the "
+        "devices of one worker only; this job has %d workers "
+        "(docs/tf2.md)." % (name, env.cluster.worker_num))
+
+
+def _refuse_unsupported(step, name, env):
+  """Raises for what the data-parallel rewrite (ReplicatedStep) of a step
+  that opens no strategy scope does not do."""
+  _refuse_unsupported_gradients(step, name)
   strategy = env.default_strategy
   if strategy is None or strategy.device_count != 1:
     raise NotSupportedInTracedStep(
         "tf.function %s trains under EPL, which rewrites a traced TF2 step "
-        "only for data parallelism: call "
+        "that opens no strategy scope only for data parallelism: call "
         "epl.set_default_strategy(epl.replicate(device_count=1)) after "
-        "epl.init() (default strategy now: %r)." % (name, strategy))
-  if env.cluster.is_distributed:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: a traced TF2 step is data parallel over the "
-        "devices of one worker only; this job has %d workers "
-        "(docs/tf2.md)." % (name, env.cluster.worker_num))
+        "epl.init() (default strategy now: %r), or open epl.replicate "
+        "scopes (pipeline stages) in the step." % (name, strategy))
+  _refuse_multi_worker(name, env)
   savers = _memory_savers_asked(env.config)
   if savers:
     raise NotSupportedInTracedStep(
-        "tf.function %s: %s asked, but a traced TF2 step is rewritten for "
-        "data parallelism only yet, which would train without them. Leave "
-        "them unset for this script, or build the step TF1 style, where "
-        "they apply (docs/tf2.md)." % (name, ", ".join(savers)))
+        "tf.function %s: %s asked, but a traced TF2 step that opens no "
+        "strategy scope is rewritten for data parallelism only, which "
+        "would train without them. Leave them unset for this script, or "
+        "build the step TF1 style, where they apply (docs/tf2.md)." % (
+            name, ", ".join(savers)))
+
+
+def _refuse_in_engine(step, name, env):
+  """Raises for what EPL's engine does not do yet for a traced step that
+  opens strategy scopes."""
+  _refuse_unsupported_gradients(step, name)
+  split = [s for s in step.strategies if s.kind == "split"]
+  if split:
+    raise NotSupportedInTracedStep(
+        "tf.function %s opens %r inside the step: split layers (tensor "
+        "and expert parallelism) in a traced TF2 step are not supported "
+        "yet, only epl.replicate stages. Build the model TF1 style for "
+        "them (docs/tf2.md)." % (name, split[0]))
+  _refuse_multi_worker(name, env)
+  savers = _memory_savers_asked(env.config)
+  if savers:
+    raise NotSupportedInTracedStep(
+        "tf.function %s: %s asked, but they are not built for a traced "
+        "TF2 step yet, which would train without them. Leave them unset "
+        "for this script, or build the step TF1 style, where they apply "
+        "(docs/tf2.md)." % (name, ", ".join(savers)))
 
 
 def _memory_savers_asked(config):
@@ -523,8 +550,13 @@ def call(env, function, original, args, kwargs):
     # Fine for a function that does not train (an evaluation's last,
     # smaller batch); a training step cannot divide it.
     whole = function.get_concrete_function(*args, **kwargs)
-    if traced_step.step_of(whole.graph) is None:
+    traced = traced_step.step_of(whole.graph)
+    if traced is None:
       return original(function, *args, **kwargs)
+    if traced.strategies:
+      # The engine divides the batch over its own replicas, and says so
+      # when it cannot.
+      return _engine_call(env, function, name, args, kwargs)
     raise ValueError(
         "tf.function %s: EPL divides each tensor argument of rank >= 1 (a "
         "batch) over %d replicas x micro-batches along its first axis, but "
@@ -538,9 +570,40 @@ def call(env, function, original, args, kwargs):
     traced = traced_step.step_of(concrete.graph)
     if traced is None:
       return original(function, *args, **kwargs)
+    if traced.strategies:
+      return _engine_call(env, function, name, args, kwargs)
     _refuse_unsupported(traced, name, env)
     devices = [env.cluster.device_name(index)
                for index in range(env.cluster.devices_per_worker)]
     step = _rewritten[concrete.graph] = ReplicatedStep(
         concrete, traced, devices, micro_batches, name)
+  return step(_flat_tensor_arguments(concrete, args, kwargs))
+
+
+
+def _whole_batch_spec(value):
+  """What the engine's trace is given of an argument: a batch (a tensor
+  of rank >= 1) with its first axis unknown, as a TF1 script's fed
+  placeholder, which the rewrite splits over replicas and micro-batches."""
+  if not isinstance(value, (tf.Tensor, np.ndarray)) or isinstance(
+      value, tf.Variable):
+    return value
+  shape = tf.TensorShape(value.shape)
+  if shape.rank:
+    shape = tf.TensorShape([None] + shape[1:].as_list())
+  return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
+
+
+def _engine_call(env, function, name, args, kwargs):
+  """Calls `function`, a training step that opens strategy scopes, as
+  EPL's engine rewrites it (epl.runtime.traced_engine)."""
+  whole_args, whole_kwargs = tf.nest.map_structure(_whole_batch_spec,
+                                                   (args, kwargs))
+  concrete = function.get_concrete_function(*whole_args, **whole_kwargs)
+  step = _rewritten.get(concrete.graph)
+  if step is None:
+    traced = traced_step.step_of(concrete.graph)
+    _refuse_in_engine(traced, name, env)
+    step = _rewritten[concrete.graph] = traced_engine.EngineStep(
+        concrete, traced, name, env.default_strategy)
   return step(_flat_tensor_arguments(concrete, args, kwargs))

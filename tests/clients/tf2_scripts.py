@@ -17,9 +17,16 @@ conftest switched it off) and reads what they print.
   metric of each epoch (the whole batch's, not replica 0's).
 - evaluation_untouched: a tf.function that computes no gradient runs as
   traced, on any batch.
+- pipeline_adam, pipeline_legacy: a subclassed Keras model whose `call`
+  opens two `epl.replicate` stages (its layers built lazily in them, in
+  the step) trains 2 stages x 2 replicas x 4 micro-batches through EPL's
+  engine, equal to the same script without EPL; `tf.train.Checkpoint`
+  restores its weights into a model built without EPL.
 - eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
-  stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
+  split_scope_refused, uneven_batch_refused: each raises EPL's error,
+  which is printed.
 """
+import contextlib
 import sys
 import tempfile
 
@@ -56,7 +63,7 @@ def _optimizer(kind):
   return tf.keras.optimizers.Adam(0.01)
 
 
-def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
+def _train(kind, model=None, batch=GLOBAL_BATCH):
   """The script of the issue's first row: returns the model and the last
   loss."""
   model = model or _model()
@@ -65,11 +72,7 @@ def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
   @tf.function
   def train_step(x, y):
     with tf.GradientTape() as tape:
-      if scope is None:
-        prediction = model(x, training=True)
-      else:
-        with scope:
-          prediction = model(x, training=True)
+      prediction = model(x, training=True)
       loss = tf.reduce_mean(tf.square(prediction - y))
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -81,10 +84,11 @@ def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
   return model, float(loss)
 
 
-def _init(micro_batches=1):
+def _init(micro_batches=1, default_strategy=True):
   epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
                        "pipeline.num_micro_batch": micro_batches}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
+  if default_strategy:
+    epl.set_default_strategy(epl.replicate(device_count=1))
 
 
 def eager_dp(kind, micro_batches=1):
@@ -164,8 +168,65 @@ def graph_mode_fit_refused():
   _refused(run)
 
 
-def stage_scope_refused():
-  _refused(lambda: _train("adam", scope=epl.replicate(1, name="stage_0")))
+class _TwoStageModel(tf.keras.Model):
+  """A subclassed Keras model whose `call` opens a stage scope around each
+  half (none without EPL); its layers build their weights lazily, at
+  their first call, inside the stage (seeded: the same weights with and
+  without EPL)."""
+
+  def __init__(self, stages=None):
+    super().__init__()
+    seeded = tf.keras.initializers.GlorotUniform
+    self.hidden = tf.keras.layers.Dense(16, activation="tanh",
+                                        kernel_initializer=seeded(seed=1))
+    self.head = tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=2))
+    self.stages = stages or [contextlib.nullcontext(),
+                             contextlib.nullcontext()]
+
+  def call(self, x, training=None):
+    del training  # no layer differs in training
+    with self.stages[0]:
+      hidden = self.hidden(x)
+    with self.stages[1]:
+      return self.head(hidden)
+
+
+def split_scope_refused():
+  """A split head opened in the step: not built for a traced step yet."""
+  _init(micro_batches=1, default_strategy=False)
+  try:
+    _train("adam", _TwoStageModel([epl.replicate(1, name="stage_0"),
+                                   epl.split(2, name="head")]))
+  except (NotImplementedError, ValueError) as error:
+    print("TF2_ERROR %s: %s" % (type(error).__name__, error))
+    return
+  print("TF2_NO_ERROR")
+
+
+def pipeline(kind):
+  """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
+  same script without EPL. With the legacy optimizer the script also sets
+  the default strategy, as the issue's scripts do (the loss, built
+  outside the stages, joins the last stage either way)."""
+  _init(micro_batches=4, default_strategy=kind == "legacy")
+  stages = [epl.replicate(1, name="stage_0"),
+            epl.replicate(1, name="stage_1")]
+  model, loss = _train(kind, _TwoStageModel(stages))
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
+  epl.shutdown()
+  expected, expected_loss = _train(kind, _TwoStageModel())
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  # The checkpoint holds one copy of each weight, under its own name.
+  restored = _TwoStageModel()
+  restored(_data(1)[0])
+  tf.train.Checkpoint(model=restored).restore(
+      path).assert_existing_objects_matched()
+  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(actual, wanted)
+  print("TF2_PIPELINE_OK tf=%s optimizer=%s stages=2 replicas=2 "
+        "micro_batches=4 loss=%.6f" % (tf.__version__, kind, loss))
 
 
 def uneven_batch_refused():
@@ -217,6 +278,8 @@ if __name__ == "__main__":
   scenario = sys.argv[1]
   if scenario.startswith("eager_dp_"):
     eager_dp(scenario[len("eager_dp_"):])
+  elif scenario.startswith("pipeline_"):
+    pipeline(scenario[len("pipeline_"):])
   elif scenario.startswith("accumulation_"):
     eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:
