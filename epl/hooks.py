@@ -175,12 +175,18 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   if tf.compat.v1.executing_eagerly_outside_functions():
     if tf.executing_eagerly():
       traced_function.refuse_eager_gradients()
-    with capture.phase_scope(Phase.BACKWARD):
-      grads = original(tape, target, sources, *args, **kwargs)
     graph = tf.compat.v1.get_default_graph()
-    if not tf.executing_eagerly() and graph.building_function:
-      traced_step.record_gradients(graph, tf.nest.flatten(sources),
-                                   tf.nest.flatten(grads))
+    if not graph.building_function:
+      return original(tape, target, sources, *args, **kwargs)
+    with capture.phase_scope(Phase.BACKWARD):
+      if not args and kwargs.get("output_gradients") is None:
+        # The seeds TensorFlow would make, made here to be recorded (the
+        # loss scale multiplies them).
+        kwargs["output_gradients"] = traced_step.seed_gradients(graph,
+                                                                target)
+      grads = original(tape, target, sources, *args, **kwargs)
+    traced_step.record_gradients(graph, tf.nest.flatten(sources),
+                                 tf.nest.flatten(grads))
     return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):

@@ -47,6 +47,16 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
+    ("amp_in_pipeline", "TF2_AMP_OK"),
+])
+def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
+                                                                says):
+  assert says in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 
@@ -70,6 +80,8 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                                "not supported under EPL yet"),
     ("split_scope_refused", "opens epl.split(device_count=2, "
                             "name='head') inside the step"),
+    ("zero_in_pipeline_refused", "zero.level 'v1' asked, but they are not "
+                                 "built for a traced TF2 step yet"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
     ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
                               "step that opens no strategy scope is "

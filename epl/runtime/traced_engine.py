@@ -94,6 +94,7 @@ def _graph_copy(concrete, traced, default_strategy):
       (graph.get_tensor_by_name(grad.name),
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
+  state.loss_seeds.update(traced.loss_seeds)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
   return graph, variables
@@ -193,13 +194,14 @@ def _merged_outputs(graph, output_names):
   return sources
 
 
-def _sync_def(graph, result, variables):
-  """A GraphDef of the writes that copy the user's variables into the
-  copies the rewrite made of them (other replicas'), one group op."""
+def _sync_def(graph, result, names):
+  """A GraphDef that copies the user's variables `names` into the copies
+  the rewrite made of them (other replicas'), and the name of its group
+  op."""
   writes = []
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
-      for name in variables:
+      for name in names:
         variable = graph.get_operation_by_name(name)
         copy = result.copies.op(local, variable)
         if copy is not variable:
@@ -242,17 +244,27 @@ class EngineStep:
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self._step_def = graph.as_graph_def()
-    self._sync_def, sync_op = _sync_def(graph, result, variables)
-    # Imported into a function, the writes run (automatic control
-    # dependencies run every stateful op).
-    self._sync = tf.function(
-        lambda: _import(self._sync_def, self._inputs(), [sync_op]) and None,
-        autograph=False).get_concrete_function()
+    # Every copy starts from the user's variable; the trained ones follow
+    # it before every call (an eager write between steps). The others (the
+    # optimizer's slots) are then the replicas' own: under ZeRO each
+    # replica updates the slots of its share of the variables.
+    trained = {variable.name for record in state_of(graph).gradient_records
+               for _, variable in record.pairs}
+    self._first_sync = self._sync_function(graph, result, variables)
+    self._sync = self._sync_function(graph, result, trained)
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _sync_function(self, graph, result, names):
+    graph_def, group = _sync_def(graph, result, names)
+    # Imported into a function, the writes run (automatic control
+    # dependencies run every stateful op).
+    return tf.function(
+        lambda: _import(graph_def, self._inputs(), [group]) and None,
+        autograph=False).get_concrete_function()
 
   def _inputs(self, arguments=()):
     # The traced step's captures (variable handles, constants) enter the
@@ -266,7 +278,9 @@ class EngineStep:
     return _import(self._step_def, self._inputs(arguments), self._fetches)
 
   def __call__(self, flat_arguments):
-    # Other replicas' copies of the variables start from the user's.
+    if self._first_sync is not None:
+      self._first_sync()
+      self._first_sync = None
     self._sync()
     outputs = self._run(*flat_arguments)
     structure = self._concrete.structured_outputs

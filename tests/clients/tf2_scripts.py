@@ -22,11 +22,15 @@ conftest switched it off) and reads what they print.
   the step) trains 2 stages x 2 replicas x 4 micro-batches through EPL's
   engine, equal to the same script without EPL; `tf.train.Checkpoint`
   restores its weights into a model built without EPL.
+- recompute_in_pipeline, amp_in_pipeline: the pipeline with gradient
+  checkpointing (auto) equals plain TF; with AMP O1 (float16, loss scale
+  128) it is within the suite's AMP tolerance of it.
 - eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
-  split_scope_refused, uneven_batch_refused: each raises EPL's error,
-  which is printed.
+  split_scope_refused, zero_in_pipeline_refused, uneven_batch_refused:
+  each raises EPL's error, which is printed.
 """
 import contextlib
+import logging
 import sys
 import tempfile
 
@@ -84,9 +88,10 @@ def _train(kind, model=None, batch=GLOBAL_BATCH):
   return model, float(loss)
 
 
-def _init(micro_batches=1, default_strategy=True):
-  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
-                       "pipeline.num_micro_batch": micro_batches}))
+def _init(micro_batches=1, default_strategy=True, config=None):
+  epl.init(epl.Config(dict(config or {}, **{
+      "cluster.num_cpu_devices": REPLICAS,
+      "pipeline.num_micro_batch": micro_batches})))
   if default_strategy:
     epl.set_default_strategy(epl.replicate(device_count=1))
 
@@ -203,21 +208,43 @@ def split_scope_refused():
   print("TF2_NO_ERROR")
 
 
-def pipeline(kind):
-  """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
-  same script without EPL. With the legacy optimizer the script also sets
-  the default strategy, as the issue's scripts do (the loss, built
-  outside the stages, joins the last stage either way)."""
-  _init(micro_batches=4, default_strategy=kind == "legacy")
+def _pipeline_run(kind, config=None):
+  """The pipeline script under EPL (2 stages x 2 replicas, 4
+  micro-batches, `config` besides) and without: the two models and
+  losses, and what EPL logged."""
+  _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
+  logged = _Logged()
   stages = [epl.replicate(1, name="stage_0"),
             epl.replicate(1, name="stage_1")]
   model, loss = _train(kind, _TwoStageModel(stages))
-  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
   epl.shutdown()
   expected, expected_loss = _train(kind, _TwoStageModel())
+  return (model, loss), (expected, expected_loss), logged.lines
+
+
+class _Logged(logging.Handler):
+  """The messages EPL's logger emits from now on."""
+
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+    logging.getLogger("epl").addHandler(self)
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+def pipeline(kind):
+  """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
+  same script without EPL, and a checkpoint of it restores into a model
+  built without EPL. With the legacy optimizer the script also sets the
+  default strategy, as the issue's scripts do (the loss, built outside
+  the stages, joins the last stage either way)."""
+  (model, loss), (expected, expected_loss), _ = _pipeline_run(kind)
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
   # The checkpoint holds one copy of each weight, under its own name.
   restored = _TwoStageModel()
   restored(_data(1)[0])
@@ -227,6 +254,41 @@ def pipeline(kind):
     np.testing.assert_array_equal(actual, wanted)
   print("TF2_PIPELINE_OK tf=%s optimizer=%s stages=2 replicas=2 "
         "micro_batches=4 loss=%.6f" % (tf.__version__, kind, loss))
+
+
+def recompute_in_pipeline():
+  """The pipeline with gradient_checkpoint.type auto: checkpoints chosen,
+  weights equal to the same script without EPL."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"gradient_checkpoint.type": "auto"})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  chosen = [line for line in logged if "checkpoint tensor(s)" in line]
+  assert chosen, logged
+  print("TF2_RECOMPUTE_OK %s" % chosen[0])
+
+
+def amp_in_pipeline():
+  """The pipeline with amp.level O1 (float16, loss scale 128): weights
+  within the suite's AMP tolerance of float32 training without EPL."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"amp.level": "O1", "amp.loss_scale": 128})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    np.testing.assert_allclose(actual, wanted,
+                               atol=tolerance.AMP_TOLERANCE["float16"])
+  assert any("precision: float16" in line for line in logged), logged
+  print("TF2_AMP_OK")
+
+
+def zero_in_pipeline_refused():
+  _init(micro_batches=4, default_strategy=False, config={"zero.level": "v1"})
+  try:
+    _train("adam", _TwoStageModel([epl.replicate(1, name="stage_0"),
+                                   epl.replicate(1, name="stage_1")]))
+  except NotImplementedError as error:
+    print("TF2_ERROR %s: %s" % (type(error).__name__, error))
+    return
+  print("TF2_NO_ERROR")
 
 
 def uneven_batch_refused():
