@@ -1,5 +1,6 @@
 """Runs a TF2 train step (a `tf.function`) data parallel by rewriting its
-traced graph.
+traced graph; a step that opens `epl.replicate` scopes (pipeline stages)
+goes to EPL's own engine instead (`epl.runtime.traced_engine`).
 
 When a script calls its `@tf.function` step eagerly under EPL, the step is
 traced for one micro-batch of one replica (`Function.get_concrete_function`
@@ -524,7 +525,9 @@ class _Indivisible(Exception):
 def _replica_spec(value, parts):
   """What one micro-batch of one replica is given of an argument: a
   tensor of rank >= 1 is a batch, whose first axis the replicas and their
-  micro-batches (`parts` in all) divide."""
+  micro-batches (`parts` in all) divide. With `parts` None, the first
+  axis is left unknown: a TF1 script's fed placeholder, which the engine's
+  rewrite splits over its replicas and micro-batches."""
   if not isinstance(value, (tf.Tensor, np.ndarray)) or isinstance(
       value, tf.Variable):
     return value
@@ -532,11 +535,11 @@ def _replica_spec(value, parts):
   if not shape.rank:
     return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
   rows = shape[0]
-  if rows is not None and rows % parts:
+  if rows is not None and parts is not None and rows % parts:
     raise _Indivisible(shape, parts)
   return tf.TensorSpec(
-      [None if rows is None else rows // parts] + shape[1:].as_list(),
-      tf.as_dtype(value.dtype))
+      [None if rows is None or parts is None else rows // parts] +
+      shape[1:].as_list(), tf.as_dtype(value.dtype))
 
 
 def call(env, function, original, args, kwargs):
@@ -585,25 +588,11 @@ def call(env, function, original, args, kwargs):
   return step(_flat_tensor_arguments(concrete, args, kwargs))
 
 
-
-def _whole_batch_spec(value):
-  """What the engine's trace is given of an argument: a batch (a tensor
-  of rank >= 1) with its first axis unknown, as a TF1 script's fed
-  placeholder, which the rewrite splits over replicas and micro-batches."""
-  if not isinstance(value, (tf.Tensor, np.ndarray)) or isinstance(
-      value, tf.Variable):
-    return value
-  shape = tf.TensorShape(value.shape)
-  if shape.rank:
-    shape = tf.TensorShape([None] + shape[1:].as_list())
-  return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
-
-
 def _engine_call(env, function, name, args, kwargs):
   """Calls `function`, a training step that opens strategy scopes, as
   EPL's engine rewrites it (epl.runtime.traced_engine)."""
-  whole_args, whole_kwargs = tf.nest.map_structure(_whole_batch_spec,
-                                                   (args, kwargs))
+  whole_args, whole_kwargs = tf.nest.map_structure(
+      lambda value: _replica_spec(value, None), (args, kwargs))
   concrete = function.get_concrete_function(*whole_args, **whole_kwargs)
   step = _rewritten.get(concrete.graph)
   if step is None:

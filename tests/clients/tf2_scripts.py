@@ -20,8 +20,9 @@ conftest switched it off) and reads what they print.
 - pipeline_adam, pipeline_legacy: a subclassed Keras model whose `call`
   opens two `epl.replicate` stages (its layers built lazily in them, in
   the step) trains 2 stages x 2 replicas x 4 micro-batches through EPL's
-  engine, equal to the same script without EPL; `tf.train.Checkpoint`
-  restores its weights into a model built without EPL.
+  engine, equal to the same script without EPL, also after an eager
+  `set_weights` between two steps; `tf.train.Checkpoint` restores its
+  weights into a model built without EPL.
 - recompute_in_pipeline, amp_in_pipeline: the pipeline with gradient
   checkpointing (auto) equals plain TF; with AMP O1 (float16, loss scale
   128) it is within the suite's AMP tolerance of it.
@@ -67,9 +68,15 @@ def _optimizer(kind):
   return tf.keras.optimizers.Adam(0.01)
 
 
-def _train(kind, model=None, batch=GLOBAL_BATCH):
+def _halve_weights_after_step_2(model, step):
+  """An eager write between two calls of the step."""
+  if step == 2:
+    model.set_weights([0.5 * w for w in model.get_weights()])
+
+
+def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   """The script of the issue's first row: returns the model and the last
-  loss."""
+  loss. `between(model, step)` runs eagerly after each step."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -83,8 +90,11 @@ def _train(kind, model=None, batch=GLOBAL_BATCH):
     return loss
 
   loss = None
-  for x, y in tf.data.Dataset.from_tensor_slices(_data()).batch(batch):
+  batches = tf.data.Dataset.from_tensor_slices(_data()).batch(batch)
+  for step, (x, y) in enumerate(batches):
     loss = train_step(x, y)
+    if between is not None:
+      between(model, step)
   return model, float(loss)
 
 
@@ -216,9 +226,11 @@ def _pipeline_run(kind, config=None):
   logged = _Logged()
   stages = [epl.replicate(1, name="stage_0"),
             epl.replicate(1, name="stage_1")]
-  model, loss = _train(kind, _TwoStageModel(stages))
+  model, loss = _train(kind, _TwoStageModel(stages),
+                       between=_halve_weights_after_step_2)
   epl.shutdown()
-  expected, expected_loss = _train(kind, _TwoStageModel())
+  expected, expected_loss = _train(kind, _TwoStageModel(),
+                                   between=_halve_weights_after_step_2)
   return (model, loss), (expected, expected_loss), logged.lines
 
 
