@@ -82,6 +82,8 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                             "name='head') inside the step"),
     ("zero_in_pipeline_refused", "zero.level 'v1' asked, but they are not "
                                  "built for a traced TF2 step yet"),
+    ("fit_pipeline_refused", "reads its whole batch outside the "
+                             "micro-batches of its model"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
     ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
                               "step that opens no strategy scope is "

@@ -241,6 +241,14 @@ class EngineStep:
           "tf.function %s computes gradients but EPL found no variable "
           "update built from them in its trace: apply the gradients in the "
           "step (optimizer.apply_gradients)." % function_name)
+    # What reads a whole batch besides the split the rewrite made of it
+    # (a Keras metric's update, outside the micro-batches): the caller
+    # refuses such a step.
+    provenance = state_of(graph).provenance
+    self.whole_batch_readers = sorted(
+        reader.name for name in self._arguments
+        for reader in graph.get_tensor_by_name(name).consumers()
+        if not provenance.built_by_rewrite(reader))
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self._step_def = graph.as_graph_def()

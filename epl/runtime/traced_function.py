@@ -598,6 +598,16 @@ def _engine_call(env, function, name, args, kwargs):
   if step is None:
     traced = traced_step.step_of(concrete.graph)
     _refuse_in_engine(traced, name, env)
-    step = _rewritten[concrete.graph] = traced_engine.EngineStep(
-        concrete, traced, name, env.default_strategy)
+    step = traced_engine.EngineStep(concrete, traced, name,
+                                    env.default_strategy)
+    if step.whole_batch_readers:
+      raise NotSupportedInTracedStep(
+          "tf.function %s opens strategy scopes and reads its whole batch "
+          "outside the micro-batches of its model (%s: a metric's update, "
+          "as Keras Model.fit's train step makes); EPL's engine divides the "
+          "batch among the stages' micro-batches only. Compute what reads "
+          "the batch (the loss) in the step itself, or train with a "
+          "tf.function step in an eager loop (docs/tf2.md)." % (
+              name, ", ".join(step.whole_batch_readers[:3])))
+    _rewritten[concrete.graph] = step
   return step(_flat_tensor_arguments(concrete, args, kwargs))
