@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from epl import collections as epl_collections
 from epl.capture import capture
+from epl.ir import graph_editor
 from epl.ir.graph_state import GradientRecord, state_of
 from epl.ir.phase import Phase
 from epl.parallel import engine
@@ -241,16 +242,9 @@ class EngineStep:
           "tf.function %s computes gradients but EPL found no variable "
           "update built from them in its trace: apply the gradients in the "
           "step (optimizer.apply_gradients)." % function_name)
-    # What reads a whole batch besides the split the rewrite made of it
-    # (a Keras metric's update, outside the micro-batches): the caller
-    # refuses such a step.
-    provenance = state_of(graph).provenance
-    self.whole_batch_readers = sorted(
-        reader.name for name in self._arguments
-        for reader in graph.get_tensor_by_name(name).consumers()
-        if not provenance.built_by_rewrite(reader))
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
+    self.whole_batch_readers = self._whole_batch_readers(graph)
     self._step_def = graph.as_graph_def()
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
@@ -265,6 +259,21 @@ class EngineStep:
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _whole_batch_readers(self, graph):
+    """Names of the ops a call runs that read a whole batch argument,
+    besides the split the rewrite made of it (a Keras metric's update,
+    outside the micro-batches): the caller refuses such a step. A call
+    runs what its outputs and its stateful ops need (ops a pass replaced,
+    such as AMP's float32 originals, are left unrun)."""
+    roots = [graph.get_tensor_by_name(name).op for name in self._fetches]
+    roots += [op for op in graph.get_operations() if op.op_def.is_stateful]
+    runs = {op.name for op in graph_editor.ancestors(roots)}
+    provenance = state_of(graph).provenance
+    return sorted(
+        reader.name for name in self._arguments
+        for reader in graph.get_tensor_by_name(name).consumers()
+        if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
     graph_def, group = _sync_def(graph, result, names)
