@@ -50,6 +50,7 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
 @pytest.mark.parametrize("scenario, says", [
     ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
     ("amp_in_pipeline", "TF2_AMP_OK"),
+    ("zero_in_pipeline", "TF2_ZERO_OK"),
 ])
 def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
                                                                 says):
@@ -80,7 +81,7 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                                "not supported under EPL yet"),
     ("split_scope_refused", "opens epl.split(device_count=2, "
                             "name='head') inside the step"),
-    ("zero_in_pipeline_refused", "zero.level 'v1' asked, but they are not "
+    ("zero_in_pipeline_refused", "zero.level 'v3' asked, but they are not "
                                  "built for a traced TF2 step yet"),
     ("fit_pipeline_refused", "reads its whole batch outside the "
                              "micro-batches of its model"),

@@ -468,9 +468,9 @@ def _refuse_in_engine(step, name, env):
         "yet, only epl.replicate stages. Build the model TF1 style for "
         "them (docs/tf2.md)." % (name, split[0]))
   _refuse_multi_worker(name, env)
-  # Gradient checkpointing and AMP come through the engine's own passes
-  # (tested); the others are not checked on a traced step yet. ZeRO over a
-  # Keras optimizer (v2) gave wrong weights when tried.
+  # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
+  # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
+  # hold, and the others are not checked on a traced step yet.
   savers = _memory_savers_asked(env.config, engine=True)
   if savers:
     raise NotSupportedInTracedStep(
@@ -485,7 +485,7 @@ def _memory_savers_asked(config, engine=False):
   with `engine`, those the engine's rewrite of a traced step does not
   apply yet."""
   asked = []
-  if config.zero.level:
+  if config.zero.level and (config.zero.level == "v3" or not engine):
     asked.append("zero.level %r" % config.zero.level)
   if config.gradient_checkpoint.type and not engine:
     asked.append("gradient_checkpoint.type %r" %

@@ -23,9 +23,9 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
-- recompute_in_pipeline, amp_in_pipeline: the pipeline with gradient
-  checkpointing (auto) equals plain TF; with AMP O1 (float16, loss scale
-  128) it is within the suite's AMP tolerance of it.
+- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
+  with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
+  O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
 - eager_tape_refused, fit_run_eagerly_refused, graph_mode_fit_refused,
   split_scope_refused, zero_in_pipeline_refused, fit_pipeline_refused,
   uneven_batch_refused: each raises EPL's error, which is printed.
@@ -287,6 +287,18 @@ def amp_in_pipeline():
   print("TF2_AMP_OK")
 
 
+def zero_in_pipeline():
+  """The pipeline with zero.level v1 (Keras Adam): each replica updates its
+  share of each stage's variables; weights equal to plain TF."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"zero.level": "v1"})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  dealt = [line for line in logged if "variables dealt to 2 replicas" in line]
+  assert len(dealt) == 2, logged
+  print("TF2_ZERO_OK %s" % dealt[0])
+
+
 def fit_pipeline_refused():
   """Keras fit of a model whose call opens stages: its train step updates
   metrics on the whole batch, outside the micro-batches."""
@@ -300,7 +312,7 @@ def zero_in_pipeline_refused():
   _refused(lambda: _train("adam", _TwoStageModel([
       epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
            micro_batches=4, default_strategy=False,
-           config={"zero.level": "v1"})
+           config={"zero.level": "v3"})
 
 
 def uneven_batch_refused():
