@@ -15,11 +15,16 @@ capture, planning, the rewrite, the runtime and the tools together.
   variables are recorded
   (`epl.capture.capture.record_gradients`), dense when
   communication.sparse_as_dense.
+- The gradient registry's `lookup` (`epl.tf_compat.tape`): with eager
+  execution on, a gradient function a `GradientTape` calls inside a
+  traced step runs under its forward op (as `tf.gradients` runs it), so
+  capture puts the backward ops on the forward op's TaskGraph.
 - `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
   backward pass with): the seeds of the losses are recorded
   (`epl.capture.capture.record_loss_seeds`), for the loss scale.
 - With eager execution on (TF2 scripts): `GradientTape.gradient` inside a
-  `tf.function` being traced records the gradients of variables
+  `tf.function` being traced builds BACKWARD ops from seeds it records
+  as the losses' and records the gradients of variables
   (`epl.capture.traced_step`); run eagerly, outside any function, it
   raises (that step would train on one device), and `Function.__call__` made eagerly runs
   the rewrite of a traced training step instead of the trace
@@ -198,7 +203,9 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
 
 def _gradient_lookup(original, registry, op_type):
   function = original(registry, op_type)
-  if active() is None or not tf_tape.is_gradient_registry(registry):
+  # None: an op registered not differentiable.
+  if (function is None or active() is None or
+      not tf_tape.is_gradient_registry(registry) or not _tracing_eagerly()):
     return function
 
   @functools.wraps(function)
