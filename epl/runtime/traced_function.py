@@ -467,15 +467,6 @@ def _refuse_in_engine(step, name, env):
         "and expert parallelism) in a traced TF2 step are not supported "
         "yet, only epl.replicate stages. Build the model TF1 style for "
         "them (docs/tf2.md)." % (name, split[0]))
-  strategy = env.default_strategy
-  if strategy is not None and (strategy.kind != "replicate" or
-                               strategy.device_count != 1):
-    raise NotSupportedInTracedStep(
-        "tf.function %s opens stage scopes under the default strategy %r: "
-        "in a traced TF2 step the ops outside the scopes (the loss) join "
-        "the stage next to them, so the default strategy can only be "
-        "epl.replicate(device_count=1) or none (docs/tf2.md)." % (
-            name, strategy))
   _refuse_multi_worker(name, env)
   # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
   # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
