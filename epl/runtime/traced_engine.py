@@ -22,9 +22,19 @@ argument placeholders to the call's whole batch (the rewrite splits it over
 replicas and micro-batches as it splits a fed batch); the copies the
 rewrite made of the variables (other replicas') are `VarHandleOp`s with
 their own `shared_name`, which persist between calls in the eager
-context's resource manager. Before every call they are copied from the
-user's variables, so they start equal to them and follow any write made
-eagerly between steps (`assign`, `set_weights`, a checkpoint restore).
+context's resource manager. At the first call they are all copied from
+the user's variables; before every call, the trained ones again, so they
+follow any write made eagerly between steps (`assign`, `set_weights`, a
+checkpoint restore). The optimizer's state of the other replicas is then
+their own (under ZeRO, each updates its share).
+
+Before the rewrite, the copy is made to look as a TF1 graph captured by
+EPL does: ops built outside every stage scope (the loss after the model,
+the function's outputs) are left to the rewrite to place beside their
+neighbours; the optimizer's ops are its update (APPLY), as the TF1
+optimizer hook tags them; its slots go to the stage of their variable;
+the readers of a Keras optimizer's IdentityN of all gradients read the
+gradients themselves.
 """
 import logging
 
