@@ -15,11 +15,16 @@ capture, planning, the rewrite, the runtime and the tools together.
   variables are recorded
   (`epl.capture.capture.record_gradients`), dense when
   communication.sparse_as_dense.
+- The gradient registry's `lookup` (`epl.tf_compat.tape`): with eager
+  execution on, a gradient function a `GradientTape` calls inside a
+  traced step runs under its forward op (as `tf.gradients` runs it), so
+  capture puts the backward ops on the forward op's TaskGraph.
 - `gradients_util._DefaultGradYs` (the ones `tf.gradients` seeds the
   backward pass with): the seeds of the losses are recorded
   (`epl.capture.capture.record_loss_seeds`), for the loss scale.
 - With eager execution on (TF2 scripts): `GradientTape.gradient` inside a
-  `tf.function` being traced records the gradients of variables
+  `tf.function` being traced builds BACKWARD ops from seeds it records
+  as the losses' and records the gradients of variables
   (`epl.capture.traced_step`); run eagerly, outside any function, it
   raises (that step would train on one device), and `Function.__call__` made eagerly runs
   the rewrite of a traced training step instead of the trace
@@ -125,6 +130,7 @@ from epl.runtime import summaries
 from epl.runtime import traced_function
 from epl.tf_compat import estimator as tf_estimator
 from epl.tf_compat import keras
+from epl.tf_compat import tape as tf_tape
 from epl.tf_compat import targets
 from epl.tools import dry_run
 
@@ -195,13 +201,21 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   if tf.compat.v1.executing_eagerly_outside_functions():
     if tf.executing_eagerly():
       traced_function.refuse_eager_gradients()
-    grads = original(tape, target, sources, *args, **kwargs)
-    if _tracing_tf2_step():
-      # Keras 3 variables hold the tf.Variable they train.
-      traced_step.record_gradients(
-          tf.compat.v1.get_default_graph(),
-          [keras.tf_variable_of(source) for source in tf.nest.flatten(sources)],
-          tf.nest.flatten(grads))
+    graph = tf.compat.v1.get_default_graph()
+    if not graph.building_function:
+      return original(tape, target, sources, *args, **kwargs)
+    with capture.phase_scope(Phase.BACKWARD):
+      if not args and kwargs.get("output_gradients") is None:
+        # The seeds TensorFlow would make, made here to be recorded (the
+        # loss scale multiplies them).
+        kwargs["output_gradients"] = traced_step.seed_gradients(graph,
+                                                                target)
+      grads = original(tape, target, sources, *args, **kwargs)
+    # Keras 3 variables hold the tf.Variable they train.
+    traced_step.record_gradients(
+        graph, [keras.tf_variable_of(source)
+                for source in tf.nest.flatten(sources)],
+        tf.nest.flatten(grads))
     return grads
   auto.before_gradients(env, tf.nest.flatten(target))
   with capture.phase_scope(Phase.BACKWARD):
@@ -209,6 +223,24 @@ def _tape_gradient(original, tape, target, sources, *args, **kwargs):
   capture.record_gradients(tf.nest.flatten(sources),
                            tf.nest.flatten(grads))
   return grads
+
+
+def _gradient_lookup(original, registry, op_type):
+  function = original(registry, op_type)
+  # None: an op registered not differentiable.
+  if (function is None or active() is None or
+      not tf_tape.is_gradient_registry(registry) or not _tracing_eagerly()):
+    return function
+
+  @functools.wraps(function)
+  def gradient(op, *grads):
+    graph = tf.compat.v1.get_default_graph()
+    forward = tf_tape.forward_op(op) if graph.building_function else None
+    if forward is None or forward.graph is not graph:
+      return function(op, *grads)
+    with tf_tape.original_op_scope(graph, forward):
+      return function(op, *grads)
+  return gradient
 
 
 def _apply_gradients(original, optimizer, grads_and_vars, global_step=None,
@@ -401,6 +433,14 @@ def _install_estimator_hooks():
                                      _latest_checkpoint, _evaluate)))
 
 
+def _tracing_eagerly():
+  """Whether ops are built for a tf.function traced with eager execution
+  on: split lowering builds for a TF1 graph only; a split scope opened in
+  such a step is refused once it is traced
+  (`epl.runtime.traced_function`)."""
+  return tf.compat.v1.executing_eagerly_outside_functions()
+
+
 def _split_lowering(name, module=split_lowering):
   """A wrapper that forwards to `<module>.<name>` (autograph, which
   converts Keras `call`s, leaves it alone)."""
@@ -411,7 +451,7 @@ def _split_lowering(name, module=split_lowering):
     # TensorFlow's own warnings (tf.layers.dense is deprecated) then name
     # the user's line, not this wrapper's.
     original = user_warnings.as_user(original)
-    if active() is None:
+    if active() is None or _tracing_eagerly():
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)
   return wrapper
@@ -427,7 +467,7 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   def call(*call_args, **call_kwargs):
     return super(keras.targets().dense_class, layer).__call__(*call_args,
                                                               **call_kwargs)
-  if active() is None:
+  if active() is None or _tracing_eagerly():
     return call(*args, **kwargs)
   return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
 
@@ -437,6 +477,7 @@ _HOOKS = (
     (targets.GRADIENTS, _gradients_helper),
     (targets.DEFAULT_GRAD_YS, _default_grad_ys),
     (targets.TAPE_GRADIENT, _tape_gradient),
+    (tf_tape.GRADIENT_LOOKUP, _gradient_lookup),
     (targets.APPLY_GRADIENTS, _apply_gradients),
     (targets.FUNCTION_CALL, _function_call),
     (targets.GRAPH_FINALIZE, _finalize),

@@ -35,10 +35,26 @@ def test_eager_tf_function_loop_data_parallel_matches_single_device(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("optimizer", ["adam", "legacy"])
-def test_loop_accumulation_of_four_micro_batches_matches_single_device(
-    optimizer):
-  printed = _run("accumulation_" + optimizer)
-  assert "TF2_EAGER_DP_OK" in printed and "micro_batches=4" in printed
+@pytest.mark.parametrize("scenario, says", [
+    # A loop over 4 micro-batches a replica (no stages).
+    ("accumulation_", "TF2_EAGER_DP_OK"),
+    # 2 stages x 2 replicas x 4 micro-batches through EPL's engine.
+    ("pipeline_", "TF2_PIPELINE_OK"),
+])
+def test_four_micro_batches_match_single_device(scenario, says, optimizer):
+  printed = _run(scenario + optimizer)
+  assert says in printed and "micro_batches=4" in printed
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
+    ("amp_in_pipeline", "TF2_AMP_OK"),
+    ("zero_in_pipeline", "TF2_ZERO_OK"),
+])
+def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
+                                                                says):
+  assert says in _run(scenario)
 
 
 @pytest.mark.timeout(300)
@@ -60,11 +76,16 @@ def test_checkpoint_after_eager_training_holds_one_copy():
 @pytest.mark.parametrize("scenario, says", [
     ("eager_tape_refused", "Decorate the train step with @tf.function"),
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
-    ("stage_scope_refused", "opens epl.replicate(device_count=1, "
-                            "name='stage_0') inside the step"),
+    ("split_scope_refused", "opens epl.split(device_count=2, "
+                            "name='head') inside the step"),
+    ("zero_in_pipeline_refused", "zero.level 'v3' asked, but they are not "
+                                 "built for a traced TF2 step yet"),
+    ("fit_pipeline_refused", "reads its whole batch outside the "
+                             "micro-batches of its model"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
     ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
-                              "step is rewritten for data parallelism only"),
+                              "step that opens no strategy scope is "
+                              "rewritten for data parallelism only"),
     ("init_after_model_refused", "Call epl.init() at the top of the script, "
                                  "before anything runs"),
 ])

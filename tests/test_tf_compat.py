@@ -31,6 +31,7 @@ from epl.tf_compat import importer
 from epl.tf_compat import keras
 from epl.tf_compat import ops
 from epl.tf_compat import stats
+from epl.tf_compat import tape
 from epl.tf_compat import targets
 from epl.tf_compat import training
 
@@ -473,6 +474,56 @@ def test_eager_tensor_type():
   graph = tf.Graph()
   with graph.as_default():
     assert not isinstance(tf.constant(1.0), ops.EagerTensor)
+
+
+@contract("ops.variable_spec")
+def test_variable_spec_of_an_eager_handle():
+  # Eager execution is off in this process (conftest): a fresh one.
+  result = _python(
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import ops\n"
+      "v = tf.Variable(tf.zeros([2, 3], tf.float16))\n"
+      "dtype, shape = ops.variable_spec(v.handle)\n"
+      "print('SPEC', tf.as_dtype(dtype).name,\n"
+      "      tf.TensorShape(shape).as_list())\n"
+      "print('NONE', ops.variable_spec(tf.constant(1.0)))\n")
+  assert "SPEC float16 [2, 3]" in result.stdout, result.stderr[-3000:]
+  assert "NONE None" in result.stdout
+
+
+@contract("tape.GRADIENT_LOOKUP", "tape.is_gradient_registry",
+          "tape.forward_op", "tape.original_op_scope")
+def test_a_tape_in_a_function_finds_its_forward_ops(monkeypatch):
+  owner, attribute = tape.GRADIENT_LOOKUP
+  original = getattr(owner, attribute)
+  seen = []
+
+  def lookup(registry, op_type):
+    function = original(registry, op_type)
+    if not tape.is_gradient_registry(registry):
+      return function
+
+    def gradient(op, *grads):
+      forward = tape.forward_op(op)
+      with tape.original_op_scope(forward.graph, forward):
+        seen.append((op.type, forward.name,
+                     graph_edit.default_original_op(forward.graph).name))
+        return function(op, *grads)
+    return gradient
+  monkeypatch.setattr(owner, attribute, lookup)
+
+  @tf.function
+  def step(x, w):
+    with tf.GradientTape() as taped:
+      taped.watch(w)
+      y = tf.reduce_sum(tf.tanh(tf.matmul(x, w, name="product"),
+                                name="activation"))
+    return taped.gradient(y, w)
+  with tf.Graph().as_default():
+    step.get_concrete_function(tf.TensorSpec([2, 3]), tf.TensorSpec([3, 1]))
+  # The tape's mock of the MatMul keeps no outputs: found by its inputs.
+  assert ("MatMul", "product", "product") in seen, seen
+  assert ("Tanh", "activation", "activation") in seen, seen
 
 
 @contract("ops.gradient_registered")

@@ -98,10 +98,15 @@ def on_op_created(env, op, strategy_after_cut):
   if _thread.suspended:
     return
   if _is_function_graph(graph):
-    # A TF2 step traced with eager execution on (epl.capture.traced_step).
     if env.active_strategy is not None:
       traced_step.record_strategy(graph, env.active_strategy)
-    return
+    if not tf.compat.v1.executing_eagerly_outside_functions():
+      # A function inside a TF1 graph (a tf.data map, a v2 loop's body)
+      # is not the step.
+      return
+    # A TF2 step traced with eager execution on (epl.capture.traced_step)
+    # is tagged as a TF1 graph is, for the engine's rewrite of its copy
+    # (epl.runtime.traced_engine).
   state = state_of(graph, create=True)
   if _thread.roles:
     state.provenance.record_role(op, _thread.roles[-1])

@@ -25,6 +25,8 @@ class TracedStep:
     # Strategy scopes (epl.replicate / epl.split) open while the step's
     # ops were built.
     self.strategies = []
+    # Names of the ones the backward pass of each loss starts from.
+    self.loss_seeds = set()
 
 
 _steps = weakref.WeakKeyDictionary()
@@ -63,6 +65,16 @@ def record_gradients(graph, sources, grads):
       step.gradients.append((grad, source))
     else:
       step.unsupported_gradients.append((type(grad).__name__, source.name))
+
+
+def seed_gradients(graph, target):
+  """The gradients `GradientTape.gradient` starts from for `target` (ones,
+  as TensorFlow makes them when given none), recorded as the losses'
+  seeds of the step `graph` traces."""
+  seeds = tf.nest.map_structure(tf.ones_like, target)
+  _step_for(_outermost(graph)).loss_seeds.update(
+      seed.op.name for seed in tf.nest.flatten(seeds))
+  return seeds
 
 
 def record_strategy(graph, strategy):

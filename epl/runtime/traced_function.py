@@ -1,5 +1,6 @@
 """Runs a TF2 train step (a `tf.function`) data parallel by rewriting its
-traced graph.
+traced graph; a step that opens `epl.replicate` scopes (pipeline stages)
+goes to EPL's own engine instead (`epl.runtime.traced_engine`).
 
 When a script calls its `@tf.function` step eagerly under EPL, the step is
 traced for one micro-batch of one replica (`Function.get_concrete_function`
@@ -43,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from epl.capture import traced_step
+from epl.runtime import traced_engine
 
 logger = logging.getLogger("epl")
 
@@ -412,7 +414,7 @@ def refuse_eager_gradients():
       "device. Decorate the train step with @tf.function (docs/tf2.md).")
 
 
-def _refuse_unsupported(step, name, env):
+def _refuse_unsupported_gradients(step, name):
   if step.unsupported_gradients:
     kind, variable = step.unsupported_gradients[0]
     raise NotSupportedInTracedStep(
@@ -421,43 +423,74 @@ def _refuse_unsupported(step, name, env):
         "sparse one in the step (tf.convert_to_tensor(grad)), take the "
         "gradient in the step itself (no jit_compile), or build the step "
         "TF1 style (docs/tf2.md)." % (name, variable, kind))
-  if step.strategies:
+
+
+def _refuse_multi_worker(name, env):
+  if env.cluster.is_distributed:
     raise NotSupportedInTracedStep(
-        "tf.function %s opens %r inside the step: pipeline stages and "
-        "split layers in a traced TF2 step are not supported yet, only "
-        "data parallelism by epl.set_default_strategy(epl.replicate(1)). "
-        "Build the model TF1 style for those (docs/tf2.md)." % (
-            name, step.strategies[0]))
+        "tf.function %s: a traced TF2 step is parallelised over the "
+        "devices of one worker only; this job has %d workers "
+        "(docs/tf2.md)." % (name, env.cluster.worker_num))
+
+
+def _refuse_unsupported(step, name, env):
+  """Raises for what the data-parallel rewrite (ReplicatedStep) of a step
+  that opens no strategy scope does not do."""
+  _refuse_unsupported_gradients(step, name)
   strategy = env.default_strategy
   if strategy is None or strategy.device_count != 1:
     raise NotSupportedInTracedStep(
         "tf.function %s trains under EPL, which rewrites a traced TF2 step "
-        "only for data parallelism: call "
+        "that opens no strategy scope only for data parallelism: call "
         "epl.set_default_strategy(epl.replicate(device_count=1)) after "
-        "epl.init() (default strategy now: %r)." % (name, strategy))
-  if env.cluster.is_distributed:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: a traced TF2 step is data parallel over the "
-        "devices of one worker only; this job has %d workers "
-        "(docs/tf2.md)." % (name, env.cluster.worker_num))
+        "epl.init() (default strategy now: %r), or open epl.replicate "
+        "scopes (pipeline stages) in the step." % (name, strategy))
+  _refuse_multi_worker(name, env)
   savers = _memory_savers_asked(env.config)
   if savers:
     raise NotSupportedInTracedStep(
-        "tf.function %s: %s asked, but a traced TF2 step is rewritten for "
-        "data parallelism only yet, which would train without them. Leave "
-        "them unset for this script, or build the step TF1 style, where "
-        "they apply (docs/tf2.md)." % (name, ", ".join(savers)))
+        "tf.function %s: %s asked, but a traced TF2 step that opens no "
+        "strategy scope is rewritten for data parallelism only, which "
+        "would train without them. Leave them unset for this script, or "
+        "build the step TF1 style, where they apply (docs/tf2.md)." % (
+            name, ", ".join(savers)))
 
 
-def _memory_savers_asked(config):
-  """The memory-saver settings of `config` that are on, as config keys."""
+def _refuse_in_engine(step, name, env):
+  """Raises for what EPL's engine does not do yet for a traced step that
+  opens strategy scopes."""
+  _refuse_unsupported_gradients(step, name)
+  split = [s for s in step.strategies if s.kind == "split"]
+  if split:
+    raise NotSupportedInTracedStep(
+        "tf.function %s opens %r inside the step: split layers (tensor "
+        "and expert parallelism) in a traced TF2 step are not supported "
+        "yet, only epl.replicate stages. Build the model TF1 style for "
+        "them (docs/tf2.md)." % (name, split[0]))
+  _refuse_multi_worker(name, env)
+  # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
+  # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
+  # hold, and the others are not checked on a traced step yet.
+  savers = _memory_savers_asked(env.config, engine=True)
+  if savers:
+    raise NotSupportedInTracedStep(
+        "tf.function %s: %s asked, but they are not built for a traced "
+        "TF2 step yet, which would train without them. Leave them unset "
+        "for this script, or build the step TF1 style, where they apply "
+        "(docs/tf2.md)." % (name, ", ".join(savers)))
+
+
+def _memory_savers_asked(config, engine=False):
+  """The memory-saver settings of `config` that are on, as config keys;
+  with `engine`, those the engine's rewrite of a traced step does not
+  apply yet."""
   asked = []
-  if config.zero.level:
+  if config.zero.level and (config.zero.level == "v3" or not engine):
     asked.append("zero.level %r" % config.zero.level)
-  if config.gradient_checkpoint.type:
+  if config.gradient_checkpoint.type and not engine:
     asked.append("gradient_checkpoint.type %r" %
                  config.gradient_checkpoint.type)
-  if config.amp.level:
+  if config.amp.level and not engine:
     asked.append("amp.level %r" % config.amp.level)
   if config.offload.level:
     asked.append("offload.level %r" % config.offload.level)
@@ -492,7 +525,9 @@ class _Indivisible(Exception):
 def _replica_spec(value, parts):
   """What one micro-batch of one replica is given of an argument: a
   tensor of rank >= 1 is a batch, whose first axis the replicas and their
-  micro-batches (`parts` in all) divide."""
+  micro-batches (`parts` in all) divide. With `parts` None, the first
+  axis is left unknown: a TF1 script's fed placeholder, which the engine's
+  rewrite splits over its replicas and micro-batches."""
   if not isinstance(value, (tf.Tensor, np.ndarray)) or isinstance(
       value, tf.Variable):
     return value
@@ -500,11 +535,11 @@ def _replica_spec(value, parts):
   if not shape.rank:
     return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
   rows = shape[0]
-  if rows is not None and rows % parts:
+  if rows is not None and parts is not None and rows % parts:
     raise _Indivisible(shape, parts)
   return tf.TensorSpec(
-      [None if rows is None else rows // parts] + shape[1:].as_list(),
-      tf.as_dtype(value.dtype))
+      [None if rows is None or parts is None else rows // parts] +
+      shape[1:].as_list(), tf.as_dtype(value.dtype))
 
 
 def call(env, function, original, args, kwargs):
@@ -523,8 +558,13 @@ def call(env, function, original, args, kwargs):
     # Fine for a function that does not train (an evaluation's last,
     # smaller batch); a training step cannot divide it.
     whole = function.get_concrete_function(*args, **kwargs)
-    if traced_step.step_of(whole.graph) is None:
+    traced = traced_step.step_of(whole.graph)
+    if traced is None:
       return original(function, *args, **kwargs)
+    if traced.strategies:
+      # The engine divides the batch over its own replicas, and says so
+      # when it cannot.
+      return _engine_call(env, function, name, args, kwargs)
     raise ValueError(
         "tf.function %s: EPL divides each tensor argument of rank >= 1 (a "
         "batch) over %d replicas x micro-batches along its first axis, but "
@@ -538,9 +578,36 @@ def call(env, function, original, args, kwargs):
     traced = traced_step.step_of(concrete.graph)
     if traced is None:
       return original(function, *args, **kwargs)
+    if traced.strategies:
+      return _engine_call(env, function, name, args, kwargs)
     _refuse_unsupported(traced, name, env)
     devices = [env.cluster.device_name(index)
                for index in range(env.cluster.devices_per_worker)]
     step = _rewritten[concrete.graph] = ReplicatedStep(
         concrete, traced, devices, micro_batches, name)
+  return step(_flat_tensor_arguments(concrete, args, kwargs))
+
+
+def _engine_call(env, function, name, args, kwargs):
+  """Calls `function`, a training step that opens strategy scopes, as
+  EPL's engine rewrites it (epl.runtime.traced_engine)."""
+  whole_args, whole_kwargs = tf.nest.map_structure(
+      lambda value: _replica_spec(value, None), (args, kwargs))
+  concrete = function.get_concrete_function(*whole_args, **whole_kwargs)
+  step = _rewritten.get(concrete.graph)
+  if step is None:
+    traced = traced_step.step_of(concrete.graph)
+    _refuse_in_engine(traced, name, env)
+    step = traced_engine.EngineStep(concrete, traced, name,
+                                    env.default_strategy)
+    if step.whole_batch_readers:
+      raise NotSupportedInTracedStep(
+          "tf.function %s opens strategy scopes and reads its whole batch "
+          "outside the micro-batches of its model (%s: a metric's update, "
+          "as Keras Model.fit's train step makes); EPL's engine divides the "
+          "batch among the stages' micro-batches only. Compute what reads "
+          "the batch (the loss) in the step itself, or train with a "
+          "tf.function step in an eager loop (docs/tf2.md)." % (
+              name, ", ".join(step.whole_batch_readers[:3])))
+    _rewritten[concrete.graph] = step
   return step(_flat_tensor_arguments(concrete, args, kwargs))

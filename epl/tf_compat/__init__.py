@@ -80,7 +80,7 @@ VERSIONS = {
         "EagerTensor", "collective_ops", "control_flow_ops",
         "gen_resource_variable_ops", "gen_state_ops",
         "gradient_registered", "onednn_graph_rewrites",
-        "resource_variable_ops", "tensor_util")},
+        "resource_variable_ops", "tensor_util", "variable_spec")},
     # stats: the per-op statistics registry.
     **{"stats." + name: _TESTED for name in (
         "OpStats", "register_statistics", "stats_for_node_def",
@@ -92,6 +92,10 @@ VERSIONS = {
         "DATASET_READERS", "LIST_FILES", "DATASET_ITERATORS", "SAVER_SAVE",
         "SAVER_RESTORE", "EVENT_FILE_WRITER", "WRITE_GRAPH", "ARG_MAX",
         "EQUAL", "TOP_K", "FUNCTION_CALL")},
+    # tape: the forward op a GradientTape differentiates in a trace.
+    **{"tape." + name: _TESTED for name in (
+        "GRADIENT_LOOKUP", "is_gradient_registry", "forward_op",
+        "original_op_scope")},
     # training: TF1 optimizer internals.
     "training.base_finish": _TESTED,
     # keras: the Keras 2 layers epl.split hooks (and TensorFlow's frozen

@@ -26,7 +26,7 @@ __all__ = [
     "EagerTensor", "collective_ops", "control_flow_ops",
     "gen_resource_variable_ops", "gen_state_ops",
     "gradient_registered", "onednn_graph_rewrites", "resource_variable_ops",
-    "tensor_util",
+    "tensor_util", "variable_spec",
 ]
 
 
@@ -44,3 +44,15 @@ def onednn_graph_rewrites():
   patterns of Grappler's remapper run in this process: on x86 Linux builds
   unless TF_ENABLE_ONEDNN_OPTS=0 (read by TensorFlow at start)."""
   return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def variable_spec(handle):
+  """(dtype, shape) of the variable behind eager resource handle `handle`
+  (a traced function's capture of it, even one the trace never read as a
+  value: an optimizer slot it only passes to ResourceApplyAdam); None when
+  the handle carries no variable's type."""
+  data = resource_variable_ops.get_eager_safe_handle_data(handle)
+  if data is None or not data.is_set or not data.shape_and_type:
+    return None
+  first = data.shape_and_type[0]
+  return first.dtype, first.shape

@@ -17,8 +17,20 @@ conftest switched it off) and reads what they print.
   metric of each epoch (the whole batch's, not replica 0's).
 - evaluation_untouched: a tf.function that computes no gradient runs as
   traced, on any batch.
-- eager_tape_refused, fit_run_eagerly_refused, stage_scope_refused, uneven_batch_refused: each raises EPL's error, which is printed.
+- pipeline_adam, pipeline_legacy: a subclassed Keras model whose `call`
+  opens two `epl.replicate` stages (its layers built lazily in them, in
+  the step) trains 2 stages x 2 replicas x 4 micro-batches through EPL's
+  engine, equal to the same script without EPL, also after an eager
+  `set_weights` between two steps; `tf.train.Checkpoint` restores its
+  weights into a model built without EPL.
+- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
+  with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
+  O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
+- eager_tape_refused, fit_run_eagerly_refused, split_scope_refused,
+  zero_in_pipeline_refused, fit_pipeline_refused, uneven_batch_refused: each raises EPL's error, which is printed.
 """
+import contextlib
+import logging
 import sys
 import tempfile
 
@@ -55,35 +67,42 @@ def _optimizer(kind):
   return tf.keras.optimizers.Adam(0.01)
 
 
-def _train(kind, model=None, scope=None, batch=GLOBAL_BATCH):
+def _halve_weights_after_step_2(model, step):
+  """An eager write between two calls of the step."""
+  if step == 2:
+    model.set_weights([0.5 * w for w in model.get_weights()])
+
+
+def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   """The script of the issue's first row: returns the model and the last
-  loss."""
+  loss. `between(model, step)` runs eagerly after each step."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
   @tf.function
   def train_step(x, y):
     with tf.GradientTape() as tape:
-      if scope is None:
-        prediction = model(x, training=True)
-      else:
-        with scope:
-          prediction = model(x, training=True)
+      prediction = model(x, training=True)
       loss = tf.reduce_mean(tf.square(prediction - y))
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
   loss = None
-  for x, y in tf.data.Dataset.from_tensor_slices(_data()).batch(batch):
+  batches = tf.data.Dataset.from_tensor_slices(_data()).batch(batch)
+  for step, (x, y) in enumerate(batches):
     loss = train_step(x, y)
+    if between is not None:
+      between(model, step)
   return model, float(loss)
 
 
-def _init(micro_batches=1):
-  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
-                       "pipeline.num_micro_batch": micro_batches}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
+def _init(micro_batches=1, default_strategy=True, config=None):
+  epl.init(epl.Config(dict(config or {}, **{
+      "cluster.num_cpu_devices": REPLICAS,
+      "pipeline.num_micro_batch": micro_batches})))
+  if default_strategy:
+    epl.set_default_strategy(epl.replicate(device_count=1))
 
 
 def eager_dp(kind, micro_batches=1):
@@ -133,8 +152,8 @@ def fit_dp():
   print("TF2_FIT_DP_OK loss=%s" % history["loss"])
 
 
-def _refused(run):
-  _init()
+def _refused(run, **init):
+  _init(**init)
   try:
     run()
   except (NotImplementedError, ValueError) as error:
@@ -152,8 +171,136 @@ def fit_run_eagerly_refused():
   _refused(run)
 
 
-def stage_scope_refused():
-  _refused(lambda: _train("adam", scope=epl.replicate(1, name="stage_0")))
+class _TwoStageModel(tf.keras.Model):
+  """A subclassed Keras model whose `call` opens a stage scope around each
+  half (none without EPL); its layers build their weights lazily, at
+  their first call, inside the stage (seeded: the same weights with and
+  without EPL)."""
+
+  def __init__(self, stages=None):
+    super().__init__()
+    seeded = tf.keras.initializers.GlorotUniform
+    self.hidden = tf.keras.layers.Dense(16, activation="tanh",
+                                        kernel_initializer=seeded(seed=1))
+    self.head = tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=2))
+    self.stages = stages or [contextlib.nullcontext(),
+                             contextlib.nullcontext()]
+
+  def call(self, x, training=None):
+    del training  # no layer differs in training
+    with self.stages[0]:
+      hidden = self.hidden(x)
+    with self.stages[1]:
+      return self.head(hidden)
+
+
+def split_scope_refused():
+  """A split head opened in the step: not built for a traced step yet."""
+  _refused(lambda: _train("adam", _TwoStageModel([
+      epl.replicate(1, name="stage_0"), epl.split(2, name="head")])),
+           default_strategy=False)
+
+
+def _pipeline_run(kind, config=None):
+  """The pipeline script under EPL (2 stages x 2 replicas, 4
+  micro-batches, `config` besides) and without: the two models and
+  losses, and what EPL logged."""
+  _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
+  logged = _Logged()
+  stages = [epl.replicate(1, name="stage_0"),
+            epl.replicate(1, name="stage_1")]
+  model, loss = _train(kind, _TwoStageModel(stages),
+                       between=_halve_weights_after_step_2)
+  epl.shutdown()
+  expected, expected_loss = _train(kind, _TwoStageModel(),
+                                   between=_halve_weights_after_step_2)
+  return (model, loss), (expected, expected_loss), logged.lines
+
+
+class _Logged(logging.Handler):
+  """The messages EPL's logger emits from now on."""
+
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+    logging.getLogger("epl").addHandler(self)
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+def pipeline(kind):
+  """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
+  same script without EPL, and a checkpoint of it restores into a model
+  built without EPL. With the legacy optimizer the script also sets the
+  default strategy, as the issue's scripts do (the loss, built outside
+  the stages, joins the last stage either way)."""
+  (model, loss), (expected, expected_loss), _ = _pipeline_run(kind)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
+  # The checkpoint holds one copy of each weight, under its own name.
+  restored = _TwoStageModel()
+  restored(_data(1)[0])
+  tf.train.Checkpoint(model=restored).restore(
+      path).assert_existing_objects_matched()
+  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(actual, wanted)
+  print("TF2_PIPELINE_OK tf=%s optimizer=%s stages=2 replicas=2 "
+        "micro_batches=4 loss=%.6f" % (tf.__version__, kind, loss))
+
+
+def recompute_in_pipeline():
+  """The pipeline with gradient_checkpoint.type auto: checkpoints chosen,
+  weights equal to the same script without EPL."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"gradient_checkpoint.type": "auto"})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  chosen = [line for line in logged if "checkpoint tensor(s)" in line]
+  assert chosen, logged
+  print("TF2_RECOMPUTE_OK %s" % chosen[0])
+
+
+def amp_in_pipeline():
+  """The pipeline with amp.level O1 (float16, loss scale 128): weights
+  within the suite's AMP tolerance of float32 training without EPL."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"amp.level": "O1", "amp.loss_scale": 128})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    np.testing.assert_allclose(actual, wanted,
+                               atol=tolerance.AMP_TOLERANCE["float16"])
+  assert any("precision: float16" in line for line in logged), logged
+  print("TF2_AMP_OK")
+
+
+def zero_in_pipeline():
+  """The pipeline with zero.level v1 (Keras Adam): each replica updates its
+  share of each stage's variables; weights equal to plain TF."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"zero.level": "v1"})
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  dealt = [line for line in logged if "variables dealt to 2 replicas" in line]
+  assert len(dealt) == 2, logged
+  print("TF2_ZERO_OK %s" % dealt[0])
+
+
+def fit_pipeline_refused():
+  """Keras fit of a model whose call opens stages: its train step updates
+  metrics on the whole batch, outside the micro-batches."""
+  def run():
+    _fit(_TwoStageModel([epl.replicate(1, name="stage_0"),
+                         epl.replicate(1, name="stage_1")]))
+  _refused(run, micro_batches=4, default_strategy=False)
+
+
+def zero_in_pipeline_refused():
+  _refused(lambda: _train("adam", _TwoStageModel([
+      epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
+           micro_batches=4, default_strategy=False,
+           config={"zero.level": "v3"})
 
 
 def uneven_batch_refused():
@@ -205,6 +352,8 @@ if __name__ == "__main__":
   scenario = sys.argv[1]
   if scenario.startswith("eager_dp_"):
     eager_dp(scenario[len("eager_dp_"):])
+  elif scenario.startswith("pipeline_"):
+    pipeline(scenario[len("pipeline_"):])
   elif scenario.startswith("accumulation_"):
     eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:
