@@ -35,8 +35,9 @@ def _layouts():
   }
 
 
-def _check(layout, optimizer, savers):
-  model, config, default_strategy, multiple = _layouts()[layout]
+def _check(layout, optimizer, savers, model=None):
+  layout_model, config, default_strategy, multiple = _layouts()[layout]
+  model = model or layout_model
   expected, _, _ = training.train(model, optimizer, batch_size=MICRO * multiple,
                                   with_epl=False)
   actual, _, graph = training.train(
@@ -167,34 +168,63 @@ def test_zero_v3_devices_hold_their_shards_only():
     assert op.device == op.inputs[0].op.device, op.name
 
 
-def test_zero_v3_gathers_each_weight_just_before_use():
-  """Every forward and backward use of a partitioned weight reads a
-  concatenation of the 4 shards made for it, whose shard reads wait for
-  the op's other inputs; no replica's step reads its own shard alone."""
-  graph = _check("dp4", "momentum", V3)
-  kernel = "dense_1/kernel"
-  users = 0
+def _gathers_and_uses(graph):
+  """{device: [(shard read, the op reading the gathered weight)]} of the
+  all-gathers of partitioned weights that the step runs."""
+  found = {}
   for op in graph.get_operations():
-    if op.type != "MatMul":
+    if op.type != "CollectiveGatherV2":
       continue
-    for tensor in op.inputs:
-      # The full weight: the shards concatenated, the padding sliced off.
-      if tensor.op.type != "Slice" or (
-          tensor.op.inputs[0].op.type != "ConcatV2"):
-        continue
-      # ReadVariableOps, or reference variables' Identity reads.
-      reads = [t.op for t in tensor.op.inputs[0].op.inputs[:-1]]
-      sources = sorted(r.inputs[0].op.name for r in reads)
-      if not sources[-1].endswith(kernel):
-        continue
-      users += 1
-      assert sources == sorted(
-          [kernel] + ["EPL_REPLICA_%d/%s" % (r, kernel) for r in (1, 2, 3)])
-      others = {t.op for t in op.inputs if t is not tensor}
-      for read in reads:
-        assert others <= set(read.control_inputs), op.name
-  # Forward, and the gradient of the input, in each of 4 replicas.
-  assert users == 4 * 2
+    readers = [c for c in op.outputs[0].consumers()]
+    # The gathered weight has one reader (a Slice cutting padding rows has
+    # one in turn): it is freed once that use is done.
+    assert len(readers) == 1, (op.name, readers)
+    if readers[0].type == "Slice":
+      readers = list(readers[0].outputs[0].consumers())
+      assert len(readers) == 1, (op.name, readers)
+    assert op.inputs[0].op.type in VARIABLE_READ_TYPES
+    found.setdefault(op.device, []).append((op.inputs[0].op, readers[0]))
+  return found
+
+
+def _alive_together(pairs):
+  """Triples of gathers in `pairs` that the graph lets exist at once: no
+  one's use is an ancestor of another's shard read."""
+  before = {read.name: {a.name for a in graph_editor.ancestors([read])}
+            for read, _ in pairs}
+
+  def ordered(first, second):
+    return (first[1].name in before[second[0].name] or
+            second[1].name in before[first[0].name])
+  return [(a[1].name, b[1].name, c[1].name)
+          for i, a in enumerate(pairs) for j, b in enumerate(pairs[i + 1:])
+          for c in pairs[i + j + 2:]
+          if not (ordered(a, b) or ordered(a, c) or ordered(b, c))]
+
+
+def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use():
+  """Every forward and backward use of a partitioned weight reads an
+  all-gather of its shards made for it alone (over the 4 replicas); by the
+  rewritten graph's dependencies, a device never holds more than the
+  gathered weight in use and the one prefetched for the next use; the
+  step computes no full-size weight gradient (each shard's rows are made
+  from the layer's inputs)."""
+  graph = _check("dp4", "adam", V3, model=training.four_equal_layers)
+  found = _gathers_and_uses(graph)
+  assert sorted(found) == ["/device:CPU:%d" % d for d in range(4)]
+  for device, pairs in found.items():
+    # Forward: 4 MatMuls; backward: the input gradient of each layer (the
+    # first's too: minimize gates every gradient of a MatMul together).
+    assert sorted(use.type for _, use in pairs) == ["MatMul"] * 8, device
+    assert {use.device for _, use in pairs} == {device}
+    assert _alive_together(pairs) == [], device
+    # Without the prefetch window's bound, every gather could start at once.
+    assert len(pairs) >= 3
+  # What minimize returned: the global step's increment.
+  step = graph_editor.ancestors([graph.get_operation_by_name("Adam")])
+  full = [op.name for op in step if op.type == "MatMul" and
+          op.outputs[0].shape.as_list() == [training.FEATURES] * 2]
+  assert full == []
 
 
 def test_zero_v3_whole_values_outside_the_step():

@@ -8,14 +8,13 @@ replica keeps the whole weight. Its optimizer slots (variables of the same
 shape that its update built) are sharded alike, so a replica holds 1/N of
 the weights, slots and reduced gradients.
 
-- Forward and backward: every read of the weight in a replica's step
-  becomes, per consumer, the concatenation of fresh reads of every shard
-  (TensorFlow sends them between devices: an all-gather built of reads),
-  on the consumer's device. The shard reads wait for the consumer's other
-  inputs, so the full weight is gathered just before the op that needs it
-  and freed after it (backward gathers again instead of keeping the
-  forward's copy). Shape, Size and Rank of the weight read constants;
-  VariableShape too; ResourceGather gathers rows from the full weight.
+- Forward and backward: every use of the weight in a replica's step
+  reads an all-gather of the shards over the worker's replicas, made for
+  that use alone and started one use ahead (`zero_gathers`), so the full
+  weight exists only around the op that needs it (backward gathers again
+  instead of keeping the forward's copy). Shape, Size and Rank of the
+  weight read constants; VariableShape too; ResourceGather gathers rows
+  from the full weight.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
   replicas (and, where the micro-batch sum is the update's alone, over
   micro-batches, as v2) of that slice of each replica's gradient, sliced
@@ -49,7 +48,6 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir import variables
@@ -57,9 +55,10 @@ from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.parallel.ops.split_lowering import ShardedVariable
 from epl.parallel.passes import across_workers
+from epl.parallel.passes import zero_gathers
+from epl.parallel.passes import zero_gradient_shards
 from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
-                                         joined_shards, shard_slice,
-                                         write_shards)
+                                                  write_shards)
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.balance import variable_size
@@ -210,16 +209,6 @@ def _set_shard_shapes(ctx, copies, weights):
                               shape=tf.TensorShape(shape).as_proto()))
 
 
-def _gathered(ctx, copies, variable, info, device, waits_for=()):
-  """The full value of partitioned `variable` on `device`: every local
-  shard read (each on its own device, after `waits_for`), concatenated."""
-  with tf.control_dependencies(waits_for):
-    shards = [read_value(copies.op(local, variable))
-              for local in range(len(ctx.replicas))]
-  with tf.device(device):
-    return joined_shards(shards, info)
-
-
 def _constant_for(kind, out_type, device, shape):
   """A constant of what a `kind` op (Shape, Size or Rank; VariableShape is
   a Shape) with `out_type` says of a tensor of `shape`."""
@@ -240,35 +229,14 @@ def _read_constant(op, shape):
       _constant_for(op.type, out_type, op.device, shape))
 
 
-def _just_in_time_waits(consumer, read):
-  """The producers of `consumer`'s other inputs: the full weight is
-  gathered once they are done (outside TF1 while-loops only)."""
-  return list(dict.fromkeys(
-      t.op for t in consumer.inputs
-      if t is not read and t.op.type not in ("Const",) and
-      not control_flow.in_loop(t.op)))
-
-
-def _gather_read(ctx, copies, variable, info, shape, read):
-  """Each consumer of weight read `read` (a ReadVariableOp, or a reference
-  variable's Identity) reads the full weight gathered for it instead;
-  Shape, Size and Rank read constants."""
-  for consumer in list(dict.fromkeys(read.consumers())):
-    if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
-      _read_constant(consumer, shape)
-      continue
-    waits = ([] if control_flow.in_loop(consumer) else
-             _just_in_time_waits(consumer, read))
-    full = _gathered(ctx, copies, variable, info, consumer.device, waits)
-    graph_editor.replace_input_in([consumer], read, full)
-
-
-def _gather_reads(ctx, copies, weights, name):
-  """Every read of weight `name` in each local replica's step reads the
-  weight gathered just in time (see `_gather_read`)."""
+def _uses_of(ctx, copies, weights, name):
+  """The Uses of partitioned weight `name` in replica 0's step (the ops
+  that read it, or take rows of it); Shape, Size, Rank and VariableShape
+  of it in every local replica's step read constants instead. Raises for
+  any other use."""
   variable = ctx.graph.get_operation_by_name(name)
-  info = weights.shards[name]
   shape = weights.full_shapes[name]
+  uses = []
   for local in range(len(ctx.replicas)):
     replica_names = copies.replica_op_names(local)
     update_names = {copies.op(local, op).name
@@ -278,17 +246,18 @@ def _gather_reads(ctx, copies, weights, name):
       if reader.name not in replica_names or reader.name in update_names:
         continue
       if reader.type in VARIABLE_READ_TYPES:
-        _gather_read(ctx, copies, variable, info, shape, reader.outputs[0])
+        for consumer in list(dict.fromkeys(reader.outputs[0].consumers())):
+          if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
+            _read_constant(consumer, shape)
+          elif local == 0:
+            uses.append(zero_gathers.Use(name, consumer, reader.outputs[0]))
       elif reader.type == "VariableShape":
         _read_constant(reader, shape)
       elif reader.type == "ResourceGather" and not reader.get_attr(
           "batch_dims"):
-        full = _gathered(ctx, copies, variable, info, reader.device,
-                         _just_in_time_waits(reader, copy.outputs[0]))
-        with tf.device(reader.device):
-          rows = tf.gather(full, reader.inputs[1])
-        graph_editor.replace_input_in(
-            list(reader.outputs[0].consumers()), reader.outputs[0], rows)
+        if local == 0:
+          uses.append(zero_gathers.Use(name, reader, copy.outputs[0],
+                                       rows=True))
       else:
         raise ValueError(
             "zero.level v3: op %r (%s) of the training step uses variable "
@@ -296,13 +265,25 @@ def _gather_reads(ctx, copies, weights, name):
             "zero.min_partition_size above its %d elements to keep it "
             "whole, or use zero.level 'v2'." % (
                 reader.name, reader.type, name, shape.num_elements()))
+  return uses
+
+
+def _leaving_readers(ctx, copies, weights, accumulation, name):
+  """Names of the ops that read a replica's gradient of weight `name` now
+  and will not once it is reduce-scattered: every local replica's update
+  and the micro-batch sum (`accumulation`) the shards build instead."""
+  leaving = {copies.op(local, op).name for local in range(len(ctx.replicas))
+             for op in weights.updates[name]}
+  if accumulation:
+    leaving.update(op.name for op in accumulation.ops)
+  return leaving
 
 
 def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   """Shard r's gradient: the sum of slice r of every replica's gradient
   (of every micro-batch where `accumulations` has the weight's sum),
-  sliced where each was made and summed on shard r's device; replica r's
-  update reads it."""
+  made where each was made (`zero_gradient_shards`) and summed on shard
+  r's device; replica r's update reads it."""
   mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   variable = ctx.graph.get_operation_by_name(name)
   info = weights.shards[name]
@@ -310,16 +291,18 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   accumulation = accumulations.get(name)
   parts = accumulation.parts if accumulation else [grad]
   taskgraph = ctx.taskgraph_index(variable)
+  leaving = _leaving_readers(ctx, copies, weights, accumulation, name)
+  with tf.name_scope("reduce_scatter/%s" % name):
+    sliced = {(index, local): zero_gradient_shards.shards_of(
+        copies.tensor(local, part), info, rank, leaving)
+              for index, part in enumerate(parts)
+              for local in range(len(ctx.replicas))}
   reduced = []
   for shard in range(len(ctx.replicas)):
     replicas = [shard] + [l for l in range(len(ctx.replicas)) if l != shard]
-    pieces = []
+    pieces = [sliced[(index, local)][shard] for index in range(len(parts))
+              for local in replicas]
     with tf.name_scope("reduce_scatter/%s" % name):
-      for part in parts:
-        for local in replicas:
-          tensor = copies.tensor(local, part)
-          with tf.device(tensor.device):
-            pieces.append(shard_slice(tensor, info, shard, rank))
       with tf.device(ctx.device(shard, taskgraph)):
         total = pieces[0]
         for piece in pieces[1:]:
@@ -404,8 +387,8 @@ def _whole_writes(ctx, copies, weights, substitutes):
         with tf.control_dependencies([writer] + writes):
           substitutes[writer.name] = tf.group(writer, *writes)
           for output in writer.outputs:
-            substitutes[output.name] = _gathered(ctx, copies, variable, info,
-                                                 variable.device)
+            substitutes[output.name] = zero_gathers.concatenated(
+                ctx, copies, variable, info, variable.device)
         continue
       # Groups the user built since (the rewrite's own reads of a written
       # shard wait for the write too: they are not groups).
@@ -448,8 +431,8 @@ def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
     waits = list(read.op.control_inputs) if read.op is not variable else []
     for write in list(waits):
       waits.extend(weights.writes.get(write.name, []))
-    full = _gathered(ctx, copies, variable, weights.shards[name],
-                     variable.device, waits)
+    full = zero_gathers.concatenated(
+        ctx, copies, variable, weights.shards[name], variable.device, waits)
     substitutes[read.name] = full
     if read.op is variable:
       continue
@@ -487,10 +470,12 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
     return result
   with _building(ctx):
     _set_shard_shapes(ctx, copies, weights)
+    uses = []
     for grad, variable in weights.points:
-      _gather_reads(ctx, copies, weights, variable.name)
+      uses.extend(_uses_of(ctx, copies, weights, variable.name))
       _reduce_scatter(ctx, copies, weights, zero_partition.accumulations,
                       variable.name, grad)
+    zero_gathers.gather_uses(ctx, copies, weights, uses)
   logger.info(
       "ZeRO v3: %d weight(s) partitioned over %d replicas (%d variables "
       "with slots)", len(weights.points), len(ctx.replicas),
