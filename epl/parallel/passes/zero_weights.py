@@ -33,10 +33,12 @@ the weights, slots and reduced gradients.
   so checkpoints go both ways between v3 and plain TF. Fetching the user's
   variable (or a read of it made outside the step) returns the full value.
 
-Variables left whole (treated as v2: one owner holds slots and applies
-the update): those with fewer than zero.min_partition_size elements,
-scalars, those with sparse (IndexedSlices) gradients and those whose update
-is not elementwise (EPL warns for the last two). Replicas partitioned are
+Which variables are partitioned is the plan's decision
+(`epl.parallel.plan.weight_partition`, printed by epl-plan). Variables left
+whole (treated as v2: one owner holds slots and applies the update): those
+with fewer than zero.min_partition_size elements, scalars, those with
+sparse (IndexedSlices) gradients and those whose update is not elementwise
+(EPL warns for the last two). Replicas partitioned are
 those of one worker: across workers, the k-th replica of every worker holds
 the same shard, their shard gradients are all-reduced, and worker 0's
 initial shards are broadcast to them.
@@ -61,25 +63,10 @@ from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
                                                   write_shards)
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
-from epl.parallel.plan.balance import variable_size
 from epl.parallel.plan.decisions import Reduction
+from epl.parallel.plan.weight_partition import WeightSharding
 
 logger = logging.getLogger("epl")
-
-# Op types an update may have and still apply shard by shard: elementwise
-# ops (on the variable, its slots and gradient, and scalars), variables,
-# their reads and writes; the fused dense apply kernels (Apply*,
-# ResourceApply*; "Sparse" ones excepted) are elementwise too. No reduction:
-# an update that takes a norm of the whole variable (LAMB, LARS) cannot.
-_ELEMENTWISE_UPDATE_TYPES = frozenset(
-    ["VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "Identity",
-     "Cast", "Const", "NoOp", "Assign", "AssignAdd", "AssignSub",
-     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg",
-     "Sqrt", "Rsqrt", "Square", "Pow", "Abs", "Sign", "Exp", "Log",
-     "Reciprocal", "Maximum", "Minimum", "Select", "SelectV2", "ZerosLike",
-     "OnesLike"])
-
 
 @dataclasses.dataclass
 class ShardedWeights:
@@ -106,55 +93,48 @@ class ShardedWeights:
   gathered: set = dataclasses.field(default_factory=set)
 
 
-def _not_elementwise(update, variable, grad):
-  """Why the `update` ops of `variable` cannot apply to one shard at a time
-  with its shard of `grad`: op types that are not elementwise, and tensors
-  other than the variable, its gradient and scalars that the update reads
-  from outside itself (they have the full shape). Empty when it can."""
-  names = {op.name for op in update}
-  grads = {t.name for t in ([grad.values, grad.indices]
-                            if isinstance(grad, tf.IndexedSlices) else [grad])}
-  reasons = sorted({op.type for op in update
-                    if op.type not in _ELEMENTWISE_UPDATE_TYPES and not (
-                        op.type.startswith(("Apply", "ResourceApply")) and
-                        "Sparse" not in op.type)})
-  for op in update:
-    outside = [t for t in op.inputs if t.op.name not in names and
-               t.op is not variable and t.name not in grads]
-    if op.type == "Const":
-      outside = list(op.outputs)
-    for tensor in outside:
-      if tensor.shape.num_elements() != 1 and tensor.shape.rank != 0:
-        reasons.append("reads %s %s" % (tensor.name, tensor.shape))
-  return reasons
+def _warn_left_whole(partition):
+  """Warns for the variables the plan's WeightPartition left whole because
+  of sparse gradients or updates that are not elementwise; logs the small
+  ones."""
+  sparse = partition.names(WeightSharding.SPARSE)
+  if sparse:
+    logger.warning(
+        "zero.level v3: %s get sparse gradients (embedding lookups); they "
+        "stay whole on every replica, their optimizer state and gradients "
+        "partitioned as with v2.", ", ".join(sparse))
+  other = ["%s (%s)" % (name, partition.of(name).reason) for name in
+           partition.names(WeightSharding.NOT_ELEMENTWISE)]
+  if other:
+    logger.warning(
+        "zero.level v3: the updates of %s are not elementwise, so they "
+        "cannot apply shard by shard; those variables stay whole, their "
+        "optimizer state and gradients partitioned as with v2.",
+        ", ".join(other))
+  small = partition.names(WeightSharding.SMALL)
+  if small:
+    logger.info("zero.level v3: %d variable(s) under zero.min_partition_size "
+                "stay whole: %s", len(small), ", ".join(small))
 
 
 def choose_sharded(ctx, points, updates):
-  """The ShardedWeights of the trained variables v3 partitions, among
-  `points` ((gradient, variable) pairs) whose `updates` ({variable name:
-  update ops}) are known; None when it partitions none. Logs (warns for
-  sparse gradients and updates that are not elementwise) those left whole.
-  """
+  """The ShardedWeights of the trained variables the plan partitions
+  (`ctx.plan.decisions.weights`), among `points` ((gradient, variable)
+  pairs) whose `updates` ({variable name: update ops}) are known; None
+  when it partitions none."""
+  partition = ctx.plan.decisions.weights
+  _warn_left_whole(partition)
+  chosen = set(partition.names(WeightSharding.PARTITIONED))
   replicas = len(ctx.replicas)
-  minimum = ctx.config.zero.min_partition_size
-  shards, sharded_points, small, sparse, other = {}, [], [], [], []
-  full_shapes = {}
+  shards, sharded_points, full_shapes = {}, [], {}
   for grad, variable in points:
+    if variable.name not in chosen:
+      continue
+    if variable.name not in updates:
+      raise RuntimeError(
+          "zero.level v3: the plan partitions %r, but the rewrite found no "
+          "update of its own for it; please report this." % variable.name)
     shape = tf.TensorShape(variable.get_attr("shape"))
-    taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(variable)]
-    if taskgraph.kind == "split" or variable.name not in updates:
-      continue
-    if isinstance(grad, tf.IndexedSlices):
-      sparse.append(variable.name)
-      continue
-    if not shape.is_fully_defined() or shape.rank == 0 or (
-        variable_size(variable) < minimum):
-      small.append(variable.name)
-      continue
-    blocking = _not_elementwise(updates[variable.name], variable, grad)
-    if blocking:
-      other.append("%s (%s)" % (variable.name, ", ".join(blocking)))
-      continue
     rows = shape.as_list()[0]
     info = ShardedVariable(axis=0, full_size=rows,
                            columns=-(-rows // replicas), group_size=replicas)
@@ -164,26 +144,11 @@ def choose_sharded(ctx, points, updates):
           op.get_attr("shape")) == shape:
         shards[op.name] = info
         full_shapes[op.name] = shape
-  if sparse:
-    logger.warning(
-        "zero.level v3: %s get sparse gradients (embedding lookups); they "
-        "stay whole on every replica, their optimizer state and gradients "
-        "partitioned as with v2.", ", ".join(sparse))
-  if other:
-    logger.warning(
-        "zero.level v3: the updates of %s are not elementwise, so they "
-        "cannot apply shard by shard; those variables stay whole, their "
-        "optimizer state and gradients partitioned as with v2.",
-        ", ".join(other))
-  if small:
-    logger.info("zero.level v3: %d variable(s) under zero.min_partition_size "
-                "(%d elements) stay whole: %s", len(small), minimum,
-                ", ".join(small))
   if not sharded_points:
     logger.warning(
         "zero.level v3 partitions no variable (zero.min_partition_size = "
         "%d elements); it works as v2. Lower zero.min_partition_size to "
-        "partition smaller variables.", minimum)
+        "partition smaller variables.", partition.min_partition_size)
     return None
   return ShardedWeights(
       shards=shards, points=sharded_points,
