@@ -168,60 +168,72 @@ def test_zero_v3_devices_hold_their_shards_only():
     assert op.device == op.inputs[0].op.device, op.name
 
 
-def _gathers_and_uses(graph):
-  """{device: [(shard read, the op reading the gathered weight)]} of the
-  all-gathers of partitioned weights that the step runs."""
+def _gathers_and_uses(step):
+  """{device: [(all-gather, the ops reading the gathered weight)]} of the
+  gathers of partitioned weights among the ops `step` (CollectiveGatherV2s,
+  or with local sums one ConcatV2 of the shard reads that every replica
+  reads)."""
   found = {}
-  for op in graph.get_operations():
-    if op.type != "CollectiveGatherV2":
+  for op in step:
+    if op.type == "ConcatV2" and not all(
+        t.op.type == "PlaceholderWithDefault" and
+        t.op.inputs[0].op.type in VARIABLE_READ_TYPES
+        for t in op.inputs[:-1]):
       continue
-    readers = [c for c in op.outputs[0].consumers()]
-    # The gathered weight has one reader (a Slice cutting padding rows has
-    # one in turn): it is freed once that use is done.
-    assert len(readers) == 1, (op.name, readers)
-    if readers[0].type == "Slice":
+    if op.type not in ("CollectiveGatherV2", "ConcatV2"):
+      continue
+    readers = list(op.outputs[0].consumers())
+    if len(readers) == 1 and readers[0].type == "Slice":
+      # The padding rows cut off.
       readers = list(readers[0].outputs[0].consumers())
-      assert len(readers) == 1, (op.name, readers)
-    assert op.inputs[0].op.type in VARIABLE_READ_TYPES
-    found.setdefault(op.device, []).append((op.inputs[0].op, readers[0]))
+    found.setdefault(op.device, []).append((op, readers))
   return found
 
 
-def _alive_together(pairs):
-  """Triples of gathers in `pairs` that the graph lets exist at once: no
-  one's use is an ancestor of another's shard read."""
-  before = {read.name: {a.name for a in graph_editor.ancestors([read])}
-            for read, _ in pairs}
+def _alive_together(gathers):
+  """Triples of `gathers` (of one device) that the graph lets exist at
+  once: for none of the pairs do all readers of one come before the
+  other's gather."""
+  before = {gather.name: {a.name for a in graph_editor.ancestors([gather])}
+            for gather, _ in gathers}
 
   def ordered(first, second):
-    return (first[1].name in before[second[0].name] or
-            second[1].name in before[first[0].name])
-  return [(a[1].name, b[1].name, c[1].name)
-          for i, a in enumerate(pairs) for j, b in enumerate(pairs[i + 1:])
-          for c in pairs[i + j + 2:]
+    return (all(r.name in before[second[0].name] for r in first[1]) or
+            all(r.name in before[first[0].name] for r in second[1]))
+  return [(a[0].name, b[0].name, c[0].name)
+          for i, a in enumerate(gathers)
+          for j, b in enumerate(gathers[i + 1:])
+          for c in gathers[i + j + 2:]
           if not (ordered(a, b) or ordered(a, c) or ordered(b, c))]
 
 
-def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use():
+@pytest.mark.parametrize("local_sums", [False, True])
+def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use(local_sums):
   """Every forward and backward use of a partitioned weight reads an
-  all-gather of its shards made for it alone (over the 4 replicas); by the
-  rewritten graph's dependencies, a device never holds more than the
-  gathered weight in use and the one prefetched for the next use; the
-  step computes no full-size weight gradient (each shard's rows are made
-  from the layer's inputs)."""
-  graph = _check("dp4", "adam", V3, model=training.four_equal_layers)
-  found = _gathers_and_uses(graph)
-  assert sorted(found) == ["/device:CPU:%d" % d for d in range(4)]
-  for device, pairs in found.items():
-    # Forward: 4 MatMuls; backward: the input gradient of each layer (the
-    # first's too: minimize gates every gradient of a MatMul together).
-    assert sorted(use.type for _, use in pairs) == ["MatMul"] * 8, device
-    assert {use.device for _, use in pairs} == {device}
-    assert _alive_together(pairs) == [], device
-    # Without the prefetch window's bound, every gather could start at once.
-    assert len(pairs) >= 3
+  all-gather of its shards made for it alone (CollectiveGatherV2 on each
+  of the 4 replicas' devices; with local sums one concatenation the 4
+  replicas read); by the rewritten graph's dependencies, a device never
+  holds more than the gathered weight in use and the one prefetched for
+  the next use; the step computes no full-size weight gradient (each
+  shard's rows are made from the layer's inputs)."""
+  graph = _check("dp4", "adam", dict(
+      V3, **{"communication.local_cpu_reduce": local_sums}),
+                 model=training.four_equal_layers)
   # What minimize returned: the global step's increment.
   step = graph_editor.ancestors([graph.get_operation_by_name("Adam")])
+  found = _gathers_and_uses(step)
+  gathers = [g for pairs in found.values() for g in pairs]
+  # Forward: 4 MatMuls; backward: the input gradient of each layer (the
+  # first's too: minimize gates every gradient of a MatMul together).
+  assert len(gathers) == 8 * (1 if local_sums else 4)
+  for gather, readers in gathers:
+    assert gather.type == ("ConcatV2" if local_sums else
+                           "CollectiveGatherV2")
+    assert [r.type for r in readers] == ["MatMul"] * (4 if local_sums else 1)
+    if not local_sums:
+      assert readers[0].device == gather.device
+  for device, pairs in found.items():
+    assert _alive_together(pairs) == [], device
   full = [op.name for op in step if op.type == "MatMul" and
           op.outputs[0].shape.as_list() == [training.FEATURES] * 2]
   assert full == []

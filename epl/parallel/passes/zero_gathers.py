@@ -5,10 +5,13 @@ ahead (prefetch) and read by that use alone (freed right after it).
 A *use* is an op of replica 0's step that reads a partitioned weight (a
 MatMul in forward, its input gradient's MatMul in backward, a
 ResourceGather's rows); every local replica has its copy, and the N
-copies of one use share one all-gather (CollectiveGatherV2 over the
-devices of the worker's replicas, where the shards live): member r gives
-its shard, every member gets the whole weight, and its copy of the use
-reads it.
+copies of one use share one all-gather over the devices of the worker's
+replicas, where the shards live: member r gives its shard, every member
+gets the whole weight, and its copy of the use reads it. The gather is
+the plan's communicator's (`decisions.Communication`): a
+CollectiveGatherV2 per member with TensorFlow collectives; with local
+sums (every replica a CPU device of this process) one concatenation that
+every member reads, so a worker holds one copy of the weight, not N.
 
 Order and lifetime. The uses of one micro-batch of one TaskGraph (its
 forward, then its backward, which gathers again rather than keep the
@@ -18,8 +21,8 @@ order built). Use k+1's shard reads wait for use k's other inputs: its
 gather starts when use k can start computing, so at most two gathered
 weights of a chain exist at a time on a device, the one in use and the
 one prefetched. The first use of a chain gathers just in time (its own
-other inputs). Each gathered weight has one reader, so TensorFlow frees
-it when that use is done. Chains are independent (collective groups of
+other inputs). Each gathered weight is read by that use alone (its copy
+in each replica), so TensorFlow frees it when that use is done. Chains are independent (collective groups of
 their own): a pipeline's schedule orders micro-batches as it likes.
 
 Uses inside a TF1 while-loop (a collective cannot run once per
@@ -36,9 +39,11 @@ their worker.
 """
 import dataclasses
 import logging
+
 import tensorflow as tf
 
 from epl.communicators.collective import CollectiveCommunicator
+from epl.communicators.horovod import HorovodCommunicator
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.parallel.passes.split_checkpoint import joined_shards
@@ -79,8 +84,9 @@ def chains(ctx, copies, uses):
 
 
 def _communicator(ctx, taskgraph, micro_batch):
-  """A CollectiveCommunicator over TaskGraph `taskgraph` of this worker's
-  replicas, in a group of its own for micro-batch `micro_batch`."""
+  """A communicator of the plan's kind over TaskGraph `taskgraph` of this
+  worker's replicas, in a group of its own for micro-batch `micro_batch`
+  (with Horovod, which joins processes, TensorFlow's collectives)."""
   group = (_GROUP, taskgraph, micro_batch)
   by_worker = {}
   for replica in range(ctx.plan.num_replicas):
@@ -89,7 +95,10 @@ def _communicator(ctx, taskgraph, micro_batch):
   for _, devices in sorted(by_worker.items()):
     ctx.keys.group_key(devices, group)
   devices = [ctx.device(local, taskgraph) for local in range(len(ctx.replicas))]
-  return CollectiveCommunicator(
+  kind = ctx.communicator_class()
+  if kind is HorovodCommunicator:
+    kind = CollectiveCommunicator
+  return kind(
       devices, list(range(len(devices))), ctx.keys,
       ctx.config.cluster.collective_timeout_seconds,
       ctx.cluster.device_type, group=group)
@@ -155,11 +164,15 @@ def _gather(ctx, copies, weights, communicator, use, previous):
       waits = started(copies.op(local, previous[0].consumer),
                       previous[1][local])
     with tf.control_dependencies(waits):
-      reads.append(read_value(copies.op(local, variable)))
-  fulls = {}
+      # The shard's static shape is still the full variable's.
+      reads.append(graph_editor.with_unknown_sizes(
+          read_value(copies.op(local, variable))))
+  fulls, cut = {}, {}
   for local, gathered in enumerate(communicator.all_gather(reads)):
-    with tf.device(gathered.device):
-      fulls[local] = _full(gathered, info, shape)
+    if gathered.name not in cut:
+      with tf.device(gathered.device):
+        cut[gathered.name] = _full(gathered, info, shape)
+    fulls[local] = cut[gathered.name]
     _read_by(ctx, copies, local, use, fulls[local])
   return fulls
 

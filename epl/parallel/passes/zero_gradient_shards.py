@@ -1,18 +1,22 @@
-"""ZeRO v3's gradient shards: each replica's slice, for every shard, of its
-gradient of a partitioned weight, made without the full-size gradient
-where the op that makes it allows.
+"""ZeRO v3's gradient shards: shard s's rows of the gradient of a
+partitioned weight, summed over replicas (and micro-batches), made without
+a full-size gradient on any replica where the op that makes it allows.
 
-The gradient of a dense layer's kernel is `MatMul(x, dy, transpose_a)`:
-rows [s·c, (s+1)·c) of it are `MatMul` of the same columns of `x` with
-`dy`. Where nothing but the update reads the gradient (and the
-micro-batch sum the owners now build), each shard's rows are computed so,
-N MatMuls of 1/N the size: the full gradient never exists on the
-replica. The gate `minimize` puts on the gradients of one op (tf.tuple:
-every gradient of the MatMul waits for all of them) then waits for the
-input gradient only; the pieces wait for the gate, so each shard's update
-still runs after the backward pass read the weight. Any other gradient
-(one made by another op, or read by more than its update: clipping,
-summaries) is sliced after it is made.
+The gradient of a dense layer's kernel is `MatMul(x, dy, transpose_a)`,
+and its sum over replicas is one MatMul over their concatenated batches.
+Where nothing but the update reads the gradient (and the micro-batch sum
+the shards now build), shard s's summed rows are one MatMul, on shard s's
+device, of the same columns of every replica's `x` with every `dy`
+(`summed_shards`): only those slices and the activations' gradients
+travel, far less than the gradient's rows at the usual batch sizes, and
+no replica makes the full gradient nor its N slices. For a MatMul laid
+out otherwise, each replica makes each shard's rows as its own MatMul of
+1/N the size (`shards_of`). The gate `minimize` puts on the gradients of
+one op (tf.tuple: every gradient of the MatMul waits for all of them)
+then waits for the input gradient only; the shard products wait for the
+gates, so each shard's update still runs after the backward pass read
+the weight. Any other gradient (one made by another op, or read by more
+than its update: clipping, summaries) is sliced after it is made.
 """
 import dataclasses
 
@@ -59,3 +63,37 @@ def shards_of(tensor, info, rank, leaving):
           matmul.inputs[1], transpose_a=transpose_a,
           transpose_b=matmul.get_attr("transpose_b"))
               for shard in range(info.group_size)]
+
+
+def summed_shards(tensors, info, leaving, devices):
+  """[shard s's rows of the sum of `tensors` (every replica's gradient of
+  one kernel, of every micro-batch), built on `devices[s]`] as one MatMul
+  per shard of the columns of every `x` it needs, concatenated along the
+  batch, with every `dy`: the sum over replicas and micro-batches is the
+  product over their concatenated batches. Only the slices of `x` travel,
+  and the activations' gradients. None unless each tensor is made by a
+  kernel gradient `MatMul(x, dy, transpose_a=True)` that only the ops
+  named in `leaving` read."""
+  products = [_product_behind(t, leaving) for t in tensors]
+  if info.axis != 0 or any(
+      p is None or not p[0].get_attr("transpose_a") or
+      p[0].get_attr("transpose_b") for p in products):
+    return None
+  gates = []
+  for matmul, own_gates in products:
+    for gate in own_gates:
+      graph_editor.remove_control_input(gate, matmul)
+    gates.extend(g for g in own_gates if g is not matmul)
+  columns = dataclasses.replace(info, axis=1)
+  summed = []
+  for shard, device in enumerate(devices):
+    slices = []
+    for matmul, _ in products:
+      with tf.device(matmul.device):
+        slices.append(shard_slice(matmul.inputs[0], columns, shard, 2))
+    with tf.device(device), tf.control_dependencies(gates):
+      summed.append(tf.linalg.matmul(
+          tf.concat(slices, 0),
+          tf.concat([m.inputs[1] for m, _ in products], 0),
+          transpose_a=True))
+  return summed

@@ -17,8 +17,10 @@ the weights, slots and reduced gradients.
   from the full weight.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
   replicas (and, where the micro-batch sum is the update's alone, over
-  micro-batches, as v2) of that slice of each replica's gradient, sliced
-  on the replica that made it and summed on shard r's device; each
+  micro-batches, as v2) of those rows of each replica's gradient, made on
+  shard r's device from the layer's inputs where the gradient is a
+  kernel's MatMul (`zero_gradient_shards`), else sliced on the replica
+  that made it and summed on shard r's device; each
   replica's update (its clone of the optimizer's ops) applies its shard's
   gradient to its shard and slots. The updates must be elementwise: the
   fused apply kernels of the tf.compat.v1.train optimizers, or elementwise
@@ -214,6 +216,13 @@ def _uses_of(ctx, copies, weights, name):
         for consumer in list(dict.fromkeys(reader.outputs[0].consumers())):
           if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
             _read_constant(consumer, shape)
+          elif consumer.name not in replica_names:
+            # An op outside the step (one a pass replaced, or the user's
+            # own) reads the full weight too, without a collective.
+            graph_editor.replace_input_in(
+                [consumer], reader.outputs[0], zero_gathers.concatenated(
+                    ctx, copies, variable, weights.shards[name],
+                    consumer.device))
           elif local == 0:
             uses.append(zero_gathers.Use(name, consumer, reader.outputs[0]))
       elif reader.type == "VariableShape":
@@ -257,16 +266,21 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   parts = accumulation.parts if accumulation else [grad]
   taskgraph = ctx.taskgraph_index(variable)
   leaving = _leaving_readers(ctx, copies, weights, accumulation, name)
+  members = range(len(ctx.replicas))
   with tf.name_scope("reduce_scatter/%s" % name):
-    sliced = {(index, local): zero_gradient_shards.shards_of(
-        copies.tensor(local, part), info, rank, leaving)
-              for index, part in enumerate(parts)
-              for local in range(len(ctx.replicas))}
+    summed = zero_gradient_shards.summed_shards(
+        [copies.tensor(l, part) for part in parts for l in members], info,
+        leaving, [ctx.device(shard, taskgraph) for shard in members])
+    sliced = {} if summed else {
+        (index, local): zero_gradient_shards.shards_of(
+            copies.tensor(local, part), info, rank, leaving)
+        for index, part in enumerate(parts) for local in members}
   reduced = []
-  for shard in range(len(ctx.replicas)):
-    replicas = [shard] + [l for l in range(len(ctx.replicas)) if l != shard]
-    pieces = [sliced[(index, local)][shard] for index in range(len(parts))
-              for local in replicas]
+  for shard in members:
+    replicas = [shard] + [l for l in members if l != shard]
+    pieces = [summed[shard]] if summed else [
+        sliced[(index, local)][shard] for index in range(len(parts))
+        for local in replicas]
     with tf.name_scope("reduce_scatter/%s" % name):
       with tf.device(ctx.device(shard, taskgraph)):
         total = pieces[0]
