@@ -15,7 +15,9 @@ source tree (say, a checkout of the commit before a change, with this
 benchmark's files copied in: each row runs DIR's script), the two
 interleaved row by row and `--repeats` times, so that both see the same
 load on a shared machine; the table gives the median and the spread
-(min-max) of each figure.
+(min-max) of each figure. Step times are the median and the best of
+the timed steps: on a loaded machine the best says more about the
+step's own cost.
 """
 import os
 import statistics
@@ -79,7 +81,8 @@ def measure(settings, layers, width, batch, steps):
         session.run(train_op)
         times.append(time.perf_counter() - start)
       peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-  return {"peak": peak, "step": statistics.median(times), "steps": times}
+  return {"peak": peak, "step": statistics.median(times), "best": min(times),
+          "steps": times}
 
 
 def _row(source, name, settings, args):
@@ -89,9 +92,9 @@ def _row(source, name, settings, args):
   result = fresh_process.measure_in_child(
       script, [settings, args.layers, args.width, args.batch_size,
                args.steps], timeout=1800)
-  print("  %-8s %-8s peak %8.1f MiB, step %7.1f ms" % (
+  print("  %-10s %-8s peak %8.1f MiB, step %7.1f ms (best %7.1f)" % (
       os.path.basename(source.rstrip("/")), name, result["peak"] / MIB,
-      result["step"] * 1000), flush=True)
+      result["step"] * 1000, result["best"] * 1000), flush=True)
   return result
 
 
@@ -100,24 +103,36 @@ def _spread(values, scale):
                                min(values) / scale, max(values) / scale)
 
 
+def _ratios(rows, name, base, key):
+  """rows[name][i][key] / rows[base][i][key] of each repeat i."""
+  return [r[key] / b[key] for b, r in zip(rows[base], rows[name])]
+
+
 def report(sources, names, results):
-  """One table per source: median (min-max) of peak, step, and the
-  ratios peak(none)/peak and step/step(v2) of each repeat."""
+  """One table per source: median (min-max) over the repeats of the peak,
+  the median and the best step, peak(none) / peak, and the median and
+  best step over v2's of the same repeat (the machine's load changes
+  between repeats)."""
   for source in sources:
     print("\nEPL from %s" % source)
-    print("%-8s | %-26s | %-24s | %-20s | %-18s" % (
-        "run", "peak MiB", "step ms", "less peak than none", "step / v2"))
+    print(" | ".join(["%-8s" % "run", "%-22s" % "peak MiB",
+                      "%-22s" % "step ms (median)", "%-22s" % "step ms (best)",
+                      "%-18s" % "less peak than none",
+                      "%-18s" % "step / v2 (median)",
+                      "%-18s" % "step / v2 (best)"]))
     rows = results[source]
     for name in names:
-      peaks = [r["peak"] for r in rows[name]]
-      steps = [r["step"] for r in rows[name]]
-      less = [n["peak"] / r["peak"] for n, r in zip(rows["none"],
-                                                     rows[name])]
-      slower = [r["step"] / v["step"] for v, r in zip(rows["zero v2"],
-                                                       rows[name])]
-      print("%-8s | %-26s | %-24s | %-20s | %-18s" % (
-          name, _spread(peaks, MIB), _spread(steps, 0.001),
-          _spread(less, 1.0) + "x", _spread(slower, 1.0) + "x"))
+      less = [1.0 / r for r in _ratios(rows, name, "none", "peak")]
+      print(" | ".join([
+          "%-8s" % name,
+          "%-22s" % _spread([r["peak"] for r in rows[name]], MIB),
+          "%-22s" % _spread([r["step"] for r in rows[name]], 0.001),
+          "%-22s" % _spread([r["best"] for r in rows[name]], 0.001),
+          "%-18s" % (_spread(less, 1.0) + "x"),
+          "%-18s" % (_spread(_ratios(rows, name, "zero v2", "step"),
+                             1.0) + "x"),
+          "%-18s" % (_spread(_ratios(rows, name, "zero v2", "best"),
+                             1.0) + "x")]))
 
 
 def main(args):
@@ -128,13 +143,17 @@ def main(args):
         "%d per replica, %d timed steps, %d repeat(s)" % (
             args.layers, args.width, args.width, DEVICES, DEVICES,
             args.batch_size, args.steps, args.repeats), flush=True)
-  results = {source: {name: [] for name, _ in LEVELS} for source in sources}
+  # "none" and "zero v2" always run: the ratios are to them.
+  wanted = set(args.runs.split(",") + ["none", "zero v2"]) if args.runs \
+      else {name for name, _ in LEVELS}
+  levels = [(name, settings) for name, settings in LEVELS if name in wanted]
+  results = {source: {name: [] for name, _ in levels} for source in sources}
   for _ in range(args.repeats):
-    for name, settings in LEVELS:
+    for name, settings in levels:
       for source in sources:
         results[source][name].append(
             _row(source, name, settings, args))
-  report(sources, [name for name, _ in LEVELS], results)
+  report(sources, [name for name, _ in levels], results)
   return 0
 
 
