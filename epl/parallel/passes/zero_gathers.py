@@ -15,20 +15,21 @@ every member reads, so a worker holds one copy of the weight, not N.
 
 Order and lifetime. The uses of one micro-batch of one TaskGraph (its
 forward, then its backward, which gathers again rather than keep the
-forward's weight alive) form a *chain*, in the step's topological order;
-their gathers run one after the other (each member's collectives in the
-order built). Use k+1's shard reads wait for use k's other inputs: its
-gather starts when use k can start computing, so at most two gathered
-weights of a chain exist at a time on a device, the one in use and the
-one prefetched. The first use of a chain gathers just in time (its own
-other inputs). Each gathered weight is read by that use alone (its copy
-in each replica), so TensorFlow frees it when that use is done. Chains are independent (collective groups of
-their own): a pipeline's schedule orders micro-batches as it likes.
+forward's weight alive) form a *chain*, in the step's topological order
+(a collective's members also run their collectives in the order built).
+Use k+1's shard reads wait for use k's other inputs: its gather starts
+when use k can start computing, so at most two gathered weights of a
+chain exist at a time on a device, the one in use and the one
+prefetched. The first use of a chain gathers just in time (its own other
+inputs). Each gathered weight is read by that use alone (its copy in
+each replica), so TensorFlow frees it when that use is done. Chains are
+independent (groups of their own): a pipeline's schedule orders
+micro-batches as it likes.
 
 Uses inside a TF1 while-loop (a collective cannot run once per
 iteration under one key) concatenate fresh reads of the shards on the
-use's device instead (`concatenated`), as reads outside
-the step do (logged).
+use's device instead (`concatenated`), as reads outside the step do
+(logged).
 
 Across workers each worker gathers over its own replicas (the k-th
 replica of every worker holds the same shard); every worker allocates
@@ -42,8 +43,7 @@ import logging
 
 import tensorflow as tf
 
-from epl.communicators.collective import CollectiveCommunicator
-from epl.communicators.horovod import HorovodCommunicator
+from epl.communicators import backend
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.parallel.passes.split_checkpoint import joined_shards
@@ -94,14 +94,9 @@ def _communicator(ctx, taskgraph, micro_batch):
         ctx.plan.device(replica, taskgraph))
   for _, devices in sorted(by_worker.items()):
     ctx.keys.group_key(devices, group)
-  devices = [ctx.device(local, taskgraph) for local in range(len(ctx.replicas))]
-  kind = ctx.communicator_class()
-  if kind is HorovodCommunicator:
-    kind = CollectiveCommunicator
-  return kind(
-      devices, list(range(len(devices))), ctx.keys,
-      ctx.config.cluster.collective_timeout_seconds,
-      ctx.cluster.device_type, group=group)
+  return backend.new_worker_communicator(
+      ctx, [ctx.device(local, taskgraph)
+            for local in range(len(ctx.replicas))], group)
 
 
 def started(consumer, weight):
