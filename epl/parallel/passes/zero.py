@@ -262,7 +262,7 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   Hands on the Partition (`zero_partition`, None when this worker holds
   one replica) and the subgraph without each update's ops and slots (v2,
   v3: nor the micro-batch sums that the owners build instead); v3 first
-  chooses the variables partitioned into shards
+  takes the variables the plan partitions into shards
   (`zero_weights.choose_sharded`), whose updates every replica keeps.
   Changes nothing in the graph.
   """
