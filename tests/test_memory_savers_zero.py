@@ -239,6 +239,49 @@ def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use(local_sums):
   assert full == []
 
 
+def _two_losses(x, y):
+  """Two heads' losses summed: the second head's backward needs only its
+  own forward (the sum's gradient is a constant), so a topological order
+  may put it before the first head's forward, as BERT's two heads are."""
+  init = tf.compat.v1.random_normal_initializer(stddev=0.3, seed=7)
+  trunk = tf.compat.v1.get_variable(
+      "trunk", [training.FEATURES, training.FEATURES], initializer=init)
+  hidden = tf.nn.tanh(tf.matmul(x, trunk))
+  losses = []
+  # The first head is deep: its MatMul comes late in a topological order,
+  # after the second head's backward (which needs no forward value but
+  # its own) could have started.
+  for name, depth in (("first", 12), ("second", 0)):
+    inputs = hidden
+    for _ in range(depth):
+      inputs = tf.nn.tanh(inputs) * 0.9 + 0.1
+    head = tf.compat.v1.get_variable(name, [training.FEATURES, 1],
+                                     initializer=init)
+    losses.append(tf.reduce_mean(tf.square(tf.matmul(inputs, head) - y)))
+  return losses[0] + losses[1]
+
+
+def _train_two_losses(batch_size, config=None):
+  if config:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    train_op = training.OPTIMIZERS["momentum"]().minimize(_two_losses(x, y))
+  return training.run_steps(graph, train_op, 4)
+
+
+def test_zero_v3_gathers_respect_the_schedule_of_two_heads():
+  """With micro-batches the schedule makes each micro-batch's backward
+  wait for all its forward; the gathers' chain follows it (a chain in
+  topological order alone closed a cycle through BERT's two heads)."""
+  _, config, _, multiple = _layouts()["dp4_micro2"]
+  expected = _train_two_losses(MICRO * multiple)
+  actual = _train_two_losses(MICRO, dict(config, **V3))
+  training.assert_close(actual, expected)
+
+
 def test_zero_v3_whole_values_outside_the_step():
   """Fetching a partitioned variable, or a slot, gives its whole value;
   assigning a whole value writes every replica's slice; an assign_add of

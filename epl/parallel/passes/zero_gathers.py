@@ -15,8 +15,9 @@ every member reads, so a worker holds one copy of the weight, not N.
 
 Order and lifetime. The uses of one micro-batch of one TaskGraph (its
 forward, then its backward, which gathers again rather than keep the
-forward's weight alive) form a *chain*, in the step's topological order
-(a collective's members also run their collectives in the order built).
+forward's weight alive) form a *chain*: its forward uses, then its
+backward ones, each in the step's topological order (a collective's
+members also run their collectives in the order built).
 Use k+1's shard reads wait for use k's other inputs: its gather starts
 when use k can start computing, so at most two gathered weights of a
 chain exist at a time on a device, the one in use and the one
@@ -46,6 +47,7 @@ import tensorflow as tf
 from epl.communicators import backend
 from epl.ir import control_flow
 from epl.ir import graph_editor
+from epl.ir.phase import Phase
 from epl.parallel.passes.split_checkpoint import joined_shards
 from epl.parallel.passes.variable_sync import read_value
 
@@ -67,15 +69,24 @@ class Use:
 
 
 def chains(ctx, copies, uses):
-  """{(TaskGraph, micro-batch): [Use]} in the step's topological order,
-  keys sorted (every worker builds them in the same order)."""
+  """{(TaskGraph, micro-batch): [Use]}: forward uses, then backward ones
+  (recomputed forward ops count as backward), each in the step's
+  topological order; keys sorted (every worker builds them in the same
+  order). Forward first: the pipeline schedule makes a micro-batch's
+  backward wait for all of its forward, which a topological order alone
+  need not respect (a head's backward may come before another head's
+  forward)."""
   step = [ctx.graph.get_operation_by_name(name)
           for name in copies.replica_op_names(0)]
   position = {op.name: index for index, op in
               enumerate(graph_editor.topological_order(step))}
+
+  def order(use):
+    phase = ctx.state.phase_of(use.consumer)
+    return ({Phase.FORWARD: 0, Phase.BACKWARD: 1}.get(phase, 2),
+            position[use.consumer.name], use.name)
   by_chain = {}
-  for use in sorted(uses, key=lambda u: (position[u.consumer.name],
-                                         u.name)):
+  for use in sorted(uses, key=order):
     variable = ctx.graph.get_operation_by_name(use.name)
     micro_batch = ctx.state.micro_batch_of(use.consumer)
     key = (ctx.taskgraph_index(variable), micro_batch or 0)
