@@ -35,6 +35,13 @@ their own.
 
     python benchmarks/memory_savers_zero.py [--config tiny] [--steps 8]
     python benchmarks/memory_savers_zero.py --smoke   # seconds: 2 layers, 3 steps
+
+`--model mlp` measures ZeRO on an MLP of wide layers instead: peak host
+memory and step time per level, each in a fresh process, optionally
+against another source tree side by side (`benchmarks/zero_mlp.py`):
+
+    python benchmarks/memory_savers_zero.py --model mlp --repeats 3 \
+        [--compare_with /tmp/epl-before]
 """
 import argparse
 import logging
@@ -57,6 +64,7 @@ from epl.tools import timeline  # noqa: E402
 from epl.ir.graph_state import state_of  # noqa: E402
 from epl.ir.op_types import VARIABLE_TYPES  # noqa: E402
 from epl.parallel import engine  # noqa: E402
+from benchmarks import zero_mlp  # noqa: E402
 from examples.bert_large import train  # noqa: E402
 
 DEVICES = 4
@@ -208,7 +216,19 @@ def main(argv=None):
                       "layers, sequence 16, batch 2, 3 steps")
   parser.add_argument("--runs", default="",
                       help="comma-separated run names (default: all)")
+  parser.add_argument("--model", choices=("bert", "mlp"), default="bert")
+  parser.add_argument("--layers", type=int, default=8,
+                      help="mlp: dense blocks")
+  parser.add_argument("--width", type=int, default=1024, help="mlp: width")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="mlp: runs of every row")
+  parser.add_argument("--compare_with", default="",
+                      help="mlp: another source tree to run side by side")
   args = parser.parse_args(argv)
+  if args.model == "mlp":
+    if args.smoke:
+      args.layers, args.width, args.steps = 2, 256, 3
+    return zero_mlp.main(args)
   if args.smoke:
     args.num_layers, args.seq_length, args.batch_size, args.steps = (
         2, 16, 2, 3)

@@ -35,8 +35,9 @@ def _layouts():
   }
 
 
-def _check(layout, optimizer, savers):
-  model, config, default_strategy, multiple = _layouts()[layout]
+def _check(layout, optimizer, savers, model=None):
+  layout_model, config, default_strategy, multiple = _layouts()[layout]
+  model = model or layout_model
   expected, _, _ = training.train(model, optimizer, batch_size=MICRO * multiple,
                                   with_epl=False)
   actual, _, graph = training.train(
@@ -167,34 +168,118 @@ def test_zero_v3_devices_hold_their_shards_only():
     assert op.device == op.inputs[0].op.device, op.name
 
 
-def test_zero_v3_gathers_each_weight_just_before_use():
-  """Every forward and backward use of a partitioned weight reads a
-  concatenation of the 4 shards made for it, whose shard reads wait for
-  the op's other inputs; no replica's step reads its own shard alone."""
-  graph = _check("dp4", "momentum", V3)
-  kernel = "dense_1/kernel"
-  users = 0
-  for op in graph.get_operations():
-    if op.type != "MatMul":
+def _gathers_and_uses(step):
+  """{device: [(all-gather, the ops reading the gathered weight)]} of the
+  gathers of partitioned weights among the ops `step` (CollectiveGatherV2s,
+  or with local sums one ConcatV2 of the shard reads that every replica
+  reads)."""
+  found = {}
+  for op in step:
+    if op.type == "ConcatV2" and not all(
+        t.op.type == "PlaceholderWithDefault" and
+        t.op.inputs[0].op.type in VARIABLE_READ_TYPES
+        for t in op.inputs[:-1]):
       continue
-    for tensor in op.inputs:
-      # The full weight: the shards concatenated, the padding sliced off.
-      if tensor.op.type != "Slice" or (
-          tensor.op.inputs[0].op.type != "ConcatV2"):
-        continue
-      # ReadVariableOps, or reference variables' Identity reads.
-      reads = [t.op for t in tensor.op.inputs[0].op.inputs[:-1]]
-      sources = sorted(r.inputs[0].op.name for r in reads)
-      if not sources[-1].endswith(kernel):
-        continue
-      users += 1
-      assert sources == sorted(
-          [kernel] + ["EPL_REPLICA_%d/%s" % (r, kernel) for r in (1, 2, 3)])
-      others = {t.op for t in op.inputs if t is not tensor}
-      for read in reads:
-        assert others <= set(read.control_inputs), op.name
-  # Forward, and the gradient of the input, in each of 4 replicas.
-  assert users == 4 * 2
+    if op.type not in ("CollectiveGatherV2", "ConcatV2"):
+      continue
+    readers = list(op.outputs[0].consumers())
+    if len(readers) == 1 and readers[0].type == "Slice":
+      # The padding rows cut off.
+      readers = list(readers[0].outputs[0].consumers())
+    found.setdefault(op.device, []).append((op, readers))
+  return found
+
+
+def _alive_together(gathers):
+  """Triples of `gathers` (of one device) that the graph lets exist at
+  once: for none of the pairs do all readers of one come before the
+  other's gather."""
+  before = {gather.name: {a.name for a in graph_editor.ancestors([gather])}
+            for gather, _ in gathers}
+
+  def ordered(first, second):
+    return (all(r.name in before[second[0].name] for r in first[1]) or
+            all(r.name in before[first[0].name] for r in second[1]))
+  return [(a[0].name, b[0].name, c[0].name)
+          for i, a in enumerate(gathers)
+          for j, b in enumerate(gathers[i + 1:])
+          for c in gathers[i + j + 2:]
+          if not (ordered(a, b) or ordered(a, c) or ordered(b, c))]
+
+
+@pytest.mark.parametrize("local_sums", [False, True])
+def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use(local_sums):
+  """Every forward and backward use of a partitioned weight reads an
+  all-gather of its shards made for it alone (CollectiveGatherV2 on each
+  of the 4 replicas' devices; with local sums one concatenation the 4
+  replicas read); by the rewritten graph's dependencies, a device never
+  holds more than the gathered weight in use and the one prefetched for
+  the next use; the step computes no full-size weight gradient (each
+  shard's rows are made from the layer's inputs)."""
+  graph = _check("dp4", "adam", dict(
+      V3, **{"communication.local_cpu_reduce": local_sums}),
+                 model=training.four_equal_layers)
+  # What minimize returned: the global step's increment.
+  step = graph_editor.ancestors([graph.get_operation_by_name("Adam")])
+  found = _gathers_and_uses(step)
+  gathers = [g for pairs in found.values() for g in pairs]
+  # Forward: 4 MatMuls; backward: the input gradient of each layer (the
+  # first's too: minimize gates every gradient of a MatMul together).
+  assert len(gathers) == 8 * (1 if local_sums else 4)
+  for gather, readers in gathers:
+    assert gather.type == ("ConcatV2" if local_sums else
+                           "CollectiveGatherV2")
+    assert [r.type for r in readers] == ["MatMul"] * (4 if local_sums else 1)
+    if not local_sums:
+      assert readers[0].device == gather.device
+  for device, pairs in found.items():
+    assert _alive_together(pairs) == [], device
+  full = [op.name for op in step if op.type == "MatMul" and
+          op.outputs[0].shape.as_list() == [training.FEATURES] * 2]
+  assert full == []
+
+
+def _two_losses(x, y):
+  """Two heads' losses summed: the second head's backward needs only its
+  own forward (the sum's gradient is a constant), so a topological order
+  may put it before the first head's forward, as BERT's two heads are."""
+  init = tf.compat.v1.random_normal_initializer(stddev=0.3, seed=7)
+  trunk = tf.compat.v1.get_variable(
+      "trunk", [training.FEATURES, training.FEATURES], initializer=init)
+  hidden = tf.nn.tanh(tf.matmul(x, trunk))
+  losses = []
+  # The first head is deep: its MatMul comes late in a topological order,
+  # after the second head's backward (which needs no forward value but
+  # its own) could have started.
+  for name, depth in (("first", 12), ("second", 0)):
+    inputs = hidden
+    for _ in range(depth):
+      inputs = tf.nn.tanh(inputs) * 0.9 + 0.1
+    head = tf.compat.v1.get_variable(name, [training.FEATURES, 1],
+                                     initializer=init)
+    losses.append(tf.reduce_mean(tf.square(tf.matmul(inputs, head) - y)))
+  return losses[0] + losses[1]
+
+
+def _train_two_losses(batch_size, config=None):
+  if config:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    train_op = training.OPTIMIZERS["momentum"]().minimize(_two_losses(x, y))
+  return training.run_steps(graph, train_op, 4)
+
+
+def test_zero_v3_gathers_respect_the_schedule_of_two_heads():
+  """With micro-batches the schedule makes each micro-batch's backward
+  wait for all its forward; the gathers' chain follows it (a chain in
+  topological order alone closed a cycle through BERT's two heads)."""
+  _, config, _, multiple = _layouts()["dp4_micro2"]
+  expected = _train_two_losses(MICRO * multiple)
+  actual = _train_two_losses(MICRO, dict(config, **V3))
+  training.assert_close(actual, expected)
 
 
 def test_zero_v3_whole_values_outside_the_step():

@@ -14,6 +14,7 @@ import epl
 from epl.tools import memory_estimate
 from epl.ir.graph_state import state_of
 from epl.parallel import engine
+from epl.parallel.plan.weight_partition import WeightSharding
 from epl.tools import dry_run
 
 import training
@@ -425,3 +426,27 @@ def test_recomputed_segment_counts_on_every_stage_it_spans(monkeypatch):
   assert len(estimates) == 4
   assert all(e.recomputed > 0 for e in estimates), [
       (e.device, e.recomputed) for e in estimates]
+
+
+def test_plan_decides_which_variables_zero_v3_partitions():
+  """zero.level v3's partitioned variables are the plan's decision, one
+  line each with its reason in epl-plan's decisions, and the rewrite
+  partitions those."""
+  _, _, graph = training.train(
+      optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 4, "zero.level": "v3",
+              "zero.min_partition_size": 16})
+  result = state_of(graph).rewrite_result
+  partition = result.plan.decisions.weights
+  assert partition.names(WeightSharding.PARTITIONED) == [
+      "dense/kernel", "dense/bias", "dense_1/kernel"]
+  assert partition.names(WeightSharding.SMALL) == ["dense_1/bias"]
+  assert sorted(v.name for _, v in result.zero_partition.weights.points) == (
+      sorted(partition.names(WeightSharding.PARTITIONED)))
+  lines = dry_run.describe(result).splitlines()
+  for expected in (
+      "v3 weight dense/kernel: partitioned, because (8, 16), 128 elements, "
+      "dense gradient, elementwise update",
+      "v3 weight dense_1/bias: whole, small, because (1,) has fewer than "
+      "zero.min_partition_size = 16 elements"):
+    assert "    " + expected in lines, expected

@@ -29,3 +29,15 @@ def new_communicator(ctx, devices, local_members, group=0):
   return cls(devices, local_members, ctx.keys,
              ctx.config.cluster.collective_timeout_seconds,
              ctx.cluster.device_type, group=group)
+
+
+def new_worker_communicator(ctx, devices, group):
+  """A communicator over `devices`, all of this worker's (every member
+  local), in collective group `group`: the plan's kind, but TensorFlow's
+  collectives where the plan chose Horovod, which joins processes."""
+  cls = communicator_class(ctx)
+  if cls is HorovodCommunicator:
+    cls = CollectiveCommunicator
+  return cls(devices, list(range(len(devices))), ctx.keys,
+             ctx.config.cluster.collective_timeout_seconds,
+             ctx.cluster.device_type, group=group)

@@ -10,7 +10,10 @@ there; so does this communicator, rotating the member that sums from one
 all-reduce to the next so that the adds spread over the members. Gradients
 are not fused for it: concatenating them only adds copies (BERT-Base's
 gradients: 155 ms unfused, 287 ms in 5 buckets; benchmarks/allreduce.py).
-Gathers and broadcasts (and the float16 fallback) stay collectives.
+An all-gather is likewise a concatenation on one member that every
+member reads (one copy per worker instead of one per member: ZeRO v3's
+gathered weights, sparse gradients). Broadcasts (and the float16
+fallback) stay collectives.
 """
 import tensorflow as tf
 
@@ -42,3 +45,13 @@ class LocalCommunicator(CollectiveCommunicator):
       if reduce_op == "mean":
         total = total / tf.cast(self.group_size, total.dtype)
     return [total] * len(tensors)
+
+  def all_gather(self, tensors, step=None):
+    """Concatenation in member order on one member (rotating, as
+    `all_reduce`), read by every member; shapes may change between steps
+    (`step` is not needed)."""
+    del step
+    root = self._keys.instance_key() % self.group_size
+    with tf.device(self.devices[root]):
+      gathered = tf.concat(list(tensors), 0)
+    return [gathered] * len(tensors)

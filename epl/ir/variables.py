@@ -9,11 +9,14 @@ TensorFlow's own structure, never by their names.
 - Its optimizer slots are those `Optimizer.get_slot` returned for it when
   `apply_gradients` ran (recorded by capture in `GraphState.slot_owners`).
 - Its gradients are the captured gradient records (`GraphState`).
+- Its update is the ops `apply_gradients` built for it alone: the apply
+  ops whose data flow touches that variable and no other (`updates_of`).
 """
 import tensorflow as tf
 
+from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
-from epl.ir.op_types import VARIABLE_TYPES
+from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.tf_compat.ops import resource_variable_ops
 
 
@@ -54,3 +57,57 @@ def slot_owner(variable):
   when it is no recorded slot."""
   state = state_of(variable.graph)
   return None if state is None else state.slot_owners.get(variable.name)
+
+
+def _touched(apply_ops, gradient_owner, trained):
+  """For each apply op, the trained variables its data flow touches.
+
+  An op touches variable v if it reads v (its handle, a read of it) or v's
+  gradient, or if an op it feeds or is fed by (within the apply ops) does:
+  first through its inputs; an op whose inputs touch nothing (a slot, a
+  constant) takes the variables of the ops it feeds or runs before
+  (control edges: Adam's sparse update decays a slot in a write that only
+  the slot's scatter waits for).
+  """
+  names = {op.name for op in apply_ops}
+
+  def direct(op):
+    found = set()
+    for tensor in op.inputs:
+      producer = tensor.op
+      if producer.name in trained:
+        found.add(producer.name)
+      elif tensor.name in gradient_owner:
+        found.add(gradient_owner[tensor.name])
+      elif producer.type in VARIABLE_READ_TYPES and producer.inputs and (
+          producer.inputs[0].op.name in trained):
+        found.add(producer.inputs[0].op.name)
+    return found
+
+  upstream = {}
+  for op in apply_ops:
+    upstream[op.name] = direct(op).union(
+        *[upstream[t.op.name] for t in op.inputs if t.op.name in names])
+  downstream = {}
+  for op in reversed(apply_ops):
+    downstream[op.name] = direct(op).union(
+        *[downstream[c.name] for c in graph_editor.output_ops(op)
+          if c.name in names])
+  return {op.name: upstream[op.name] or downstream[op.name]
+          for op in apply_ops}
+
+
+def updates_of(apply_ops, gradient_pairs, trained):
+  """{name of each variable of `trained`: the ops of `apply_ops` (apply
+  ops, topologically ordered) that update it alone}, given the
+  (gradient, variable op) `gradient_pairs` its updates read; an empty
+  list for a variable updated in an op shared with others."""
+  gradient_owner = {}
+  for grad, variable in gradient_pairs:
+    tensors = ([grad.values, grad.indices]
+               if isinstance(grad, tf.IndexedSlices) else [grad])
+    for tensor in tensors:
+      gradient_owner[tensor.name] = variable.name
+  labels = _touched(apply_ops, gradient_owner, trained)
+  return {name: [op for op in apply_ops if labels[op.name] == {name}]
+          for name in trained}

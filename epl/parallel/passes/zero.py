@@ -56,7 +56,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
-from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
+from epl.ir import variables as ir_variables
+from epl.ir.op_types import VARIABLE_TYPES
 from epl.parallel.ops import split_lowering
 from epl.ir.phase import Phase
 from epl.parallel.passes import across_workers
@@ -145,44 +146,6 @@ def _check_level(ctx):
   return decided
 
 
-def _labels(apply_ops, gradient_owner, trained):
-  """For each apply op, the trained variables its data flow touches.
-
-  An op touches variable v if it reads v (its handle, a read of it) or v's
-  gradient, or if an op it feeds or is fed by (within the apply ops) does:
-  first through its inputs; an op whose inputs touch nothing (a slot, a
-  constant) takes the variables of the ops it feeds or runs before
-  (control edges: Adam's sparse update decays a slot in a write that only
-  the slot's scatter waits for).
-  """
-  names = {op.name for op in apply_ops}
-
-  def direct(op):
-    found = set()
-    for tensor in op.inputs:
-      producer = tensor.op
-      if producer.name in trained:
-        found.add(producer.name)
-      elif tensor.name in gradient_owner:
-        found.add(gradient_owner[tensor.name])
-      elif producer.type in VARIABLE_READ_TYPES and producer.inputs and (
-          producer.inputs[0].op.name in trained):
-        found.add(producer.inputs[0].op.name)
-    return found
-
-  upstream = {}
-  for op in apply_ops:
-    upstream[op.name] = direct(op).union(
-        *[upstream[t.op.name] for t in op.inputs if t.op.name in names])
-  downstream = {}
-  for op in reversed(apply_ops):
-    downstream[op.name] = direct(op).union(
-        *[downstream[c.name] for c in graph_editor.output_ops(op)
-          if c.name in names])
-  return {op.name: upstream[op.name] or downstream[op.name]
-          for op in apply_ops}
-
-
 def _owner_accumulations(ctx, subgraph, copies, points, updates):
   """v2 and v3: {variable name: Accumulation} of the partitioned gradients
   summed over micro-batches that only their update reads, so that their
@@ -256,16 +219,11 @@ def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
   """{variable name: the APPLY ops of the subgraph that update it alone};
   empty (with a warning) for a variable updated in an op shared with
   others."""
-  gradient_owner = {}
-  for pairs in list(gradient_points) + list(gradients.applied):
-    for grad, var in pairs:
-      for tensor in _tensors(grad):
-        gradient_owner[tensor.name] = var.name
   apply_ops = [op for op in subgraph.cloned
                if ctx.state.phase_of(op) is Phase.APPLY]
-  labels = _labels(apply_ops, gradient_owner, variables)
-  updates = {name: [op for op in apply_ops if labels[op.name] == {name}]
-             for name in variables}
+  updates = ir_variables.updates_of(
+      apply_ops, [pair for pairs in list(gradient_points) +
+                  list(gradients.applied) for pair in pairs], variables)
   mixed = sorted(name for name, ops in updates.items() if not ops)
   if mixed:
     logger.warning(
@@ -304,7 +262,7 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   Hands on the Partition (`zero_partition`, None when this worker holds
   one replica) and the subgraph without each update's ops and slots (v2,
   v3: nor the micro-batch sums that the owners build instead); v3 first
-  chooses the variables partitioned into shards
+  takes the variables the plan partitions into shards
   (`zero_weights.choose_sharded`), whose updates every replica keeps.
   Changes nothing in the graph.
   """

@@ -8,18 +8,19 @@ replica keeps the whole weight. Its optimizer slots (variables of the same
 shape that its update built) are sharded alike, so a replica holds 1/N of
 the weights, slots and reduced gradients.
 
-- Forward and backward: every read of the weight in a replica's step
-  becomes, per consumer, the concatenation of fresh reads of every shard
-  (TensorFlow sends them between devices: an all-gather built of reads),
-  on the consumer's device. The shard reads wait for the consumer's other
-  inputs, so the full weight is gathered just before the op that needs it
-  and freed after it (backward gathers again instead of keeping the
-  forward's copy). Shape, Size and Rank of the weight read constants;
-  VariableShape too; ResourceGather gathers rows from the full weight.
+- Forward and backward: every use of the weight in a replica's step
+  reads an all-gather of the shards over the worker's replicas, made for
+  that use alone and started one use ahead (`zero_gathers`), so the full
+  weight exists only around the op that needs it (backward gathers again
+  instead of keeping the forward's copy). Shape, Size and Rank of the
+  weight read constants; VariableShape too; ResourceGather gathers rows
+  from the full weight.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
   replicas (and, where the micro-batch sum is the update's alone, over
-  micro-batches, as v2) of that slice of each replica's gradient, sliced
-  on the replica that made it and summed on shard r's device; each
+  micro-batches, as v2) of those rows of each replica's gradient, made on
+  shard r's device from the layer's inputs where the gradient is a
+  kernel's MatMul (`zero_gradient_shards`), else sliced on the replica
+  that made it and summed on shard r's device; each
   replica's update (its clone of the optimizer's ops) applies its shard's
   gradient to its shard and slots. The updates must be elementwise: the
   fused apply kernels of the tf.compat.v1.train optimizers, or elementwise
@@ -34,10 +35,12 @@ the weights, slots and reduced gradients.
   so checkpoints go both ways between v3 and plain TF. Fetching the user's
   variable (or a read of it made outside the step) returns the full value.
 
-Variables left whole (treated as v2: one owner holds slots and applies
-the update): those with fewer than zero.min_partition_size elements,
-scalars, those with sparse (IndexedSlices) gradients and those whose update
-is not elementwise (EPL warns for the last two). Replicas partitioned are
+Which variables are partitioned is the plan's decision
+(`epl.parallel.plan.weight_partition`, printed by epl-plan). Variables left
+whole (treated as v2: one owner holds slots and applies the update): those
+with fewer than zero.min_partition_size elements, scalars, those with
+sparse (IndexedSlices) gradients and those whose update is not elementwise
+(EPL warns for the last two). Replicas partitioned are
 those of one worker: across workers, the k-th replica of every worker holds
 the same shard, their shard gradients are all-reduced, and worker 0's
 initial shards are broadcast to them.
@@ -49,7 +52,6 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
 from epl.ir import variables
@@ -57,30 +59,16 @@ from epl.ir.op_types import (SHAPE_READER_TYPES, VARIABLE_ASSIGN_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
 from epl.parallel.ops.split_lowering import ShardedVariable
 from epl.parallel.passes import across_workers
+from epl.parallel.passes import zero_gathers
+from epl.parallel.passes import zero_gradient_shards
 from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
-                                         joined_shards, shard_slice,
-                                         write_shards)
+                                                  write_shards)
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
-from epl.parallel.plan.balance import variable_size
 from epl.parallel.plan.decisions import Reduction
+from epl.parallel.plan.weight_partition import WeightSharding
 
 logger = logging.getLogger("epl")
-
-# Op types an update may have and still apply shard by shard: elementwise
-# ops (on the variable, its slots and gradient, and scalars), variables,
-# their reads and writes; the fused dense apply kernels (Apply*,
-# ResourceApply*; "Sparse" ones excepted) are elementwise too. No reduction:
-# an update that takes a norm of the whole variable (LAMB, LARS) cannot.
-_ELEMENTWISE_UPDATE_TYPES = frozenset(
-    ["VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "Identity",
-     "Cast", "Const", "NoOp", "Assign", "AssignAdd", "AssignSub",
-     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-     "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg",
-     "Sqrt", "Rsqrt", "Square", "Pow", "Abs", "Sign", "Exp", "Log",
-     "Reciprocal", "Maximum", "Minimum", "Select", "SelectV2", "ZerosLike",
-     "OnesLike"])
-
 
 @dataclasses.dataclass
 class ShardedWeights:
@@ -107,55 +95,48 @@ class ShardedWeights:
   gathered: set = dataclasses.field(default_factory=set)
 
 
-def _not_elementwise(update, variable, grad):
-  """Why the `update` ops of `variable` cannot apply to one shard at a time
-  with its shard of `grad`: op types that are not elementwise, and tensors
-  other than the variable, its gradient and scalars that the update reads
-  from outside itself (they have the full shape). Empty when it can."""
-  names = {op.name for op in update}
-  grads = {t.name for t in ([grad.values, grad.indices]
-                            if isinstance(grad, tf.IndexedSlices) else [grad])}
-  reasons = sorted({op.type for op in update
-                    if op.type not in _ELEMENTWISE_UPDATE_TYPES and not (
-                        op.type.startswith(("Apply", "ResourceApply")) and
-                        "Sparse" not in op.type)})
-  for op in update:
-    outside = [t for t in op.inputs if t.op.name not in names and
-               t.op is not variable and t.name not in grads]
-    if op.type == "Const":
-      outside = list(op.outputs)
-    for tensor in outside:
-      if tensor.shape.num_elements() != 1 and tensor.shape.rank != 0:
-        reasons.append("reads %s %s" % (tensor.name, tensor.shape))
-  return reasons
+def _warn_left_whole(partition):
+  """Warns for the variables the plan's WeightPartition left whole because
+  of sparse gradients or updates that are not elementwise; logs the small
+  ones."""
+  sparse = partition.names(WeightSharding.SPARSE)
+  if sparse:
+    logger.warning(
+        "zero.level v3: %s get sparse gradients (embedding lookups); they "
+        "stay whole on every replica, their optimizer state and gradients "
+        "partitioned as with v2.", ", ".join(sparse))
+  other = ["%s (%s)" % (name, partition.of(name).reason) for name in
+           partition.names(WeightSharding.NOT_ELEMENTWISE)]
+  if other:
+    logger.warning(
+        "zero.level v3: the updates of %s are not elementwise, so they "
+        "cannot apply shard by shard; those variables stay whole, their "
+        "optimizer state and gradients partitioned as with v2.",
+        ", ".join(other))
+  small = partition.names(WeightSharding.SMALL)
+  if small:
+    logger.info("zero.level v3: %d variable(s) under zero.min_partition_size "
+                "stay whole: %s", len(small), ", ".join(small))
 
 
 def choose_sharded(ctx, points, updates):
-  """The ShardedWeights of the trained variables v3 partitions, among
-  `points` ((gradient, variable) pairs) whose `updates` ({variable name:
-  update ops}) are known; None when it partitions none. Logs (warns for
-  sparse gradients and updates that are not elementwise) those left whole.
-  """
+  """The ShardedWeights of the trained variables the plan partitions
+  (`ctx.plan.decisions.weights`), among `points` ((gradient, variable)
+  pairs) whose `updates` ({variable name: update ops}) are known; None
+  when it partitions none."""
+  partition = ctx.plan.decisions.weights
+  _warn_left_whole(partition)
+  chosen = set(partition.names(WeightSharding.PARTITIONED))
   replicas = len(ctx.replicas)
-  minimum = ctx.config.zero.min_partition_size
-  shards, sharded_points, small, sparse, other = {}, [], [], [], []
-  full_shapes = {}
+  shards, sharded_points, full_shapes = {}, [], {}
   for grad, variable in points:
+    if variable.name not in chosen:
+      continue
+    if variable.name not in updates:
+      raise RuntimeError(
+          "zero.level v3: the plan partitions %r, but the rewrite found no "
+          "update of its own for it; please report this." % variable.name)
     shape = tf.TensorShape(variable.get_attr("shape"))
-    taskgraph = ctx.plan.taskgraphs[ctx.taskgraph_index(variable)]
-    if taskgraph.kind == "split" or variable.name not in updates:
-      continue
-    if isinstance(grad, tf.IndexedSlices):
-      sparse.append(variable.name)
-      continue
-    if not shape.is_fully_defined() or shape.rank == 0 or (
-        variable_size(variable) < minimum):
-      small.append(variable.name)
-      continue
-    blocking = _not_elementwise(updates[variable.name], variable, grad)
-    if blocking:
-      other.append("%s (%s)" % (variable.name, ", ".join(blocking)))
-      continue
     rows = shape.as_list()[0]
     info = ShardedVariable(axis=0, full_size=rows,
                            columns=-(-rows // replicas), group_size=replicas)
@@ -165,26 +146,11 @@ def choose_sharded(ctx, points, updates):
           op.get_attr("shape")) == shape:
         shards[op.name] = info
         full_shapes[op.name] = shape
-  if sparse:
-    logger.warning(
-        "zero.level v3: %s get sparse gradients (embedding lookups); they "
-        "stay whole on every replica, their optimizer state and gradients "
-        "partitioned as with v2.", ", ".join(sparse))
-  if other:
-    logger.warning(
-        "zero.level v3: the updates of %s are not elementwise, so they "
-        "cannot apply shard by shard; those variables stay whole, their "
-        "optimizer state and gradients partitioned as with v2.",
-        ", ".join(other))
-  if small:
-    logger.info("zero.level v3: %d variable(s) under zero.min_partition_size "
-                "(%d elements) stay whole: %s", len(small), minimum,
-                ", ".join(small))
   if not sharded_points:
     logger.warning(
         "zero.level v3 partitions no variable (zero.min_partition_size = "
         "%d elements); it works as v2. Lower zero.min_partition_size to "
-        "partition smaller variables.", minimum)
+        "partition smaller variables.", partition.min_partition_size)
     return None
   return ShardedWeights(
       shards=shards, points=sharded_points,
@@ -210,16 +176,6 @@ def _set_shard_shapes(ctx, copies, weights):
                               shape=tf.TensorShape(shape).as_proto()))
 
 
-def _gathered(ctx, copies, variable, info, device, waits_for=()):
-  """The full value of partitioned `variable` on `device`: every local
-  shard read (each on its own device, after `waits_for`), concatenated."""
-  with tf.control_dependencies(waits_for):
-    shards = [read_value(copies.op(local, variable))
-              for local in range(len(ctx.replicas))]
-  with tf.device(device):
-    return joined_shards(shards, info)
-
-
 def _constant_for(kind, out_type, device, shape):
   """A constant of what a `kind` op (Shape, Size or Rank; VariableShape is
   a Shape) with `out_type` says of a tensor of `shape`."""
@@ -240,35 +196,14 @@ def _read_constant(op, shape):
       _constant_for(op.type, out_type, op.device, shape))
 
 
-def _just_in_time_waits(consumer, read):
-  """The producers of `consumer`'s other inputs: the full weight is
-  gathered once they are done (outside TF1 while-loops only)."""
-  return list(dict.fromkeys(
-      t.op for t in consumer.inputs
-      if t is not read and t.op.type not in ("Const",) and
-      not control_flow.in_loop(t.op)))
-
-
-def _gather_read(ctx, copies, variable, info, shape, read):
-  """Each consumer of weight read `read` (a ReadVariableOp, or a reference
-  variable's Identity) reads the full weight gathered for it instead;
-  Shape, Size and Rank read constants."""
-  for consumer in list(dict.fromkeys(read.consumers())):
-    if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
-      _read_constant(consumer, shape)
-      continue
-    waits = ([] if control_flow.in_loop(consumer) else
-             _just_in_time_waits(consumer, read))
-    full = _gathered(ctx, copies, variable, info, consumer.device, waits)
-    graph_editor.replace_input_in([consumer], read, full)
-
-
-def _gather_reads(ctx, copies, weights, name):
-  """Every read of weight `name` in each local replica's step reads the
-  weight gathered just in time (see `_gather_read`)."""
+def _uses_of(ctx, copies, weights, name):
+  """The Uses of partitioned weight `name` in replica 0's step (the ops
+  that read it, or take rows of it); Shape, Size, Rank and VariableShape
+  of it in every local replica's step read constants instead. Raises for
+  any other use."""
   variable = ctx.graph.get_operation_by_name(name)
-  info = weights.shards[name]
   shape = weights.full_shapes[name]
+  uses = []
   for local in range(len(ctx.replicas)):
     replica_names = copies.replica_op_names(local)
     update_names = {copies.op(local, op).name
@@ -278,17 +213,25 @@ def _gather_reads(ctx, copies, weights, name):
       if reader.name not in replica_names or reader.name in update_names:
         continue
       if reader.type in VARIABLE_READ_TYPES:
-        _gather_read(ctx, copies, variable, info, shape, reader.outputs[0])
+        for consumer in list(dict.fromkeys(reader.outputs[0].consumers())):
+          if consumer.type in SHAPE_READER_TYPES and consumer.type != "ShapeN":
+            _read_constant(consumer, shape)
+          elif consumer.name not in replica_names:
+            # An op outside the step (one a pass replaced, or the user's
+            # own) reads the full weight too, without a collective.
+            graph_editor.replace_input_in(
+                [consumer], reader.outputs[0], zero_gathers.concatenated(
+                    ctx, copies, variable, weights.shards[name],
+                    consumer.device))
+          elif local == 0:
+            uses.append(zero_gathers.Use(name, consumer, reader.outputs[0]))
       elif reader.type == "VariableShape":
         _read_constant(reader, shape)
       elif reader.type == "ResourceGather" and not reader.get_attr(
           "batch_dims"):
-        full = _gathered(ctx, copies, variable, info, reader.device,
-                         _just_in_time_waits(reader, copy.outputs[0]))
-        with tf.device(reader.device):
-          rows = tf.gather(full, reader.inputs[1])
-        graph_editor.replace_input_in(
-            list(reader.outputs[0].consumers()), reader.outputs[0], rows)
+        if local == 0:
+          uses.append(zero_gathers.Use(name, reader, copy.outputs[0],
+                                       rows=True))
       else:
         raise ValueError(
             "zero.level v3: op %r (%s) of the training step uses variable "
@@ -296,13 +239,25 @@ def _gather_reads(ctx, copies, weights, name):
             "zero.min_partition_size above its %d elements to keep it "
             "whole, or use zero.level 'v2'." % (
                 reader.name, reader.type, name, shape.num_elements()))
+  return uses
+
+
+def _leaving_readers(ctx, copies, weights, accumulation, name):
+  """Names of the ops that read a replica's gradient of weight `name` now
+  and will not once it is reduce-scattered: every local replica's update
+  and the micro-batch sum (`accumulation`) the shards build instead."""
+  leaving = {copies.op(local, op).name for local in range(len(ctx.replicas))
+             for op in weights.updates[name]}
+  if accumulation:
+    leaving.update(op.name for op in accumulation.ops)
+  return leaving
 
 
 def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   """Shard r's gradient: the sum of slice r of every replica's gradient
   (of every micro-batch where `accumulations` has the weight's sum),
-  sliced where each was made and summed on shard r's device; replica r's
-  update reads it."""
+  made where each was made (`zero_gradient_shards`) and summed on shard
+  r's device; replica r's update reads it."""
   mean = ctx.plan.decisions.reduction.value is Reduction.MEAN
   variable = ctx.graph.get_operation_by_name(name)
   info = weights.shards[name]
@@ -310,16 +265,23 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   accumulation = accumulations.get(name)
   parts = accumulation.parts if accumulation else [grad]
   taskgraph = ctx.taskgraph_index(variable)
+  leaving = _leaving_readers(ctx, copies, weights, accumulation, name)
+  members = range(len(ctx.replicas))
+  with tf.name_scope("reduce_scatter/%s" % name):
+    summed = zero_gradient_shards.summed_shards(
+        [copies.tensor(l, part) for part in parts for l in members], info,
+        leaving, [ctx.device(shard, taskgraph) for shard in members])
+    sliced = {} if summed else {
+        (index, local): zero_gradient_shards.shards_of(
+            copies.tensor(local, part), info, rank, leaving)
+        for index, part in enumerate(parts) for local in members}
   reduced = []
-  for shard in range(len(ctx.replicas)):
-    replicas = [shard] + [l for l in range(len(ctx.replicas)) if l != shard]
-    pieces = []
+  for shard in members:
+    replicas = [shard] + [l for l in members if l != shard]
+    pieces = [summed[shard]] if summed else [
+        sliced[(index, local)][shard] for index in range(len(parts))
+        for local in replicas]
     with tf.name_scope("reduce_scatter/%s" % name):
-      for part in parts:
-        for local in replicas:
-          tensor = copies.tensor(local, part)
-          with tf.device(tensor.device):
-            pieces.append(shard_slice(tensor, info, shard, rank))
       with tf.device(ctx.device(shard, taskgraph)):
         total = pieces[0]
         for piece in pieces[1:]:
@@ -404,8 +366,8 @@ def _whole_writes(ctx, copies, weights, substitutes):
         with tf.control_dependencies([writer] + writes):
           substitutes[writer.name] = tf.group(writer, *writes)
           for output in writer.outputs:
-            substitutes[output.name] = _gathered(ctx, copies, variable, info,
-                                                 variable.device)
+            substitutes[output.name] = zero_gathers.concatenated(
+                ctx, copies, variable, info, variable.device)
         continue
       # Groups the user built since (the rewrite's own reads of a written
       # shard wait for the write too: they are not groups).
@@ -448,8 +410,8 @@ def _full_reads_outside_the_step(ctx, copies, weights, reads, substitutes):
     waits = list(read.op.control_inputs) if read.op is not variable else []
     for write in list(waits):
       waits.extend(weights.writes.get(write.name, []))
-    full = _gathered(ctx, copies, variable, weights.shards[name],
-                     variable.device, waits)
+    full = zero_gathers.concatenated(
+        ctx, copies, variable, weights.shards[name], variable.device, waits)
     substitutes[read.name] = full
     if read.op is variable:
       continue
@@ -487,10 +449,12 @@ def partition_weights(ctx, zero_partition, subgraph, gradient_points,
     return result
   with _building(ctx):
     _set_shard_shapes(ctx, copies, weights)
+    uses = []
     for grad, variable in weights.points:
-      _gather_reads(ctx, copies, weights, variable.name)
+      uses.extend(_uses_of(ctx, copies, weights, variable.name))
       _reduce_scatter(ctx, copies, weights, zero_partition.accumulations,
                       variable.name, grad)
+    zero_gathers.gather_uses(ctx, copies, weights, uses)
   logger.info(
       "ZeRO v3: %d weight(s) partitioned over %d replicas (%d variables "
       "with slots)", len(weights.points), len(ctx.replicas),

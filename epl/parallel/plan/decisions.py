@@ -126,6 +126,10 @@ class Decisions:
   # The most buckets per stage and dtype (Buckets.FUSED); None otherwise.
   max_buckets: Optional[int]
   checkpoints: Decision
+  # Which trained variables zero.level v3 partitions
+  # (weight_partition.WeightPartition), decided with the graph's records
+  # when the rewrite takes the plan (`planner.plan_of`); None otherwise.
+  weights: Optional[object] = None
 
   def lines(self, notable_only=False):
     """One line per decision, for people (`epl-plan`; the rewrite logs the
@@ -138,6 +142,8 @@ class Decisions:
         continue
       label = field.name.replace("micro_batches", "micro-batches")
       lines.append("%s: %s" % (label.replace("_", " "), decision.describe()))
+    if self.weights is not None:
+      lines.extend(self.weights.lines(notable_only))
     return lines
 
 

@@ -20,6 +20,7 @@ from epl.ir import graph_state
 from epl.parallel.plan import auto
 from epl.parallel.plan import decisions as plan_decisions
 from epl.parallel.plan import pipeline_order
+from epl.parallel.plan import weight_partition
 from epl.strategies.strategy import (Replicate, Split,
                                      require_single_device_stages)
 
@@ -123,7 +124,9 @@ def plan_of(graph, for_rewrite=False):
 
   Made once and kept in the graph's state; made again only when the
   TaskGraphs or the configuration changed since, until the rewrite asks
-  (`for_rewrite`): that plan is the graph's from then on. None when the
+  (`for_rewrite`): that plan is the graph's from then on, and takes the
+  decisions that need the graph's records (zero.level v3's partitioned
+  variables, `weight_partition`). None when the
   graph has no TaskGraph. When no plan can be made, the rewrite gets the
   error (ValueError or NotImplementedError); anyone else gets None (the
   rewrite reports it at the first run).
@@ -144,9 +147,21 @@ def plan_of(graph, for_rewrite=False):
       if for_rewrite:
         raise
       return None
+  if for_rewrite and not fixed:
+    _decide_weights(graph, state, plan, env.config)
   if not fixed:
     _PLANS[state] = (None if for_rewrite else key, plan)
   return plan
+
+
+def _decide_weights(graph, state, plan, config):
+  """zero.level v3: which variables are partitioned, decided from the
+  graph's records once its step is built (when the rewrite takes the
+  plan)."""
+  if plan.decisions.zero.value.partitions_weights:
+    plan.decisions = dataclasses.replace(
+        plan.decisions, weights=weight_partition.decide(
+            graph, state, plan, config.zero.min_partition_size))
 
 
 def make_plan(cluster, taskgraphs, config):
