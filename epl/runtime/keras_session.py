@@ -16,8 +16,9 @@ session replaces it as Keras' session, where each value is written
 through its variable's initialiser, fed (what `Variable.load` runs): EPL
 copies such writes into every replica. Runs of the old session go to the
 new one. State outside variables (an iterator's position) is not carried.
-Which sessions ran a graph before its rewrite is `epl.runtime.stale_sessions`'
-to know; a session the user opened is not replaced (it says why).
+`epl.runtime.stale_sessions` tracks which sessions ran a graph before its
+rewrite; a session the user opened is not replaced but raises (it says
+why).
 """
 import logging
 import weakref
