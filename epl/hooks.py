@@ -53,7 +53,9 @@ capture, planning, the rewrite, the runtime and the tools together.
 - `BaseSession.__init__`: the session gets EPL's devices and settings.
 - `BaseSession.run`: the rewrite runs before the first step (Keras'
   session, when it ran the graph before, is then replaced by a new one
-  holding its variables' values, `epl.runtime.keras_session`); fetches of
+  holding its variables' values, `epl.runtime.keras_session`; any other
+  session that ran the graph before the rewrite raises,
+  `epl.runtime.stale_sessions`); fetches of
   merged tensors are swapped for their merged values; in a multi-worker job
   an error that means a lost peer becomes `epl.WorkerFailureError`.
 - `TFRecordDataset`, `TextLineDataset`, `FixedLengthRecordDataset`
@@ -126,6 +128,7 @@ from epl.runtime import keras_graph_fit
 from epl.runtime import keras_session
 from epl.runtime import serving
 from epl.runtime import session as epl_session
+from epl.runtime import stale_sessions
 from epl.runtime import summaries
 from epl.runtime import traced_function
 from epl.tf_compat import estimator as tf_estimator
@@ -332,6 +335,7 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
   if _rewrite(session.graph) is None and dry_run.enabled():
     dry_run.refuse_run()
   session = keras_session.session_after_rewrite(session, saved)
+  stale_sessions.check_run(session)
   fetches, beside = epl_session.before_run(
       session.graph, fetches, feed_dict,
       one_worker=not env.cluster.is_distributed)

@@ -16,6 +16,9 @@ session replaces it as Keras' session, where each value is written
 through its variable's initialiser, fed (what `Variable.load` runs): EPL
 copies such writes into every replica. Runs of the old session go to the
 new one. State outside variables (an iterator's position) is not carried.
+`epl.runtime.stale_sessions` tracks which sessions ran a graph before its
+rewrite; a session the user opened is not replaced but raises (it says
+why).
 """
 import logging
 import weakref
@@ -25,12 +28,11 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import names
 from epl.ir.graph_state import state_of
+from epl.runtime import stale_sessions
 from epl.tf_compat import keras
 
 logger = logging.getLogger("epl")
 
-# Keras sessions that ran their graph before EPL rewrote it.
-_ran_before_rewrite = weakref.WeakSet()
 # Old session -> the session opened for it after the rewrite.
 _renewed = weakref.WeakKeyDictionary()
 
@@ -43,12 +45,9 @@ def values_before_rewrite(session, run):
   None otherwise."""
   state = state_of(session.graph)
   if (session in _renewed or not keras.is_keras_session(session) or
-      state is None or state.rewrite_result is not None):
-    return None
-  if session not in _ran_before_rewrite:
-    _ran_before_rewrite.add(session)
-    return None
-  if not state.gradient_records:
+      state is None or state.rewrite_result is not None or
+      not state.gradient_records or
+      not stale_sessions.ran_before_rewrite(session)):
     return None
   graph = session.graph
   variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
