@@ -250,22 +250,19 @@ def _tied_stages(x):
     return tf.reduce_mean(back, axis=1, keepdims=True)
 
 
-def test_weight_read_by_another_stage_is_sent_each_micro_batch():
-  """The formula sends a shared weight W to the stage that reads it once
-  a step, and its gradient back once (summed over the micro-batches
-  first): M A + W each way. The graph reads it in each of the M = 2
-  micro-batches; stage 0 sends its part of W's gradient in each to stage
-  1, which sums them (its op adds the two stages' parts) and sends the
-  step's sum back to W's update."""
+def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
+  """A weight W that stage 1 reads too is sent to it once a step, read
+  there by both micro-batches (M = 2), and stage 1 sums its part of W's
+  gradient over them before sending it back once: M A + W each way, the
+  formula."""
   result = _rewrite({"pipeline.num_micro_batch": 2,
                      "cluster.num_cpu_devices": 2},
                     model=_tied_stages, default_strategy=False)
   activations, weight = 2 * 16 * 16 * FLOAT32, 8 * 16 * FLOAT32
-  assert _sent(result, traffic.PIPELINE) == [activations + 4 * weight,
-                                             activations + weight]
+  assert _sent(result, traffic.PIPELINE) == [activations + weight] * 2
+  assert _received(result, traffic.PIPELINE) == [activations + weight] * 2
   row = _row(result, traffic.PIPELINE)
-  assert row.formula == "M*A + 2*W_shared"
-  assert row.expected == 2 * (activations + weight)
+  assert (row.formula, row.ratio, row.worst) == ("M*A + 2*W_shared", 1, 1)
 
 
 def test_tensors_of_unknown_size_are_reported_not_guessed():

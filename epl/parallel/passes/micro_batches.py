@@ -10,6 +10,7 @@ from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes import accumulation_loop
+from epl.parallel.passes import shared_weights
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.parallel.plan.decisions import Decision, MicroBatching, Reduction
@@ -109,6 +110,19 @@ def _accumulate(ctx, grad, copies, built):
     return scaled(total)
 
 
+def _accumulate_on_devices(ctx, grad, copies, built):
+  """`_accumulate` of `grad` and its copies in `copies` ({name: copy}
+  per further micro-batch); the parts of a gradient summed from parts on
+  other devices are each summed on their device first
+  (`shared_weights`)."""
+  parts = shared_weights.parts_on_other_devices(ctx, grad)
+  if parts is None:
+    return _accumulate(ctx, grad, [_copy_of(grad, c) for c in copies], built)
+  sums = [_accumulate(ctx, part, [_copy_of(part, c) for c in copies], built)
+          for part in parts]
+  return shared_weights.sum_parts(ctx, grad, sums, copies, built)
+
+
 def _copy_of(grad, clones):
   def tensor(t):
     return clones[t.op.name].outputs[t.value_index]
@@ -192,7 +206,8 @@ def _sum_copies(ctx, subgraph, points, selected_names, copies, built):
                  for tensor in tensors_of(grad)]
       grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
       first_built = len(built)
-      total = _accumulate(ctx, grad, grads, built)
+      total = _accumulate_on_devices(ctx, grad, copies.micro_batches[1:],
+                                     built)
       copies.accumulations[tensors_of(total)[0].name] = Accumulation(
           [grad] + grads, built[first_built:])
       for (old, consumers), new in zip(readers, tensors_of(total)):
@@ -207,7 +222,8 @@ def _accumulate_copies(ctx, subgraph, selected, points, gradient_points,
   sums their gradients."""
   copies = result["copies"]
   selected_names = {op.name for op in selected}
-  constants = shared_constants(selected)
+  constants = dict(shared_constants(selected),
+                   **shared_weights.reads_of_other_devices(ctx, selected))
   built = []
   for clones in _copies_per_micro_batch(
       ctx, [op for op in selected if op.name not in constants],
