@@ -110,17 +110,18 @@ def _accumulate(ctx, grad, copies, built):
     return scaled(total)
 
 
-def _accumulate_on_devices(ctx, grad, copies, built):
+def _accumulate_on_devices(ctx, grad, readers, copies, built):
   """`_accumulate` of `grad` and its copies in `copies` ({name: copy}
-  per further micro-batch); the parts of a gradient summed from parts on
-  other devices are each summed on their device first
-  (`shared_weights`)."""
-  parts = shared_weights.parts_on_other_devices(ctx, grad)
-  if parts is None:
+  per further micro-batch); a gradient summed from parts on other devices
+  than its `readers` (outside the micro-batches) has each part summed on
+  its device first (`shared_weights`)."""
+  found = shared_weights.parts_on_other_devices(ctx, grad, readers)
+  if found is None:
     return _accumulate(ctx, grad, [_copy_of(grad, c) for c in copies], built)
+  parts, where = found
   sums = [_accumulate(ctx, part, [_copy_of(part, c) for c in copies], built)
           for part in parts]
-  return shared_weights.sum_parts(ctx, grad, sums, copies, built)
+  return shared_weights.sum_parts(ctx, grad, where, sums, copies, built)
 
 
 def _copy_of(grad, clones):
@@ -206,8 +207,9 @@ def _sum_copies(ctx, subgraph, points, selected_names, copies, built):
                  for tensor in tensors_of(grad)]
       grads = [_copy_of(grad, clones) for clones in copies.micro_batches[1:]]
       first_built = len(built)
-      total = _accumulate_on_devices(ctx, grad, copies.micro_batches[1:],
-                                     built)
+      total = _accumulate_on_devices(
+          ctx, grad, [op for _, ops in readers for op in ops],
+          copies.micro_batches[1:], built)
       copies.accumulations[tensors_of(total)[0].name] = Accumulation(
           [grad] + grads, built[first_built:])
       for (old, consumers), new in zip(readers, tensors_of(total)):

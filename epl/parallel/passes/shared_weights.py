@@ -37,31 +37,41 @@ def reads_of_other_devices(ctx, ops):
           _device(op) != _device(op.inputs[0].op)}
 
 
-def parts_on_other_devices(ctx, grad):
-  """The inputs of dense gradient `grad` when it is the AddN of parts of
-  which some were made on another device than the sum (the gradients of
-  a weight read by two stages), else None."""
+def _sum_device(grad, readers):
+  """The op whose device and stage sum `grad`'s parts: its one reader
+  outside the micro-batches (the update, where the variable is), else
+  the AddN itself."""
+  if len({_device(op) for op in readers}) == 1:
+    return readers[0]
+  return grad.op
+
+
+def parts_on_other_devices(ctx, grad, readers):
+  """(parts, op whose device sums them): the inputs of dense gradient
+  `grad` when it is the AddN of parts of which some were made on another
+  device than the op that reads it (`readers`, outside the micro-batches)
+  (the gradients of a weight read by two stages), else None."""
   if (not _applies(ctx) or isinstance(grad, tf.IndexedSlices) or
       grad.op.type != "AddN"):
     return None
-  here = _device(grad.op)
-  if all(_device(part.op) == here for part in grad.op.inputs):
+  where = _sum_device(grad, readers)
+  if all(_device(part.op) == _device(where) for part in grad.op.inputs):
     return None
-  return list(grad.op.inputs)
+  return list(grad.op.inputs), where
 
 
-def sum_parts(ctx, grad, sums, copies, built):
+def sum_parts(ctx, grad, where, sums, copies, built):
   """The sum over the micro-batches of AddN `grad`, given `sums` (each
   of its parts summed over the micro-batches on the part's device): their
-  AddN on grad's device, in the backward of the last micro-batch,
-  appended to `built`. The AddN of each micro-batch (`grad` and its
-  `copies`, {name: copy} per further micro-batch), which nothing reads
-  any more, leaves its micro-batch: the schedule runs what its
+  AddN on the device and stage of op `where`, in the backward of the last
+  micro-batch, appended to `built`. The AddN of each micro-batch (`grad`
+  and its `copies`, {name: copy} per further micro-batch), which nothing
+  reads any more, leaves its micro-batch: the schedule runs what its
   micro-batches hold."""
   state, source = ctx.state, grad.op
-  with tf.device(source.device), tf.name_scope(source.name):
+  with tf.device(where.device), tf.name_scope(source.name):
     total = tf.math.add_n(sums, name="over_micro_batches")
-  state.tag(total.op, state.taskgraph_of(source), Phase.BACKWARD,
+  state.tag(total.op, state.taskgraph_of(where), Phase.BACKWARD,
             len(copies))
   built.append(total.op)
   for op in [source] + [clones[source.name] for clones in copies]:
