@@ -235,21 +235,6 @@ def test_split_head_gathers_its_input_and_scatters_its_gradient():
   assert all(m == f for _, m, f in traffic.persistent(result))
 
 
-def _tied_stages(x):
-  """Stage 0: tanh(x W), W [8, 16]; stage 1 reads W again (a weight
-  shared by the stages, as BERT's word embeddings): tanh(x W) W^T."""
-  with epl.replicate(device_count=1, name="stage_0"):
-    weight = tf.compat.v1.get_variable(
-        "w", [training.FEATURES, 16],
-        initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-    hidden = tf.tanh(tf.matmul(x, weight))
-  stage_1 = epl.replicate(device_count=1, name="stage_1")
-  epl.set_default_strategy(stage_1)
-  with stage_1:
-    back = tf.matmul(hidden, weight, transpose_b=True)
-    return tf.reduce_mean(back, axis=1, keepdims=True)
-
-
 def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
   """A weight W that stage 1 reads too is sent to it once a step, read
   there by both micro-batches (M = 2), and stage 1 sums its part of W's
@@ -257,7 +242,7 @@ def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
   formula."""
   result = _rewrite({"pipeline.num_micro_batch": 2,
                      "cluster.num_cpu_devices": 2},
-                    model=_tied_stages, default_strategy=False)
+                    model=training.tied_stages, default_strategy=False)
   activations, weight = 2 * 16 * 16 * FLOAT32, 8 * 16 * FLOAT32
   assert _sent(result, traffic.PIPELINE) == [activations + weight] * 2
   assert _received(result, traffic.PIPELINE) == [activations + weight] * 2
@@ -337,7 +322,7 @@ def _local(device):
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
      training.staged_model(), False),
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
-     _tied_stages, False)],
+     training.tied_stages, False)],
                          ids=["local_sums", "zero_v1", "pipeline", "tied"])
 def test_counts_are_what_tensorflow_sends(config, model, default_strategy):
   """Every transfer counted is one TensorFlow's partitioner makes when
