@@ -248,6 +248,20 @@ def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
   assert _received(result, traffic.PIPELINE) == [activations + weight] * 2
   row = _row(result, traffic.PIPELINE)
   assert (row.formula, row.ratio, row.worst) == ("M*A + 2*W_shared", 1, 1)
+  assert "shared weights: once a step, because" in dry_run.describe(result)
+
+
+def test_zero_v2_reads_a_weight_of_another_stage_in_each_micro_batch():
+  """ZeRO v2 sends each micro-batch's gradient to its owner: the plan
+  keeps a read of the shared weight per micro-batch, and the formula
+  counts it M times each way (2 replicas); epl-plan says so."""
+  result = _rewrite({"pipeline.num_micro_batch": 2,
+                     "cluster.num_cpu_devices": 4, "zero.level": "v2"},
+                    model=training.tied_stages, default_strategy=False)
+  row = _row(result, traffic.PIPELINE)
+  assert (row.formula, row.ratio) == ("M*A + 2*M*W_shared", 1)
+  assert ("shared weights: each micro-batch, because zero.level v2"
+          in dry_run.describe(result))
 
 
 def test_tensors_of_unknown_size_are_reported_not_guessed():

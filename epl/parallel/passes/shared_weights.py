@@ -7,15 +7,16 @@ the devices once each way per step, not once per micro-batch
 The variable does not change during a step's micro-batches (the update
 runs after the last), so one read serves them all; the sum of the
 micro-batches' gradients is the same sum, added in another order.
-ZeRO v2 and v3 send each micro-batch's gradient to its owner and gather
-each weight where it is used: they keep a read and a sum per
-micro-batch.
+The plan decides it (`decisions.SharedWeights`): ZeRO v2 and v3 send
+each micro-batch's gradient to its owner and gather each weight where it
+is used, so they keep a read and a gradient per micro-batch.
 """
 import tensorflow as tf
 
 from epl.ir import transfers
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
+from epl.parallel.plan.decisions import SharedWeights
 
 
 def _device(op):
@@ -23,7 +24,8 @@ def _device(op):
 
 
 def _applies(ctx):
-  return not ctx.plan.decisions.zero.value.partitions_gradients
+  return ctx.plan.decisions.shared_weights.value is (
+      SharedWeights.ONCE_A_STEP)
 
 
 def reads_of_other_devices(ctx, ops):
