@@ -250,13 +250,11 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   post-processing) get M - 1 copies named `EPL_MICRO_BATCH_<m>/<name>`, on
   the same devices; each reads its own batch from the input pipeline (the
   copies of an input read). Constants that wait for nothing are not copied:
-  every micro-batch reads micro-batch 0's (`shared_constants`), nor, when
-  the plan decided so (`decisions.SharedWeights`), reads of a variable on
-  another device (`shared_weights`); `copies.micro_batches[m]` maps them to
-  themselves. Each gradient is then summed over the micro-batches on its
-  stage's device (a sum of parts from several devices part by part on
-  theirs first, `shared_weights`; divided by M when
-  communication.gradients_reduce_method is "mean"), and the ops that read
+  every micro-batch reads micro-batch 0's (`shared_constants`), nor reads
+  of a variable on another device (`shared_weights`): the copies map them
+  to themselves. Each gradient is summed over the micro-batches on its
+  stage's device (parts from other devices on theirs first; divided by M
+  when communication.gradients_reduce_method is "mean"), and the ops that read
   it (post-processing, the optimizer) read the accumulated gradient
   instead; the gradient points handed on follow, and `copies.accumulations`
   records each sum's parts and ops. The new ops join the
