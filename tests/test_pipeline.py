@@ -637,6 +637,26 @@ def test_interleaved_plan_and_its_errors_with_split():
                                     TaskGraph(1, epl.split(2))], env.config)
 
 
+@pytest.mark.parametrize("strategy, extra", [
+    ("PreferBackward", {}), ("PreferForward", {}), ("ZeroBubble", {}),
+    ("PreferBackward", {"gradient_checkpoint.type": "auto"})],
+                         ids=["1F1B", "GPipe", "ZB-H1", "checkpointing"])
+def test_weight_read_by_two_stages_trains_like_one_device(strategy, extra):
+  # Stage 1 reads stage 0's weight once a step and sums its part of the
+  # weight's gradient over the micro-batches before sending it
+  # (epl.parallel.passes.shared_weights); 2 replicas.
+  expected, _, _ = training.train(training.tied_stages, "adam",
+                                  batch_size=MICRO * 3 * 2, with_epl=False)
+  actual, _, graph = training.train(
+      training.tied_stages, "adam", batch_size=MICRO,
+      default_strategy=False, config=_config(2, 3, 2, strategy, **extra))
+  training.assert_close(actual, expected)
+  reads = [op for op in graph.get_operations()
+           if op.type == "ReadVariableOp" and op.inputs[0].op.name == "w" and
+           op.device.endswith("CPU:1")]
+  assert len(reads) == 1, [op.name for op in reads]
+
+
 # ------------------------------------------------------------------- ZB-V
 
 

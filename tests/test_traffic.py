@@ -235,37 +235,33 @@ def test_split_head_gathers_its_input_and_scatters_its_gradient():
   assert all(m == f for _, m, f in traffic.persistent(result))
 
 
-def _tied_stages(x):
-  """Stage 0: tanh(x W), W [8, 16]; stage 1 reads W again (a weight
-  shared by the stages, as BERT's word embeddings): tanh(x W) W^T."""
-  with epl.replicate(device_count=1, name="stage_0"):
-    weight = tf.compat.v1.get_variable(
-        "w", [training.FEATURES, 16],
-        initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-    hidden = tf.tanh(tf.matmul(x, weight))
-  stage_1 = epl.replicate(device_count=1, name="stage_1")
-  epl.set_default_strategy(stage_1)
-  with stage_1:
-    back = tf.matmul(hidden, weight, transpose_b=True)
-    return tf.reduce_mean(back, axis=1, keepdims=True)
-
-
-def test_weight_read_by_another_stage_is_sent_each_micro_batch():
-  """The formula sends a shared weight W to the stage that reads it once
-  a step, and its gradient back once (summed over the micro-batches
-  first): M A + W each way. The graph reads it in each of the M = 2
-  micro-batches; stage 0 sends its part of W's gradient in each to stage
-  1, which sums them (its op adds the two stages' parts) and sends the
-  step's sum back to W's update."""
+def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
+  """A weight W that stage 1 reads too is sent to it once a step, read
+  there by both micro-batches (M = 2), and stage 1 sums its part of W's
+  gradient over them before sending it back once: M A + W each way, the
+  formula."""
   result = _rewrite({"pipeline.num_micro_batch": 2,
                      "cluster.num_cpu_devices": 2},
-                    model=_tied_stages, default_strategy=False)
+                    model=training.tied_stages, default_strategy=False)
   activations, weight = 2 * 16 * 16 * FLOAT32, 8 * 16 * FLOAT32
-  assert _sent(result, traffic.PIPELINE) == [activations + 4 * weight,
-                                             activations + weight]
+  assert _sent(result, traffic.PIPELINE) == [activations + weight] * 2
+  assert _received(result, traffic.PIPELINE) == [activations + weight] * 2
   row = _row(result, traffic.PIPELINE)
-  assert row.formula == "M*A + 2*W_shared"
-  assert row.expected == 2 * (activations + weight)
+  assert (row.formula, row.ratio, row.worst) == ("M*A + 2*W_shared", 1, 1)
+  assert "shared weights: once a step, because" in dry_run.describe(result)
+
+
+def test_zero_v2_reads_a_weight_of_another_stage_in_each_micro_batch():
+  """ZeRO v2 sends each micro-batch's gradient to its owner: the plan
+  keeps a read of the shared weight per micro-batch, and the formula
+  counts it M times each way (2 replicas); epl-plan says so."""
+  result = _rewrite({"pipeline.num_micro_batch": 2,
+                     "cluster.num_cpu_devices": 4, "zero.level": "v2"},
+                    model=training.tied_stages, default_strategy=False)
+  row = _row(result, traffic.PIPELINE)
+  assert (row.formula, row.ratio) == ("M*A + 2*M*W_shared", 1)
+  assert ("shared weights: each micro-batch, because zero.level v2"
+          in dry_run.describe(result))
 
 
 def test_tensors_of_unknown_size_are_reported_not_guessed():
@@ -340,7 +336,7 @@ def _local(device):
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
      training.staged_model(), False),
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
-     _tied_stages, False)],
+     training.tied_stages, False)],
                          ids=["local_sums", "zero_v1", "pipeline", "tied"])
 def test_counts_are_what_tensorflow_sends(config, model, default_strategy):
   """Every transfer counted is one TensorFlow's partitioner makes when

@@ -119,6 +119,28 @@ def staged_model(widths=(16, 1), use_scopes=True):
   return model
 
 
+def tied_stages(x):
+  """Two stages that read one weight W [8, 16] (as BERT's word embeddings
+  and its masked-LM output): stage 0 computes tanh(x W), stage 1
+  mean(tanh(x W) W^T) over the features; without EPL the same plain
+  model."""
+  def stage(index):
+    if not epl.Env.initialised():
+      return contextlib.nullcontext()
+    strategy = epl.replicate(device_count=1, name="stage_%d" % index)
+    # The last stage stays the default: the loss and optimizer join it.
+    epl.set_default_strategy(strategy)
+    return strategy
+  with stage(0):
+    weight = tf.compat.v1.get_variable(
+        "w", [FEATURES, 16],
+        initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    hidden = tf.tanh(tf.matmul(x, weight))
+  with stage(1):
+    back = tf.matmul(hidden, weight, transpose_b=True)
+    return tf.reduce_mean(back, axis=1, keepdims=True)
+
+
 OPTIMIZERS = {
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),

@@ -40,7 +40,9 @@ device's stage, M micro-batches:
   backward in each micro-batch: 2M·(N-1)/N·W.
 - pipeline: per micro-batch, a stage's boundary activations A forward
   and the gradients of those a gradient flows through back; a weight
-  another stage reads, once a step each way: M·A + 2·W_shared.
+  another stage reads, once a step each way: M·A + 2·W_shared (M times
+  under ZeRO v2 and v3, which read it and send its gradient in each
+  micro-batch: `decisions.SharedWeights`).
 - split and experts: each forward collective of a split layer, and its
   adjoint in backward where a gradient flows (the same bytes; an
   all-gather's adjoint is an all-to-all and a scalar all-reduce).
@@ -66,6 +68,7 @@ from epl.parallel.passes.offload import offload_variables
 from epl.parallel.passes import zero
 from epl.parallel.passes import zero_weights
 from epl.parallel.passes.training_subgraph import tensors_of
+from epl.parallel.plan.decisions import SharedWeights
 from epl.tools import memory_estimate
 
 ALL_REDUCE = "all-reduce"
@@ -381,19 +384,30 @@ def _boundaries(result):
 def _pipeline(result, found):
   """{stage: bytes per device} a stage sends, by _Boundaries `found`: per
   micro-batch, its boundary activations forward and the gradients of
-  those it reads backward; once a step, the weights other stages read
-  and their gradients (summed over the micro-batches where they are
-  read)."""
+  those it reads backward; once a step (each micro-batch under ZeRO v2
+  and v3), the weights other stages read and their gradients (summed
+  over the micro-batches where they are read)."""
   sent = collections.Counter()
   micro_batches = result.plan.num_micro_batch
   for (producer, reader), size in found.activations.items():
     sent[producer] += size * micro_batches
   for (producer, reader), size in found.gradients.items():
     sent[reader] += size * micro_batches
+  reads = _weight_reads(result)
   for (producer, reader), size in found.weights.items():
-    sent[producer] += size
-    sent[reader] += size
+    sent[producer] += size * reads
+    sent[reader] += size * reads
   return sent
+
+
+def _weight_reads(result):
+  """How many times a step sends a weight to another stage that reads it
+  (and its gradient back), as the plan decided: 1, or M under ZeRO v2
+  and v3 (`decisions.SharedWeights`)."""
+  if result.plan.decisions.shared_weights.value is (
+      SharedWeights.EACH_MICRO_BATCH):
+    return result.plan.num_micro_batch
+  return 1
 
 
 def _trained_descendants(result):
@@ -454,13 +468,13 @@ def _split_collectives(result, ops):
   return sent, unknown
 
 
-def _pipeline_text(found):
+def _pipeline_text(result, found):
   if not (any(found.activations.values()) or any(found.weights.values()) or
           found.unknown):
     return {}
   text = "M*A"
   if any(found.weights.values()):
-    text += " + 2*W_shared"
+    text += " + 2*%sW_shared" % ("M*" if _weight_reads(result) > 1 else "")
   if found.unknown:
     text += " (less %d tensor(s) of unknown size)" % len(found.unknown)
   return {PIPELINE: text}
@@ -472,7 +486,7 @@ def formulas(result, roots=None):
   plan, ctx = result.plan, result.context
   synchronisation = _synchronisation(result)
   found = _boundaries(result)
-  texts = dict(_pipeline_text(found),
+  texts = dict(_pipeline_text(result, found),
                **{kind: text for kind, (_, _, text)
                   in synchronisation.items()})
   if ALL_REDUCE in texts and ctx.config.communication.fp16:

@@ -10,6 +10,8 @@ the ops around them.
 """
 import collections
 
+from tensorflow.core.framework import attr_value_pb2
+
 from epl.ir import graph_editor
 from epl.ir.phase import Phase
 
@@ -42,6 +44,29 @@ def _colocation_targets(op):
           if group != own]
 
 
+def _keep_own_stage(state, op, target):
+  """Whether BACKWARD `op`, which capture gave the TaskGraph of the
+  forward op it differentiates, stays there although it is colocated
+  with `target` of another TaskGraph; then the colocation is dropped.
+
+  tf.gradients colocates the Identity that passes an op's input gradient
+  on (`tf.tuple`'s) with the gradient it passes: for a forward op whose
+  output the next stage reads (BERT's residual sum at a stage boundary),
+  that is the sum of the next stage's gradients. On the next stage, the
+  Identity would send the gradient to this stage a second time beside
+  the sum, which this stage's other gradient ops read already; here the
+  sum crosses once. Values do not change.
+  """
+  own = state.taskgraph_of(op)
+  if (state.phase_of(op) is not Phase.BACKWARD or own is None or
+      state.taskgraph_of(target) in (None, own)):
+    return False
+  graph_editor.set_attr(op, "_class", attr_value_pb2.AttrValue(
+      list=attr_value_pb2.AttrValue.ListValue(
+          s=[("loc:@" + op.name).encode()])))
+  return True
+
+
 def resolve_training_ops(ctx, subgraph):
   """Gives every op of the training subgraph a TaskGraph and phase.
 
@@ -50,7 +75,8 @@ def resolve_training_ops(ctx, subgraph):
     capture said (slot variables and Adam's beta powers go with the
     variable the optimizer colocated them with, as TensorFlow's placer
     requires, also when a Keras optimizer built them under another
-    strategy).
+    strategy), except a backward op that capture gave its forward op's
+    TaskGraph (`_keep_own_stage`).
   - Other ops without a TaskGraph take it from their neighbours: backward
     ops from their consumers first (gradients flow to the stage of the
     forward op), others from their inputs (the latest stage among them).
@@ -68,7 +94,9 @@ def resolve_training_ops(ctx, subgraph):
       except KeyError:
         continue
       if taskgraph is not None:
-        state.set_taskgraph(op, taskgraph)
+        if not _keep_own_stage(state, op,
+                               graph.get_operation_by_name(target)):
+          state.set_taskgraph(op, taskgraph)
         break
 
   def from_inputs(op):

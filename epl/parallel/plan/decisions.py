@@ -94,6 +94,19 @@ class Checkpoints(enum.Enum):
   AUTO = "auto"
 
 
+class SharedWeights(enum.Enum):
+  """How a pipeline stage reads a weight of a stage on another device
+  (tied word embeddings), and where its part of the weight's gradient is
+  summed over the micro-batches (`epl.parallel.passes.shared_weights`)."""
+  NONE = ""
+  # Read in each micro-batch; each micro-batch's part of the gradient sent
+  # back: 2 M W across the devices per step.
+  EACH_MICRO_BATCH = "each micro-batch"
+  # Read once a step on the reading device and summed there: 2 W, for a
+  # copy of W and its gradient's sum held there for the step.
+  ONCE_A_STEP = "once a step"
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
   """`value`, because `reason`; `asked`: what the configuration asked for,
@@ -126,6 +139,7 @@ class Decisions:
   # The most buckets per stage and dtype (Buckets.FUSED); None otherwise.
   max_buckets: Optional[int]
   checkpoints: Decision
+  shared_weights: Decision
   # Which trained variables zero.level v3 partitions
   # (weight_partition.WeightPartition), decided with the graph's records
   # when the rewrite takes the plan (`planner.plan_of`); None otherwise.
@@ -174,6 +188,20 @@ def _micro_batches(config, num_stages, has_split, zero, offload):
   return Decision(MicroBatching.LOOP, "pipeline.accumulation is \"loop\" "
                   "and the step has one stage (ops the loop cannot hold "
                   "turn it into copies, with a warning naming the op)")
+
+
+def _shared_weights(config, num_stages, zero):
+  if num_stages < 2 or config.pipeline.num_micro_batch == 1:
+    return Decision(SharedWeights.NONE, "no pipeline of several "
+                    "micro-batches")
+  if zero.value.partitions_gradients:
+    return Decision(SharedWeights.EACH_MICRO_BATCH, "zero.level %s sends "
+                    "each micro-batch's gradients to their owner replica" %
+                    zero.value.value)
+  return Decision(SharedWeights.ONCE_A_STEP, "weights do not change "
+                  "before the update: a weight read on another device's "
+                  "stage crosses once a step each way (its copy and the "
+                  "sum of its gradient held there for the step)")
 
 
 def _precision(config):
@@ -262,4 +290,5 @@ def decide(config, num_stages, has_split, device_type, all_local, schedule):
       checkpoints=Decision(
           Checkpoints(config.gradient_checkpoint.type),
           "gradient_checkpoint.type is %r" %
-          config.gradient_checkpoint.type))
+          config.gradient_checkpoint.type),
+      shared_weights=_shared_weights(config, num_stages, zero))
