@@ -60,7 +60,11 @@ def test_sum_matches_single_device_with_summed_loss(optimizer):
 
 
 def test_replicas_stay_identical_and_are_placed_on_their_devices():
-  _, _, graph = training.train(config={"cluster.num_cpu_devices": REPLICAS})
+  # Per-replica weights (on by default only where the replicas do not
+  # share one process's memory).
+  _, _, graph = training.train(config={
+      "cluster.num_cpu_devices": REPLICAS,
+      "communication.shared_weights": False})
   kernel = graph.get_operation_by_name("dense/kernel")
   assert kernel.device.endswith("CPU:0")
   for replica in range(1, REPLICAS):
@@ -70,6 +74,26 @@ def test_replicas_stay_identical_and_are_placed_on_their_devices():
     # reference variable (shared_name empty) by its node name.
     assert (clone.get_attr("shared_name") or clone.name.encode()) != (
         kernel.get_attr("shared_name") or kernel.name.encode())
+
+
+def test_shared_weights_one_copy_one_update_same_training():
+  # Replicas of one process's CPUs read one copy of each variable and its
+  # Adam slots, updated once per step: the same weights as one device on
+  # the global batch, and no replica has a copy of its own.
+  expected, _, _ = training.train(optimizer="adam",
+                                  batch_size=REPLICAS * MICRO, with_epl=False)
+  actual, _, graph = training.train(
+      optimizer="adam", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)
+  names = {op.name for op in graph.get_operations()}
+  assert "dense/kernel" in names and "dense/kernel/Adam" in names
+  replica_ops = [n for n in names if n.startswith("EPL_REPLICA_")]
+  assert replica_ops
+  assert not [n for n in replica_ops if n.endswith("dense/kernel") or
+              "Adam" in n]
+  plan = epl.parallel.plan.planner.plan_of(graph)
+  assert plan.decisions.weights.value.name == "SHARED"
 
 
 def test_fused_buckets_and_fp16_communication():

@@ -99,6 +99,12 @@ class Buckets(enum.Enum):
   PER_GRADIENT = "one per gradient"
 
 
+class Weights(enum.Enum):
+  """Where the data-parallel replicas keep the variables they train."""
+  PER_REPLICA = "a copy per replica, each updated by its replica"
+  SHARED = "one copy every replica reads, updated once per step"
+
+
 class Checkpoints(enum.Enum):
   """Where gradient checkpointing takes its checkpoints."""
   NONE = ""
@@ -138,6 +144,7 @@ class Decisions:
   # The most buckets per stage and dtype (Buckets.FUSED); None otherwise.
   max_buckets: Optional[int]
   checkpoints: Decision
+  weights: Decision
 
   def lines(self, notable_only=False):
     """One line per decision, for people (`epl-plan`; the rewrite logs the
@@ -211,10 +218,45 @@ def _communication(config, device_type, all_local):
                   "communication.backend is \"collective\"")
 
 
-def decide(config, num_stages, has_split, device_type, all_local):
+def _weights(config, num_replicas, num_stages, has_split, communication,
+             others):
+  """Shared weights where the replicas share one process's memory: the
+  N per-replica updates of the same values on the same cores were most of
+  what data parallelism cost there (a 6-layer MLP with Adam, 4 logical
+  CPU devices: benchmarks/dp_step_parts.py). `others`: the decisions that
+  rule it out (ZeRO, offload, micro-batches, loss scaling)."""
+  def per_replica(reason):
+    return Decision(Weights.PER_REPLICA, reason)
+  if not config.communication.shared_weights:
+    return per_replica("communication.shared_weights is off")
+  if num_replicas < 2:
+    return per_replica("the step has one replica")
+  if communication.value is not Communication.LOCAL_SUMS:
+    return per_replica("the replicas do not all share this process's "
+                       "memory (communication: %s)" %
+                       communication.value.value)
+  if num_stages > 1 or has_split:
+    return per_replica("the model has pipeline stages or split parts")
+  if config.communication.fp16:
+    return per_replica("communication.fp16 falls back to collectives")
+  if config.optimizer.num_apply_group > 1:
+    return per_replica("optimizer.num_apply_group groups the updates")
+  for name, decision in others:
+    if decision.value is not next(iter(type(decision.value))):
+      return per_replica("%s is %s" % (name, decision.value.value))
+  return Decision(Weights.SHARED, "every replica is a CPU device of this "
+                  "process: one copy of each trained variable and its "
+                  "optimizer state in host memory, updated once per step, "
+                  "instead of an update per replica on the same cores "
+                  "(communication.shared_weights)")
+
+
+def decide(config, num_stages, has_split, device_type, all_local,
+           num_replicas=1):
   """The Decisions for `config`, for a plan of `num_stages` TaskGraphs
   (`has_split`: some are split) on devices of `device_type` ("CPU",
-  "GPU"), all of whose replicas this worker builds when `all_local`."""
+  "GPU"), all of whose `num_replicas` replicas this worker builds when
+  `all_local`."""
   zero = Decision(ZeroLevel(config.zero.level),
                   "zero.level is %r" % config.zero.level)
   offload = Decision(Offload(config.offload.level),
@@ -229,9 +271,10 @@ def decide(config, num_stages, has_split, device_type, all_local):
                     "communication.max_splits is %d" % (
                         communication.value.value,
                         config.communication.max_splits)))
+  micro_batches = _micro_batches(config, num_stages, has_split, zero,
+                                 offload)
   return Decisions(
-      micro_batches=_micro_batches(config, num_stages, has_split, zero,
-                                   offload),
+      micro_batches=micro_batches,
       schedule=Decision(Schedule(config.pipeline.strategy),
                         "pipeline.strategy is %r" % config.pipeline.strategy),
       precision=precision,
@@ -251,4 +294,9 @@ def decide(config, num_stages, has_split, device_type, all_local):
       checkpoints=Decision(
           Checkpoints(config.gradient_checkpoint.type),
           "gradient_checkpoint.type is %r" %
-          config.gradient_checkpoint.type))
+          config.gradient_checkpoint.type),
+      weights=_weights(config, num_replicas, num_stages, has_split,
+                       communication,
+                       (("zero.level", zero), ("offload.level", offload),
+                        ("the micro-batching", micro_batches),
+                        ("the loss scaling", loss_scaling))))

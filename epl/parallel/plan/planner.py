@@ -148,7 +148,8 @@ def make_plan(cluster, taskgraphs, config):
   plan = _layout(cluster, taskgraphs, config)
   plan.decisions = plan_decisions.decide(
       config, plan.num_stages, plan.has_split, cluster.device_type,
-      len(plan.local_replicas) == plan.num_replicas)
+      len(plan.local_replicas) == plan.num_replicas,
+      num_replicas=plan.num_replicas)
   return plan
 
 
