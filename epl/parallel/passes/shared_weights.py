@@ -6,9 +6,9 @@ copy of every variable per replica, each updated by its replica with the
 same averaged gradient, repeats the optimizer's whole update N times on
 the same cores (with Adam, the largest cost data parallelism added to
 plain TensorFlow there). Under the plan's `Weights.SHARED`, the trained
-variables, their plain reads, their optimizer slots and every op of the
-update (all APPLY ops, and whatever follows the gradients the replicas
-reduce) are taken out of the cloned part before the replicas are cloned:
+variables, their plain reads, every op of the update (all APPLY ops, and whatever follows the
+gradients the replicas reduce) and every variable it writes (the
+optimizer's slots) are taken out of the cloned part before the replicas are cloned:
 they exist once, as the user built them. The other replicas' forward and
 backward read replica 0's variables (a same-process read of host memory,
 no copy), and their gradients go into the local sum that the one update
@@ -25,7 +25,8 @@ import logging
 from epl.ir import graph_editor
 from epl.ir.op_types import INPUT_READ_TYPES, VARIABLE_READ_TYPES
 from epl.ir.phase import Phase
-from epl.parallel.passes.training_subgraph import tensors_of
+from epl.parallel.passes.training_subgraph import (tensors_of,
+                                                   written_variables)
 
 logger = logging.getLogger("epl")
 
@@ -52,6 +53,10 @@ def _shared_ops(ctx, subgraph, gradient_points):
   shared = {op.name for op in subgraph.cloned
             if ctx.state.phase_of(op) is Phase.APPLY or
             op.name in after_gradients}
+  # Whatever the one update writes exists once too: the optimizer's slots
+  # however they were built (an AdamW's get_variable in apply_gradients).
+  variables += [v for op in subgraph.cloned if op.name in shared
+                for v in written_variables(op)]
   shared.update(v.name for v in variables if v.name in cloned)
   shared.update(op.name for op in _plain_reads(variables, cloned))
   return shared, {t.name for t in gradients}
