@@ -69,10 +69,11 @@ def _section(name, heading, args, marker, text, both_versions=False,
 SECTIONS = (
     _section(
         "data_parallel", "Data parallelism and communication",
-        ["--models", "bert_base_2l,resnet18", "--global_batch", "16",
-         "--steps", "5", "--warmup", "2"], "examples/s", """
+        ["--models", "bert_base_2l:16,resnet18:64", "--steps", "5",
+         "--warmup", "2"], "examples/s", """
 The anchors of data parallelism, side by side: the same model, optimizer
-and global batch (16) as plain TensorFlow on one device,
+and global batch (16 for BERT, 64 for ResNet-18: the model column says)
+as plain TensorFlow on one device,
 `tf.distribute.MirroredStrategy`, EPL data parallel as configured by
 default (on one host's CPUs: local sums and one shared copy of the
 weights, updated once per step), EPL with a copy of the weights per

@@ -52,11 +52,14 @@ device is the limit. The Horovod rows need Horovod (`make horovod`; it
 does not build against TensorFlow past 2.15); without it they are left
 out and the output says why. On GPUs they still run on CPUs over Gloo.
 
-    python benchmarks/data_parallel.py [--models bert_base_2l,resnet18]
+    python benchmarks/data_parallel.py [--models bert_base_2l:16,resnet18:64]
         [--global_batch 32] [--steps 10] [--peak_tflops T] [--smoke]
+
+(`name:G` gives a model its own global batch; --global_batch the others'.)
 """
 import argparse
 import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -291,7 +294,7 @@ def _print_model(model, figures, rates, devices, global_batch, peak):
               verdict.ratio(rate, horovod or 0)]
     used = 1 if row == ONE_DEVICE else devices
     utilisation = machine.mfu(step_flops, global_batch / rate, peak, used)
-    print("%-12s %-24s %10.1f %11s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
+    print("%-16s %-24s %10.1f %11s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
         model, row, rate, _spread(figures.get(row, {})), versus[0],
         verdict.verdict(versus[0]) if epl_row else "", versus[1],
         verdict.verdict(versus[1]) if epl_row else "",
@@ -331,14 +334,13 @@ def main(argv=None):
     return 0
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   device_type, devices = _devices()
-  if args.global_batch % devices:
-    raise SystemExit("--global_batch must be a multiple of %d" % devices)
+  default_batch = args.global_batch
   missing = "left out (--no_horovod)" if args.no_horovod else (
       _horovod_missing())
   names = machine.gpus()
   peak = machine.peak_flops(names[0] if names else "", args.peak_tflops)
-  print("global batch %d, %d timed steps after %d warm-up, %d %s devices; "
-        "%s; local rows %s%s" % (
+  print("model/global batch (default %d), %d timed steps after %d warm-up, "
+        "%d %s devices; %s; local rows %s%s" % (
             args.global_batch, args.steps, args.warmup, devices,
             "logical CPU" if device_type == "CPU" else device_type,
             machine.describe(tf.__version__),
@@ -347,11 +349,19 @@ def main(argv=None):
             "; Horovod rows: %s" % missing if missing else ""))
   print("examples/s: higher is better; vs = examples/s over the anchor's "
         "(higher is better); spread = fastest-slowest step, ms")
-  print("%-12s %-24s %10s %11s %9s %9s %9s %9s %8s %9s %6s" % (
+  print("%-16s %-24s %10s %11s %9s %9s %9s %9s %8s %9s %6s" % (
       "model", "run", "examples/s", "spread ms", "vs TF 1dev", "",
       "vs Mirr.", "", "vs Horovod", "", "MFU"))
   all_parts = []
-  for model in args.models.split(","):
+  for spec in args.models.split(","):
+    # name[:global batch]: each model at a batch that says something
+    # about it (ResNet-18 at 16 gives each replica 4 images).
+    model, _, batch = spec.partition(":")
+    args = copy.copy(args)
+    args.global_batch = int(batch or default_batch)
+    if args.global_batch % devices:
+      raise SystemExit("%s: the global batch must be a multiple of %d" % (
+          spec, devices))
     if args.own_processes:
       figures = {row: _own_process(row, model, args) for row in LOCAL_ROWS}
     elif args.in_process:
@@ -363,8 +373,9 @@ def main(argv=None):
     if not missing:
       rates.update(horovod_data_parallel.run(model, args.global_batch,
                                              args.steps))
-    _print_model(model, figures, rates, devices, args.global_batch, peak)
-    all_parts += [(model, row, f["parts"]) for row, f in figures.items()]
+    label = "%s/%d" % (model, args.global_batch)
+    _print_model(label, figures, rates, devices, args.global_batch, peak)
+    all_parts += [(label, row, f["parts"]) for row, f in figures.items()]
   print("\nOne traced step of each local row split into parts "
         "(benchmarks/step_parts.py): busy ms of each part, lower is "
         "better; parts overlap, so they do not add up to the step")

@@ -97,11 +97,11 @@ def traced_parts(session, fetches, parts_of):
 
 
 def header():
-  return "%-10s %-28s %9s" % ("model", "run (traced step, busy ms)",
+  return "%-16s %-28s %9s" % ("model", "run (traced step, busy ms)",
                               "step") + "".join(
                                   " %9s" % part for part in PARTS)
 
 
 def line(model, row, parts):
-  return "%-10s %-28s %9.1f" % (model, row, parts["step"]) + "".join(
+  return "%-16s %-28s %9.1f" % (model, row, parts["step"]) + "".join(
       " %9.1f" % parts[part] for part in PARTS)
