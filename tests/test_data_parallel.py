@@ -45,6 +45,21 @@ def test_reference_variable_updates_wait_for_their_reads():
       assert replica + micro_batch + "gradients/ref/MatMul_1_grad/MatMul" in waits
 
 
+def test_shared_reference_variable_update_waits_for_every_replicas_reads():
+  # Shared weights: the one update of the VariableV2 w2 (read without a
+  # copy) waits for the backward op of every replica that reads it.
+  expected, _ = training.reference_variable_training(REPLICAS * MICRO, False)
+  actual, graph = training.reference_variable_training(
+      MICRO, True, {"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)
+  update = graph.get_operation_by_name("Adam/update_ref/w2/ApplyAdam")
+  waits = {op.name for op in update.control_inputs}
+  for replica in ["", "EPL_REPLICA_1/", "EPL_REPLICA_2/", "EPL_REPLICA_3/"]:
+    assert replica + "gradients/ref/MatMul_1_grad/MatMul" in waits
+  assert "EPL_REPLICA_1/Adam/update_ref/w2/ApplyAdam" not in {
+      op.name for op in graph.get_operations()}
+
+
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_sum_matches_single_device_with_summed_loss(optimizer):
   # Summing the replicas' mean-loss gradients equals the gradient of
@@ -94,6 +109,11 @@ def test_shared_weights_one_copy_one_update_same_training():
               "Adam" in n]
   plan = epl.parallel.plan.planner.plan_of(graph)
   assert plan.decisions.weights.value.name == "SHARED"
+  # What epl-plan prints and the rewrite logs.
+  assert any(line.startswith("weights: one copy every replica reads, "
+                             "updated once per step, because every replica "
+                             "is a CPU device of this process")
+             for line in plan.decisions.lines(notable_only=True))
 
 
 def test_fused_buckets_and_fp16_communication():

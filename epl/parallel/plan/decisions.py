@@ -245,10 +245,9 @@ def _weights(config, num_replicas, num_stages, has_split, communication,
     if decision.value is not next(iter(type(decision.value))):
       return per_replica("%s is %s" % (name, decision.value.value))
   return Decision(Weights.SHARED, "every replica is a CPU device of this "
-                  "process: one copy of each trained variable and its "
-                  "optimizer state in host memory, updated once per step, "
-                  "instead of an update per replica on the same cores "
-                  "(communication.shared_weights)")
+                  "process, sharing its memory and cores (communication."
+                  "shared_weights is on): an update per replica would "
+                  "repeat the same work")
 
 
 def decide(config, num_stages, has_split, device_type, all_local,
