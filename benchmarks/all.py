@@ -185,12 +185,15 @@ parallel on 4 logical CPU devices with each memory saver
 (recomputation, bfloat16 AMP, ZeRO, together) against none: **peak x,
 persist x: lower is better**; step x: lower is faster; loss x should stay
 1.000 (the savers do not change the arithmetic beyond bfloat16's
-rounding)."""),
+rounding). Every row keeps a copy of the weights per replica, the layout
+of GPUs and workers the savers are for (on one host's CPUs EPL's default
+shares one copy: see the data-parallelism table)."""),
     _section(
         "memory_savers_zero", "ZeRO, offload, grouped apply", [], "peak/dev",
         """
-Tiny BERT, 4 data-parallel replicas: ZeRO, offload and grouped apply
-alone and together against none. Every **(x none)** ratio: **lower is
+Tiny BERT, 4 data-parallel replicas, each with its copy of the weights
+(the layout of GPUs and workers): ZeRO, offload and grouped apply alone
+and together against none. Every **(x none)** ratio: **lower is
 better** (loss: 1.00 expected).""",
         # Its smoke size trains every saver; one is enough for the check.
         smoke_args=("--smoke", "--runs", "zero v1")),
