@@ -220,11 +220,12 @@ def _communication(config, device_type, all_local):
 
 def _weights(config, num_replicas, num_stages, has_split, communication,
              others):
-  """Shared weights where the replicas share one process's memory: the
-  N per-replica updates of the same values on the same cores were most of
-  what data parallelism cost there (a 6-layer MLP with Adam, 4 logical
-  CPU devices: benchmarks/dp_step_parts.py). `others`: the decisions that
-  rule it out (ZeRO, offload, micro-batches, loss scaling)."""
+  """Shared weights where the replicas share one process's memory: there
+  N per-replica updates repeat the same work on the same cores (the
+  updates of a 6-layer MLP with Adam on 4 logical CPU devices took 2-3x
+  plain TF's: `benchmarks/data_parallel.py --models mlp:256`). `others`:
+  the decisions that rule it out (ZeRO, offload, micro-batches, loss
+  scaling)."""
   def per_replica(reason):
     return Decision(Weights.PER_REPLICA, reason)
   if not config.communication.shared_weights:
