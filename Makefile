@@ -149,15 +149,17 @@ keras-fit: venv-latest
 	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) -m examples.keras_fit.train --mode dp
 	EPL_CLUSTER_NUM_CPU_DEVICES=4 TF_CPP_MIN_LOG_LEVEL=2 $(LATEST_PY) -m examples.keras_fit.train --mode pipeline
 
-# Every benchmark at its documented size, written to docs/benchmarks.md
-# with the date, the machine and the commands (hours on 2 cores). The
-# data-parallel and start-up benchmarks run on both TensorFlow versions,
-# the others on .venv's (TensorFlow 2.15, with Horovod).
+# Every benchmark at its standard size (real widths, at least 5 timed
+# steps, anchors beside EPL), written to docs/benchmarks.md with the date,
+# the machine, the commands and each one's time (sized for under 45
+# minutes on 2 cores). The data-parallel and start-up benchmarks run on
+# both TensorFlow versions, the others on .venv's (TensorFlow 2.15, with
+# Horovod).
 benchmarks: venv horovod venv-latest
 	$(VENV_PY) -m benchmarks.all --python $(VENV_PY) --python $(LATEST_PY)
 
 # The same at every benchmark's --smoke size (minutes; says nothing about
-# speed), into docs/benchmarks.md too.
+# speed; for CI), into docs/benchmarks.md too.
 benchmarks-smoke: venv horovod venv-latest
 	$(VENV_PY) -m benchmarks.all --smoke --python $(VENV_PY) \
 	  --python $(LATEST_PY)

@@ -1,10 +1,18 @@
 """Runs every benchmark and writes docs/benchmarks.md: one command
 regenerates every figure the documentation shows.
 
-    python -m benchmarks.all                   # the documented sizes (hours)
-    python -m benchmarks.all --smoke           # every benchmark, seconds each
+    python -m benchmarks.all                   # the standard sizes
+    python -m benchmarks.all --smoke           # every benchmark, seconds each (CI)
     python -m benchmarks.all --only split_head,moe_throughput
     make benchmarks                            # both TensorFlow versions
+
+The standard size of each benchmark (`args`) is chosen to say something
+about speed and memory on this kind of machine (2 shared cores): real
+layer widths, fewer layers or a shorter sequence where needed, at least 5
+timed steps after warm-up with their spread, the anchors timed side by
+side with EPL; `make benchmarks` (both TensorFlow versions) is sized to
+finish in under 45 minutes there, and the page says how long each
+benchmark took. The smoke size (`smoke_args`) is for CI only.
 
 Each benchmark of SECTIONS runs as `python benchmarks/<name>.py <args>`
 in a process of its own (with `--in_process`, all in this one, which
@@ -55,30 +63,40 @@ def _section(name, heading, args, marker, text, both_versions=False,
                  needs_horovod, uses_gpus, list(smoke_args))
 
 
-# Every benchmark, in the order of the page. `args`: the documented size;
+# Every benchmark, in the order of the page. `args`: the standard size;
 # `smoke_args`: the smoke size; `marker`: a word of the table's header,
 # which a run must print.
 SECTIONS = (
     _section(
         "data_parallel", "Data parallelism and communication",
-        ["--steps", "10"], "examples/s", """
+        ["--models", "bert_base_2l:16,resnet18:64", "--steps", "5",
+         "--warmup", "2"], "examples/s", """
 The anchors of data parallelism, side by side: the same model, optimizer
-and global batch (32) as plain TensorFlow on one device,
-`tf.distribute.MirroredStrategy`, EPL data parallel with local sums (the
-default on one host's CPUs) and with the collective ring (what runs across
-workers), EPL over Horovod/Gloo, and Horovod alone over Gloo. Each row
-runs in its own process. **vs Mirrored** and **vs Horovod** are
+and global batch (16 for BERT, 64 for ResNet-18: the model column says)
+as plain TensorFlow on one device,
+`tf.distribute.MirroredStrategy`, EPL data parallel as configured by
+default (on one host's CPUs: local sums and one shared copy of the
+weights, updated once per step), EPL with a copy of the weights per
+replica (EPL before issue 35), EPL with the collective ring (what runs
+across workers), EPL over Horovod/Gloo, and Horovod alone over Gloo. The
+models have real widths: BERT-Base's (hidden 768, vocabulary 30522) with 2
+layers at sequence 128, and ResNet-18 on 32x32 images. The local rows
+are timed step by step in turn in one process, so that load from other
+jobs hits them alike. On logical CPU devices that share the cores, plain
+TF on one device is the limit data parallelism can reach at a fixed
+global batch. **vs TF 1dev**, **vs Mirrored** and **vs Horovod** are
 examples/s over the anchor's: **higher is better**, and the column beside
-says whether EPL wins, loses or is level (within 5%). MFU (model FLOPs per
-second over the devices' peak) needs a known peak: a GPU of
-`benchmarks/machine.py`'s table or `--peak_tflops`; on CPUs it is "-".
-On 2 cores the logical devices share the cores: the rows compare what
-each way of splitting the work costs, not a speed-up. On a GPU machine
-the rows use its GPUs (the Horovod rows stay on CPUs over Gloo).""",
+says whether EPL wins, loses or is level (within 5%); the spread is the
+fastest and slowest step. The second table splits one traced step of
+each row into forward, backward, gradient sums, updates and copies (busy
+ms, **lower is better**). MFU needs a known peak (a GPU of
+`benchmarks/machine.py`'s table or `--peak_tflops`); on CPUs it is "-".
+On a GPU machine the rows use its GPUs (the Horovod rows stay on CPUs
+over Gloo).""",
         both_versions=True, uses_gpus=True),
     _section(
         "allreduce", "All-reduce alone: fusion and communicators",
-        ["--config", "base", "--steps", "3"], "all-reduces", """
+        ["--config", "base", "--steps", "5"], "all-reduces", """
 The all-reduce of BERT-Base's gradients (110M floats per replica) alone on
 4 logical CPU devices, every configuration timed in turn in one session:
 collective ring all-reduce fused into buckets or one per gradient, 1 to 4
@@ -95,15 +113,18 @@ ends (**higher is better**: communication hidden behind computation).
 
 ![all-reduce overlapping backward](allreduce_overlap.png)"""),
     _section(
-        "horovod_data_parallel", "Horovod", [], "vs Horovod", """
+        "horovod_data_parallel", "Horovod",
+        ["--models", "resnet18", "--global_batch", "16", "--steps", "5"],
+        "vs Horovod", """
 EPL's Horovod backend (2 processes x 2 logical devices, and 4 x 1)
 against Horovod alone (plain TF + `hvd.DistributedOptimizer`, 4
-processes), all over Gloo on this machine. **vs Horovod** is examples/s
+processes), all over Gloo on this machine, on ResNet-18 (BERT's Horovod
+rows are in the data-parallelism table). **vs Horovod** is examples/s
 over Horovod alone's: **higher is better**. Horovod 0.28.1 builds against
 TensorFlow 2.15 only.""", needs_horovod=True),
     _section(
         "split_head", "Split and MoE",
-        ["--feature_dim", "512", "--steps", "3"], "state/dev", """
+        ["--feature_dim", "512", "--steps", "5"], "state/dev", """
 A 100k-class dense + softmax cross-entropy head on 4 logical CPU devices
 (features 512 wide here, to fit a shared machine's memory; the script's
 default is 2048): data parallel with local sums, data parallel with the
@@ -116,14 +137,21 @@ Two MoE layers of 8 experts on 4 logical CPU devices: experts split over
 the devices (all-to-all) against replicated (data parallel). **tokens/s
 split / replicated: higher is better**; expert bytes per device: lower is
 better (1/4 is the goal)."""),
+    # Six runs of BERT-Base's widths (4 layers) in one process, timed in
+    # turn: about 17 GiB peak RSS (measured); data_parallel's BERT rows
+    # hold about 14 GiB in their process.
     _section(
-        "bert_throughput", "BERT", [], "examples/s", """
-Tiny BERT (4 layers) with one global batch per step, six ways on the same
-4 logical CPU devices, timed step by step in turn in one process: plain TF
-on one device, MirroredStrategy, EPL data parallel (local sums, and the
-ring), a 4-stage EPL pipeline and 2 stages x 2 replicas. **vs TF 1 dev**
-and **vs Mirrored** are examples/s over that run's: **higher is
-better**."""),
+        "bert_throughput", "BERT",
+        ["--configs", "base", "--base_layers", "4", "--seq_length", "128",
+         "--global_batch", "8", "--micro_batch", "2", "--steps", "5",
+         "--warmup", "2", "--interleaved"], "examples/s", """
+BERT-Base's widths with 4 of its layers (one per pipeline stage),
+sequence 128, global batch 8, six ways on the same 4 logical CPU
+devices, timed step by step in turn in one process: plain TF on one
+device, MirroredStrategy, EPL data parallel (local sums, and the ring), a
+4-stage EPL pipeline and 2 stages x 2 replicas. **vs TF 1 dev** and **vs
+Mirrored** are examples/s over that run's: **higher is better**, with
+whether EPL wins."""),
     _section(
         "bert_rewrite", "BERT rewrite time",
         ["--config", "base", "--num_micro_batch", "4"], "seconds", """
@@ -152,17 +180,23 @@ Redraws docs/pipeline_gpipe.png, docs/pipeline_1f1b.png,
 docs/pipeline_interleaved.png and docs/pipeline_zb_h1.png (one traced step
 of the BERT example as a pipeline on 4 devices under each schedule)."""),
     _section(
-        "memory_savers", "Memory savers", [], "peak x", """
-BERT data parallel on 4 logical CPU devices with each memory saver
+        "memory_savers", "Memory savers",
+        ["--config", "base", "--num_layers", "2", "--batch_size", "4",
+         "--timed", "5"], "peak x", """
+BERT-Base's widths (2 layers, sequence 128, 4 examples per replica) data
+parallel on 4 logical CPU devices with each memory saver
 (recomputation, bfloat16 AMP, ZeRO, together) against none: **peak x,
 persist x: lower is better**; step x: lower is faster; loss x should stay
 1.000 (the savers do not change the arithmetic beyond bfloat16's
-rounding)."""),
+rounding). Every row keeps a copy of the weights per replica, the layout
+of GPUs and workers the savers are for (on one host's CPUs EPL's default
+shares one copy: see the data-parallelism table)."""),
     _section(
         "memory_savers_zero", "ZeRO, offload, grouped apply", [], "peak/dev",
         """
-Tiny BERT, 4 data-parallel replicas: ZeRO, offload and grouped apply
-alone and together against none. Every **(x none)** ratio: **lower is
+Tiny BERT, 4 data-parallel replicas, each with its copy of the weights
+(the layout of GPUs and workers): ZeRO, offload and grouped apply alone
+and together against none. Every **(x none)** ratio: **lower is
 better** (loss: 1.00 expected).""",
         # Its smoke size trains every saver; one is enough for the check.
         smoke_args=("--smoke", "--runs", "zero v1")),
@@ -225,6 +259,7 @@ ANCHORS = """
 | MoE split vs replicated | [Mixture of experts](#mixture-of-experts) | tokens/s (higher), expert bytes (lower) |
 | each memory saver vs none | [Memory savers](#memory-savers), [ZeRO](#zero-offload-grouped-apply) | peak x none (lower) |
 | time to first step vs MirroredStrategy (8 replicas) and plain TF | [Start-up time](#start-up-time) | to step 1 x plain, x Mirrored (lower) |
+| NVIDIA's TF2 BERT-Large pre-training, AMP, one A100-80GB: 485.6 sequences/s at sequence 128, ~40% MFU | `benchmarks/gpu_check.sh` on one GPU (not on this page's CPUs; about 8 minutes) | examples/s over 485.6, and MFU (higher) |
 """
 
 
@@ -366,6 +401,11 @@ def page(sections, results, smoke, seconds, load):
               "benchmarks.all --smoke`, every benchmark at its smallest "
               "size (seconds); they show that each runs and what it "
               "prints, and say nothing about speed or memory.**", ""]
+  else:
+    lines += ["Every benchmark at its standard size: real layer widths "
+              "(fewer layers or a shorter sequence where needed), at least "
+              "5 timed steps after warm-up with their spread, anchors "
+              "timed beside EPL.", ""]
   lines += [
       "Generated by `python -m benchmarks.all%s` (`make benchmarks` runs "
       "it on both TensorFlow versions); do not edit by hand, run it again."

@@ -106,11 +106,18 @@ class Run:
     return "%dx%dx%d" % (self.replicas, self.stages, self.micro)
 
 
+def layers(args, size):
+  """Encoder layers of `size` (0: its preset's): --tiny_layers for tiny,
+  --base_layers for base."""
+  return (args.tiny_layers if size == "tiny" else
+          getattr(args, "base_layers", 0))
+
+
 def _flags(args, size, run, batch):
   """The example's flags for `run` (Mirrored: those of plain TF)."""
   epl_run = run.parallel not in ("none", "mirrored")
   return train.make_flags(
-      config=size, num_layers=args.tiny_layers if size == "tiny" else 0,
+      config=size, num_layers=layers(args, size),
       vocab_size=args.vocab_size,
       seq_length=args.seq_length or SIZES[size]["seq_length"],
       batch_size=batch, parallel=run.parallel if epl_run else "none",
@@ -342,9 +349,12 @@ def print_timing(size, global_batch, sequential):
 def report(args, size, runs, sequential):
   g = args.global_batch or SIZES[size]["global_batch"]
   print_timing(size, g, sequential)
+  print("examples/s: higher is better; vs = examples/s over that run's "
+        "(higher is better), with whether EPL wins; spread = fastest-"
+        "slowest step")
   header = ("run", "repl x stg x mb", "build s", "rewrite s", "step ms",
-            "examples/s", "vs TF 1 dev", "vs Mirrored", "EPL vs Mirrored",
-            "loss first/last")
+            "spread ms", "examples/s", "vs TF 1 dev", "EPL vs TF 1 dev",
+            "vs Mirrored", "EPL vs Mirrored", "loss first/last")
   print(" | ".join(["%-15s" % header[0]] + ["%15s" % h for h in header[1:]]))
   rates = {}
   for run in runs:
@@ -354,13 +364,16 @@ def report(args, size, runs, sequential):
     rate = rates[run.name]
     versus = [verdict.ratio(rate, rates.get(anchor, 0))
               for anchor in ("TF 1 device", "TF Mirrored")]
+    verdicts = [verdict.verdict(v) if run.name.startswith("EPL") else ""
+                for v in versus]
     print(" | ".join([
         "%-15s" % run.name, "%15s" % run.layout, "%15.1f" % run.build_s,
         "%15.1f" % run.rewrite_s,
-        "%15.1f" % (1e3 * g / rate), "%15.1f" % rate] + [
-            "%15s" % ("-" if v != v else "%.2f" % v) for v in versus] + [
-                "%15s" % (verdict.verdict(versus[1])
-                          if run.name.startswith("EPL") else ""),
+        "%15.1f" % (1e3 * g / rate),
+        "%15s" % ("%.0f-%.0f" % (1e3 * min(run.times), 1e3 * max(run.times))),
+        "%15.1f" % rate] + [
+            "%15s" % item for v, word in zip(versus, verdicts)
+            for item in ("-" if v != v else "%.2f" % v, word)] + [
                 "%15s" % ("%.3f/%.3f" % (run.first_loss, run.last_loss))]),
           flush=True)
 
@@ -382,6 +395,8 @@ def add_arguments(parser):
                       help="0: 64 tiny, 32 base")
   parser.add_argument("--tiny_layers", type=int, default=4,
                       help="encoder layers of the tiny model")
+  parser.add_argument("--base_layers", type=int, default=0,
+                      help="encoder layers of the base model (0: its 12)")
   parser.add_argument("--vocab_size", type=int, default=0,
                       help="vocabulary size (0: the preset's)")
   parser.add_argument("--schedule", default="PreferBackward",
@@ -434,10 +449,9 @@ def main(argv=None):
         "step; vs = examples/s over that run's examples/s")
   for size in sizes:
     seq = args.seq_length or SIZES[size]["seq_length"]
-    layers = args.tiny_layers if size == "tiny" else (
-        modeling.BertConfig.from_name(size).num_hidden_layers)
     print("\n%s BERT: %d layers, sequence %d, global batch %d, micro-batch "
-          "%d per device" % (size, layers, seq,
+          "%d per device" % (size, layers(args, size) or (
+              modeling.BertConfig.from_name(size).num_hidden_layers), seq,
                              args.global_batch or SIZES[size]["global_batch"],
                              args.micro_batch or SIZES[size]["micro_batch"]),
           flush=True)

@@ -2,48 +2,64 @@
 MirroredStrategy and Horovod, same model, optimizer and global batch G per
 step, each row saying what ran.
 
-  TF 1 device               plain TensorFlow, one batch of G on one device
+  TF 1 device               plain TensorFlow, one batch of G on one device:
+                            on logical CPU devices that share the cores,
+                            the limit of data parallelism at batch G
   TF MirroredStrategy       tf.distribute.MirroredStrategy over the N
                             devices in graph mode (call_for_each_replica,
                             G/N per replica)
-  EPL DP, local sums        EPL data parallel, N replicas of G/N in one
-                            process; gradients summed on one device and
-                            read back (communication.local_cpu_reduce, the
-                            default on one host's CPUs)
-  EPL DP, ring              the same with collective ring all-reduce
-                            (local_cpu_reduce off), as across workers; on
-                            GPUs EPL's all-reduce is NCCL
+  EPL DP                    EPL data parallel, N replicas of G/N in one
+                            process, as configured by default: on one
+                            host's CPUs gradients summed on one device
+                            (communication.local_cpu_reduce) and one copy
+                            of the weights, updated once per step
+                            (communication.shared_weights)
+  EPL DP, per-replica wts   the same with a copy of the weights per
+                            replica, each updated by its replica
+                            (shared_weights off: EPL before issue 35)
+  EPL DP, ring              collective ring all-reduce (local_cpu_reduce
+                            off), as across workers; on GPUs NCCL
   EPL Horovod/Gloo 2x2      EPL with communication.backend "horovod",
                             horovodrun -np 2 x 2 logical devices per process
   EPL Horovod/Gloo 4x1      the same with 4 processes of one device
   Horovod alone/Gloo 4x1    plain TF + hvd.DistributedOptimizer, -np 4
 
 EPL's rows run as a user's script runs them: EPL initialised, its hooks on
-at every Session.run, fetching the user's train op and loss; the gradients
-go in communication.max_splits buckets over communication.num_communicators
-communicators (their defaults unless set in the environment).
+at every Session.run, fetching the user's train op and loss.
 
 N is 4 logical CPU devices on a machine without GPUs, else its GPUs.
-Models (benchmarks/horovod_data_parallel.py builds them): `bert_tiny`
-(examples/bert_large, tiny config, AdamW with warm-up, sequence length 64)
-and `resnet` (a small ResNet-style conv net on 32x32 images, Momentum).
-Every row runs in its own process, one after the other, and times its
-steps after a warm-up: examples/s = G / median step time. "vs" columns are
-examples/s over the anchor's (higher is better) with the verdict. MFU =
-model FLOPs per second (static count of the one-device training step,
-epl.parallel.cost.flops, the profiler's) over the peak of the devices used; the
-peak comes from machine.PEAK_FLOPS by GPU name or --peak_tflops, so on CPUs
+Models (benchmarks/horovod_data_parallel.py builds them): the standard
+sizes `bert_base_2l` (BERT-Base's widths and vocabulary, 2 layers,
+sequence 128, AdamW) and `resnet18` (ResNet-18 on 32x32 images,
+Momentum); `mlp` (6 layers 1024 wide, Adam, issue 35's probe); the smoke
+sizes `bert_tiny` and `resnet`. The local rows of a model are built in
+one process (a fresh one per model, or this one with `--in_process`) and
+timed step by step in turn (one step of each row, then the next), so
+that load from other jobs on a shared machine hits them alike;
+`--own_processes` builds and times each in a process of its own, one
+after the other. examples/s = G / median step time after the warm-up;
+the spread is the slowest and fastest step. "vs" columns are examples/s
+over the anchor's (higher is better) with the verdict. A second table
+splits one traced step of each local row into forward, backward, sums,
+updates and copies (benchmarks/step_parts.py). MFU = model FLOPs per
+second (static count of the one-device training step,
+epl.parallel.cost.flops) over the peak of the devices used; the peak
+comes from machine.PEAK_FLOPS by GPU name or --peak_tflops, so on CPUs
 without the flag it is "-". The logical CPU devices (and the Horovod
 processes) share this machine's cores: on a 2-core machine the rows
-compare what each way of splitting the work costs, not a speed-up over one
-device. The Horovod rows need Horovod (`make horovod`; it does not build
-against TensorFlow past 2.15); without it they are left out and the
-output says why. On GPUs they still run on CPUs over Gloo (no NCCL build).
+compare what each way of splitting the work costs, and plain TF on one
+device is the limit. The Horovod rows need Horovod (`make horovod`; it
+does not build against TensorFlow past 2.15); without it they are left
+out and the output says why. On GPUs they still run on CPUs over Gloo.
 
-    python benchmarks/data_parallel.py [--models bert_tiny,resnet]
+    python benchmarks/data_parallel.py [--models bert_base_2l:16,resnet18:64]
         [--global_batch 32] [--steps 10] [--peak_tflops T] [--smoke]
+
+(`name:G` gives a model its own global batch; --global_batch the others'.)
 """
 import argparse
+import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -51,6 +67,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -59,21 +76,26 @@ if ROOT not in sys.path:
 from benchmarks import horovod_data_parallel  # pylint: disable=wrong-import-position
 from benchmarks import machine  # pylint: disable=wrong-import-position
 from benchmarks import smoke  # noqa: E402
+from benchmarks import step_parts  # pylint: disable=wrong-import-position
 from benchmarks import timing  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
 
 CPU_DEVICES = 4
 WARMUP = 3
+ONE_DEVICE, MIRRORED = "TF 1 device", "TF MirroredStrategy"
 # Row -> EPL config keys (None: not an EPL row).
 LOCAL_ROWS = {
-    "TF 1 device": None,
-    "TF MirroredStrategy": None,
-    "EPL DP, local sums": {},
+    ONE_DEVICE: None,
+    MIRRORED: None,
+    "EPL DP": {},
+    "EPL DP, per-replica wts": {"communication.shared_weights": False},
     "EPL DP, ring": {"communication.local_cpu_reduce": False},
 }
 # The Horovod rows have a --smoke of their own (horovod_data_parallel.py).
 SMOKE = ["--models", "resnet", "--global_batch", "4", "--steps", "1",
          "--warmup", "1", "--no_horovod", "--in_process"]
+# --row's value for every local row timed in turn (measure_interleaved).
+IN_TURN = "in turn"
 
 
 def _devices():
@@ -87,7 +109,7 @@ def _build(row, model, global_batch, device_type, devices):
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   loss_of = horovod_data_parallel.model_loss
   optimizer_of = horovod_data_parallel.model_optimizer
-  if row == "TF 1 device":
+  if row == ONE_DEVICE:
     step = tf.train.get_or_create_global_step()
     loss = loss_of(model, global_batch)
     return optimizer_of(model, step).minimize(loss, global_step=step), loss
@@ -122,44 +144,108 @@ def _step_flops(train_op, loss):
       train_op.graph, graph_editor.ancestors([train_op, loss.op])).values())
 
 
-def measure_row(row, model, global_batch, steps, warmup):
-  """Builds, warms up and times one row in this process; returns
-  {"examples_per_s", "step_flops"} (FLOPs of the one-device row only)."""
-  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  tf.disable_eager_execution()
-  device_type, devices = _devices()
-  if row == "TF 1 device":
-    devices = 1
-  result = {"step_flops": 0}
-  try:
-    with tf.Graph().as_default():
-      train_op, loss = _build(row, model, global_batch, device_type,
-                              devices)
-      if row == "TF 1 device":
-        result["step_flops"] = _step_flops(train_op, loss)
+class Row:
+  """One local row built into its own graph and session, ready to step."""
+
+  def __init__(self, row, model, global_batch):
+    import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+    import epl  # pylint: disable=import-outside-toplevel
+    from epl.parallel import engine  # pylint: disable=import-outside-toplevel
+    self.name, self.times, self.step_flops = row, [], 0
+    self.is_epl = LOCAL_ROWS[row] is not None
+    device_type, devices = _devices()
+    if row == ONE_DEVICE:
+      devices = 1
+    if row == MIRRORED:
+      # MirroredStrategy builds its replicas in threads of its own, which
+      # `detached` (per thread) does not reach: EPL must be off.
+      epl.shutdown()
+    self.graph = tf.Graph()
+    with self.graph.as_default(), self.context():
+      self.fetches = list(_build(row, model, global_batch, device_type,
+                                 devices))
+      if row == ONE_DEVICE:
+        self.step_flops = _step_flops(*self.fetches)
+      if self.is_epl:
+        engine.ensure_rewritten(self.graph)
+      self.parts_of = step_parts.classify(self.graph, self.fetches)
       init = tf.global_variables_initializer()
       config = tf.ConfigProto(allow_soft_placement=True)
       if device_type == "CPU":
         config.device_count["CPU"] = devices
-      with tf.Session(config=config) as session:
-        session.run(init)
-        # timing.step_seconds runs one more warm-up step.
-        for _ in range(warmup - 1):
-          session.run([train_op, loss])
-        times = timing.step_seconds(session, [train_op, loss], steps)
+      self.session = tf.Session(config=config)
+      self.session.run(init)
+
+  def context(self):
+    """EPL's rows run with EPL on, as in a user's script; the others
+    without it (`epl.env.detached`)."""
+    from epl.env import detached  # pylint: disable=import-outside-toplevel
+    return contextlib.nullcontext() if self.is_epl else detached()
+
+  def step(self, timed=True):
+    with self.context():
+      start = time.perf_counter()
+      self.session.run(self.fetches)
+      if timed:
+        self.times.append(time.perf_counter() - start)
+
+  def parts(self):
+    with self.context():
+      return step_parts.traced_parts(self.session, self.fetches,
+                                     self.parts_of)
+
+  def result(self, global_batch, with_parts):
+    self.session.close()
+    return {"examples_per_s": global_batch / statistics.median(self.times),
+            "step_s": self.times, "step_flops": self.step_flops,
+            "parts": with_parts}
+
+
+def measure_interleaved(model, global_batch, steps, warmup):
+  """Every local row built in this process, warmed up, then timed one
+  step of each in turn; {row: {"examples_per_s", "step_s", "step_flops",
+  "parts"}}."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  import epl  # pylint: disable=import-outside-toplevel
+  tf.disable_eager_execution()
+  # Plain TF and Mirrored first: MirroredStrategy needs EPL off.
+  rows = [Row(name, model, global_batch) for name in LOCAL_ROWS]
+  try:
+    for _ in range(warmup):
+      for row in rows:
+        row.step(timed=False)
+    for _ in range(steps):
+      for row in rows:
+        row.step()
+    parts = {row.name: row.parts() for row in rows}
+    return {row.name: row.result(global_batch, parts[row.name])
+            for row in rows}
   finally:
-    if LOCAL_ROWS[row] is not None:
-      import epl  # pylint: disable=import-outside-toplevel
-      epl.shutdown()
-  result["examples_per_s"] = global_batch / statistics.median(times)
-  return result
+    epl.shutdown()
 
 
-def _local_row(row, model, args):
-  """measure_row in a fresh process (in this one with --in_process)."""
-  if args.in_process:
-    return measure_row(row, model, args.global_batch, args.steps,
-                       args.warmup)
+def measure_row(row, model, global_batch, steps, warmup):
+  """One row alone in this process (--own_processes' child); every row
+  timed in turn for IN_TURN."""
+  if row == IN_TURN:
+    return measure_interleaved(model, global_batch, steps, warmup)
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  import epl  # pylint: disable=import-outside-toplevel
+  tf.disable_eager_execution()
+  try:
+    built = Row(row, model, global_batch)
+    for _ in range(warmup):
+      built.step(timed=False)
+    for _ in range(steps):
+      built.step()
+    return built.result(global_batch, built.parts())
+  finally:
+    epl.shutdown()
+
+
+def _own_process(row, model, args):
+  """measure_row in a fresh process: its memory is given back before the
+  next (the local rows of BERT-Base in one process hold about 10 GiB)."""
   with tempfile.TemporaryDirectory() as directory:
     out = os.path.join(directory, "result.json")
     command = [sys.executable, os.path.abspath(__file__), "--row", row,
@@ -189,9 +275,38 @@ def _horovod_missing():
   return None
 
 
+def _spread(figure):
+  """'[fastest-slowest] ms' of a local row's steps."""
+  times = figure.get("step_s")
+  if not times:
+    return "-"
+  return "%.0f-%.0f" % (1e3 * min(times), 1e3 * max(times))
+
+
+def _print_model(model, figures, rates, devices, global_batch, peak):
+  one_device = rates[ONE_DEVICE]
+  mirrored = rates[MIRRORED]
+  horovod = rates.get(horovod_data_parallel.HOROVOD_ALONE)
+  step_flops = figures[ONE_DEVICE]["step_flops"]
+  for row, rate in rates.items():
+    epl_row = row.startswith("EPL")
+    versus = [verdict.ratio(rate, one_device), verdict.ratio(rate, mirrored),
+              verdict.ratio(rate, horovod or 0)]
+    used = 1 if row == ONE_DEVICE else devices
+    utilisation = machine.mfu(step_flops, global_batch / rate, peak, used)
+    print("%-16s %-24s %10.1f %11s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
+        model, row, rate, _spread(figures.get(row, {})), versus[0],
+        verdict.verdict(versus[0]) if epl_row else "", versus[1],
+        verdict.verdict(versus[1]) if epl_row else "",
+        "%.2fx" % versus[2] if horovod else "-",
+        verdict.verdict(versus[2]) if epl_row and horovod else "",
+        "%.3f" % utilisation if utilisation is not None else "-"),
+          flush=True)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--models", default="bert_tiny,resnet")
+  parser.add_argument("--models", default="bert_base_2l,resnet18")
   parser.add_argument("--global_batch", type=int, default=32)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--warmup", type=int, default=WARMUP)
@@ -200,9 +315,14 @@ def main(argv=None):
                       "machine.PEAK_FLOPS by GPU name; none on CPUs)")
   parser.add_argument("--no_horovod", action="store_true",
                       help="leave out the Horovod rows")
+  parser.add_argument("--own_processes", action="store_true",
+                      help="build and time each local row in a process of "
+                      "its own, one after the other, not in turn in this "
+                      "one")
   parser.add_argument("--in_process", action="store_true",
-                      help="measure the local rows in this process, one "
-                      "after the other, not each in a fresh one")
+                      help="time the local rows in turn in this process, not "
+                      "in a child process per model (smoke: TensorFlow "
+                      "imported once)")
   parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -213,50 +333,55 @@ def main(argv=None):
                             args.steps, args.warmup), f)
     return 0
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from epl.config import Config  # pylint: disable=import-outside-toplevel
   device_type, devices = _devices()
-  if args.global_batch % devices:
-    raise SystemExit("--global_batch must be a multiple of %d" % devices)
+  default_batch = args.global_batch
   missing = "left out (--no_horovod)" if args.no_horovod else (
       _horovod_missing())
-  communication = Config().communication
   names = machine.gpus()
   peak = machine.peak_flops(names[0] if names else "", args.peak_tflops)
-  print("global batch %d, %d timed steps after %d warm-up, %d %s devices; "
-        "%s; each row %s; EPL: %d gradient buckets (max_splits) over %d "
-        "communicators%s" % (
+  print("model/global batch (default %d), %d timed steps after %d warm-up, "
+        "%d %s devices; %s; local rows %s%s" % (
             args.global_batch, args.steps, args.warmup, devices,
             "logical CPU" if device_type == "CPU" else device_type,
             machine.describe(tf.__version__),
-            "in this process" if args.in_process else "its own process",
-            communication.max_splits, communication.num_communicators,
+            "each in its own process" if args.own_processes else
+            "in one process per model, timed step by step in turn",
             "; Horovod rows: %s" % missing if missing else ""))
-  print("%-10s %-24s %11s %12s %10s %12s %10s %7s" % (
-      "model", "run", "examples/s", "vs Mirrored", "", "vs Horovod", "",
-      "MFU"))
-  for model in args.models.split(","):
-    figures = {row: _local_row(row, model, args) for row in LOCAL_ROWS}
-    step_flops = figures["TF 1 device"]["step_flops"]
+  print("examples/s: higher is better; vs = examples/s over the anchor's "
+        "(higher is better); spread = fastest-slowest step, ms")
+  print("%-16s %-24s %10s %11s %9s %9s %9s %9s %8s %9s %6s" % (
+      "model", "run", "examples/s", "spread ms", "vs TF 1dev", "",
+      "vs Mirr.", "", "vs Horovod", "", "MFU"))
+  all_parts = []
+  for spec in args.models.split(","):
+    # name[:global batch]: each model at a batch that says something
+    # about it (ResNet-18 at 16 gives each replica 4 images).
+    model, _, batch = spec.partition(":")
+    args = copy.copy(args)
+    args.global_batch = int(batch or default_batch)
+    if args.global_batch % devices:
+      raise SystemExit("%s: the global batch must be a multiple of %d" % (
+          spec, devices))
+    if args.own_processes:
+      figures = {row: _own_process(row, model, args) for row in LOCAL_ROWS}
+    elif args.in_process:
+      figures = measure_interleaved(model, args.global_batch, args.steps,
+                                    args.warmup)
+    else:
+      figures = _own_process(IN_TURN, model, args)
     rates = {row: f["examples_per_s"] for row, f in figures.items()}
     if not missing:
       rates.update(horovod_data_parallel.run(model, args.global_batch,
                                              args.steps))
-    mirrored = rates["TF MirroredStrategy"]
-    horovod = rates.get(horovod_data_parallel.HOROVOD_ALONE)
-    for row, rate in rates.items():
-      epl_row = row.startswith("EPL")
-      versus = [verdict.ratio(rate, mirrored),
-                verdict.ratio(rate, horovod or 0)]
-      used = 1 if row == "TF 1 device" else devices
-      utilisation = machine.mfu(step_flops, args.global_batch / rate, peak,
-                                used)
-      print("%-10s %-24s %11.1f %11.2fx %10s %11s %10s %7s" % (
-          model, row, rate, versus[0],
-          verdict.verdict(versus[0]) if epl_row else "",
-          "%.2fx" % versus[1] if horovod else "-",
-          verdict.verdict(versus[1]) if epl_row and horovod else "",
-          "%.3f" % utilisation if utilisation is not None else "-"),
-            flush=True)
+    label = "%s/%d" % (model, args.global_batch)
+    _print_model(label, figures, rates, devices, args.global_batch, peak)
+    all_parts += [(label, row, f["parts"]) for row, f in figures.items()]
+  print("\nOne traced step of each local row split into parts "
+        "(benchmarks/step_parts.py): busy ms of each part, lower is "
+        "better; parts overlap, so they do not add up to the step")
+  print(step_parts.header())
+  for model, row, parts in all_parts:
+    print(step_parts.line(model, row, parts))
   return 0
 
 

@@ -9,9 +9,12 @@ Horovod alone, same model, optimizer and global batch G per step.
   Horovod alone/Gloo 4x1  hand-written plain TF + hvd.DistributedOptimizer,
                           horovodrun -np 4, G/4 examples per process
 
-Models: `bert_tiny` (examples/bert_large, tiny config, AdamW, synthetic
-input, sequence length 64) and `resnet` (a small ResNet-style conv net on
-synthetic 32x32 images, Momentum). Every job runs on this machine over Gloo
+Models (`model_loss`, `model_optimizer`; synthetic input): BERT of
+examples/bert_large with AdamW and warm-up, `bert_tiny` (tiny config,
+sequence 64) and `bert_base_2l` (BERT-Base widths, 2 layers, sequence
+128); ResNets on 32x32 images with Momentum, `resnet` (small) and
+`resnet18` (ResNet-18's widths and blocks); `mlp` (6 layers 1024 wide,
+Adam). Every job runs on this machine over Gloo
 (inside a private network namespace when `unshare -rn` works); each process
 times its steps after a warm-up and rank 0 reports G / median step time.
 The processes share this machine's cores: on a 2-core machine the figures
@@ -58,53 +61,102 @@ WARMUP = 3
 IMAGE, CLASSES = 32, 10
 
 
-def _resnet(images, labels):
-  """A small ResNet-style net: a stem, 3 residual blocks, pooled logits."""
+# ResNet widths: (channels per stage, residual blocks per stage).
+RESNETS = {
+    # A small ResNet-style net (smoke and CI).
+    "resnet": ((32, 64, 64), (1, 1, 1)),
+    # ResNet-18's real widths on 32x32 images (CIFAR's ResNet-18: 11M
+    # weights), two blocks per stage as in ResNet-18.
+    "resnet18": ((64, 128, 256, 512), (2, 2, 2, 2)),
+}
+
+
+def _resnet(images, labels, widths, blocks):
+  """A ResNet: a stem, residual blocks of two 3x3 convolutions per stage
+  (the first of each stage after the first with stride 2), pooled
+  logits."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   layers = tf.layers
   init = tf.glorot_uniform_initializer(seed=1)
-  net = layers.conv2d(images, 32, 3, padding="same", activation=tf.nn.relu,
-                      kernel_initializer=init)
-  for block, width in enumerate((32, 64, 64)):
-    strides = 1 if block == 0 else 2
-    shortcut = net if strides == 1 and net.shape[-1] == width else \
-        layers.conv2d(net, width, 1, strides=strides, kernel_initializer=init)
-    net = layers.conv2d(net, width, 3, strides=strides, padding="same",
-                        activation=tf.nn.relu, kernel_initializer=init)
-    net = layers.conv2d(net, width, 3, padding="same", kernel_initializer=init)
-    net = tf.nn.relu(net + shortcut)
+  net = layers.conv2d(images, widths[0], 3, padding="same",
+                      activation=tf.nn.relu, kernel_initializer=init)
+  for stage, (width, count) in enumerate(zip(widths, blocks)):
+    for block in range(count):
+      strides = 2 if stage > 0 and block == 0 else 1
+      shortcut = net if strides == 1 and net.shape[-1] == width else \
+          layers.conv2d(net, width, 1, strides=strides,
+                        kernel_initializer=init)
+      net = layers.conv2d(net, width, 3, strides=strides, padding="same",
+                          activation=tf.nn.relu, kernel_initializer=init)
+      net = layers.conv2d(net, width, 3, padding="same",
+                          kernel_initializer=init)
+      net = tf.nn.relu(net + shortcut)
   logits = layers.dense(tf.reduce_mean(net, [1, 2]), CLASSES,
                         kernel_initializer=init)
   return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=labels, logits=logits))
 
 
-def _resnet_loss(batch):
+MLP_WIDTH, MLP_LAYERS = 1024, 6
+
+
+def _mlp_loss(batch):
+  """Issue 35's data-parallel probe: 6 dense ReLU layers 1024 wide on
+  synthetic 1024-wide inputs, 10 classes."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  features = tf.random.stateless_uniform([batch, MLP_WIDTH], [1, 2])
+  labels = tf.random.stateless_uniform([batch], [3, 4], maxval=CLASSES,
+                                       dtype=tf.int32)
+  dataset = tf.data.Dataset.from_tensors((features, labels)).repeat()
+  net, labels = tf.data.make_one_shot_iterator(dataset).get_next()
+  init = tf.glorot_uniform_initializer(seed=1)
+  for _ in range(MLP_LAYERS):
+    net = tf.layers.dense(net, MLP_WIDTH, activation=tf.nn.relu,
+                          kernel_initializer=init)
+  logits = tf.layers.dense(net, CLASSES, kernel_initializer=init)
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+
+
+def _resnet_loss(model, batch):
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   images = tf.random.stateless_uniform([batch, IMAGE, IMAGE, 3], [1, 2])
   labels = tf.random.stateless_uniform([batch], [3, 4], maxval=CLASSES,
                                        dtype=tf.int32)
   dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-  return _resnet(*tf.data.make_one_shot_iterator(dataset).get_next())
+  return _resnet(*tf.data.make_one_shot_iterator(dataset).get_next(),
+                 *RESNETS[model])
 
 
-def _bert_flags(batch):
+# BERT sizes: the example's preset and what is overridden.
+BERTS = {
+    "bert_tiny": dict(config="tiny"),
+    # BERT-Base's real widths (hidden 768, 12 heads, feed-forward 3072,
+    # its 30522-word vocabulary), 2 of its 12 layers, sequence 128.
+    "bert_base_2l": dict(config="base", num_layers=2, seq_length=128),
+}
+
+
+def _bert_flags(model, batch):
   from examples.bert_large import train  # pylint: disable=import-outside-toplevel
   return train.resolve_flags(train.make_flags(
-      config="tiny", batch_size=batch, parallel="none", num_cpu_devices=0,
-      steps=100000, warmup_steps=10, learning_rate=1e-4, seed=1))
+      batch_size=batch, parallel="none", num_cpu_devices=0,
+      steps=100000, warmup_steps=10, learning_rate=1e-4, seed=1,
+      **BERTS[model]))
 
 
 def model_loss(model, batch, num_shards=1, shard_index=0):
-  """The loss of `model` ("bert_tiny" or "resnet") on a batch of `batch`
+  """The loss of `model` (of BERTS or RESNETS) on a batch of `batch`
   synthetic examples (shard `shard_index` of `num_shards` of the input)."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  if model == "resnet":
-    return _resnet_loss(batch)
+  if model == "mlp":
+    return _mlp_loss(batch)
+  if model in RESNETS:
+    return _resnet_loss(model, batch)
   from examples.bert_large import input_pipeline  # pylint: disable=import-outside-toplevel
   from examples.bert_large import modeling  # pylint: disable=import-outside-toplevel
   from examples.bert_large import train  # pylint: disable=import-outside-toplevel
-  flags = _bert_flags(batch)
+  flags = _bert_flags(model, batch)
   config = train.bert_config_from_flags(flags)
   tf.set_random_seed(flags.seed)
   features = input_pipeline.get_next(input_pipeline.pretraining_dataset(
@@ -116,13 +168,15 @@ def model_loss(model, batch, num_shards=1, shard_index=0):
 
 
 def model_optimizer(model, step):
-  """The optimizer `model` trains with: AdamW with BERT's warm-up, or
-  Momentum."""
+  """The optimizer `model` trains with: AdamW with BERT's warm-up,
+  Momentum (ResNets) or Adam (the MLP)."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  if model == "resnet":
+  if model == "mlp":
+    return tf.train.AdamOptimizer(1e-3)
+  if model in RESNETS:
     return tf.train.MomentumOptimizer(0.01, 0.9)
   from examples.bert_large import optimization  # pylint: disable=import-outside-toplevel
-  flags = _bert_flags(1)
+  flags = _bert_flags(model, 1)
   return optimization.AdamWeightDecayOptimizer(
       learning_rate=optimization.learning_rate_schedule(
           step, flags.learning_rate, flags.steps, flags.warmup_steps),

@@ -7,6 +7,8 @@
 - `peak_flops(name, override)`: the peak float32 FLOP/s of one GPU, from a
   small table of datasheet figures by GPU name, or `override` (the
   benchmarks' `--peak_tflops`); None when neither knows.
+- `half_peak_flops(name, override)`: the same for dense float16/bfloat16
+  tensor-core math, what mixed-precision MFU is measured against.
 - `mfu(flops_per_step, step_seconds, peak, devices)`: model FLOPs
   utilisation, the model's FLOPs per second over the peak of the devices
   that ran it.
@@ -49,6 +51,27 @@ def gpus():
   return [names[i] for i in indices if i < len(names)]
 
 
+# Dense float16/bfloat16 tensor-core peak FLOP/s of one GPU (datasheets,
+# without sparsity), matched as PEAK_FLOPS is.
+HALF_PEAK_FLOPS = (
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100", 989.4e12),
+    ("A100", 312.0e12),
+    ("V100", 125.0e12),
+    ("T4", 65.0e12),
+)
+
+
+def _peak(table, name, override_tflops):
+  if override_tflops:
+    return override_tflops * 1e12
+  for key, flops in table:
+    if name and key in name:
+      return flops
+  return None
+
+
 def _memory_gib():
   with open("/proc/meminfo") as meminfo:
     for line in meminfo:
@@ -68,12 +91,12 @@ def describe(tf_version):
 def peak_flops(name, override_tflops=0.0):
   """Peak FLOP/s of one device named `name`: `override_tflops` x 1e12 when
   given, else the table's figure, else None (CPUs: no table entry)."""
-  if override_tflops:
-    return override_tflops * 1e12
-  for key, flops in PEAK_FLOPS:
-    if name and key in name:
-      return flops
-  return None
+  return _peak(PEAK_FLOPS, name, override_tflops)
+
+
+def half_peak_flops(name, override_tflops=0.0):
+  """peak_flops for half-precision tensor-core math (HALF_PEAK_FLOPS)."""
+  return _peak(HALF_PEAK_FLOPS, name, override_tflops)
 
 
 def mfu(flops_per_step, step_seconds, peak, devices):

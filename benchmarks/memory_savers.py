@@ -90,9 +90,16 @@ def _restore_environment(previous):
       os.environ[variable] = value
 
 
+# Every row keeps a copy of the weights per replica, the layout of GPUs
+# and workers the savers are for: on one host's CPUs EPL's default is one
+# shared copy (communication.shared_weights), a layout of its own that
+# benchmarks/data_parallel.py measures.
+PER_REPLICA_WEIGHTS = {"communication.shared_weights": False}
+
+
 def measure(keys, args):
   """{column: value} of one row."""
-  previous = _set_environment(keys)
+  previous = _set_environment(dict(PER_REPLICA_WEIGHTS, **keys))
   try:
     graph = tf.Graph()
     with graph.as_default():

@@ -126,8 +126,16 @@ def _formula(stages, level, micro_batches):
       largest.gradient_bytes * sets, largest.optimizer_bytes, micro_batches)
 
 
+# Every run keeps a copy of the weights per replica, the layout of GPUs
+# and workers the savers are for: on one host's CPUs EPL's default is one
+# shared copy (communication.shared_weights), a layout of its own that
+# benchmarks/data_parallel.py measures.
+PER_REPLICA_WEIGHTS = {"EPL_COMMUNICATION_SHARED_WEIGHTS": "false"}
+
+
 def measure(args, name, settings):
   """Trains one run; returns its figures."""
+  settings = dict(PER_REPLICA_WEIGHTS, **settings)
   os.environ.update(settings)
   graph = tf.Graph()
   try:

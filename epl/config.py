@@ -337,6 +337,12 @@ _KEYS = (
        "gradients by a sum on one device that every replica reads (as "
        "MirroredStrategy does there) instead of a ring of collective ops.",
        built=True),
+    _k("communication", "shared_weights", _Bool(), True,
+       "With the local sums of communication.local_cpu_reduce (every "
+       "replica a CPU device of one process), the replicas read one copy "
+       "of each trained variable and its optimizer state, updated once "
+       "per step, instead of a copy each that every replica updates.",
+       built=True),
     _k("communication", "sparse_as_dense", _Bool(), False,
        "Turn sparse gradients (IndexedSlices) into dense tensors before "
        "communicating them.", built=True),

@@ -105,3 +105,26 @@ def test_mfu_uses_the_peak_of_the_gpu_or_the_flag():
   # 1e12 FLOPs per 0.5 s step on 2 devices of 1e12 FLOP/s: 100%.
   assert machine.mfu(1e12, 0.5, 1e12, 2) == pytest.approx(1.0)
   assert machine.mfu(1e12, 0.5, None, 2) is None
+
+
+def test_gpu_check_runs_at_smoke_size():
+  # benchmarks/gpu_check.sh with EPL_GPU_CHECK_SMOKE=1: tiny BERT on CPU,
+  # every row (plain TF, EPL AMP, EPL AMP + GC) trains and is reported
+  # against NVIDIA's anchor.
+  done = subprocess.run(
+      ["sh", "benchmarks/gpu_check.sh", "--steps", "1"], cwd=ROOT,
+      env=dict(os.environ, EPL_GPU_CHECK_SMOKE="1", PYTHON=sys.executable,
+               PYTHONPATH=ROOT),
+      capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  for row in ("TF ", "EPL AMP ", "EPL AMP + GC "):
+    assert re.search(r"^%s +\d+\.\d" % re.escape(row), done.stdout, re.M), (
+        done.stdout)
+  assert "485.6 sequences/s" in done.stdout
+  assert not _NOT_FINITE.search(done.stdout), done.stdout
+
+
+def test_half_precision_mfu_peaks():
+  assert machine.half_peak_flops("NVIDIA A100-SXM4-80GB") == 312.0e12
+  assert machine.half_peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+  assert machine.half_peak_flops("") is None

@@ -20,6 +20,7 @@ import epl
 from epl.ir.graph_state import state_of
 from epl.parallel import engine
 from epl.parallel.passes.context import Copies
+from epl.parallel.plan.decisions import Weights
 from tests import tolerance
 from tests import training
 
@@ -173,7 +174,11 @@ def _check_tiny_graph(graph, handles, replicas, stages, micro):
     assert _device_of(graph, layer % 1).endswith("CPU:1")
     assert _device_of(graph, "cls/predictions/output_bias").endswith("CPU:1")
     assert _device_of(graph, "EPL_MICRO_BATCH_1/total_loss").endswith("CPU:1")
-  if replicas == 2:
+  if replicas == 2 and plan.decisions.weights.value is Weights.SHARED:
+    # Data parallel on one process's CPUs: one copy every replica reads.
+    assert "EPL_REPLICA_1/cls/predictions/output_bias" not in {
+        op.name for op in graph.get_operations()}
+  elif replicas == 2:
     assert _device_of(graph, "EPL_REPLICA_1/cls/predictions/output_bias") == (
         plan.devices[1][-1])
   # The word-embedding table is read by the gather (IndexedSlices gradient)
@@ -207,10 +212,11 @@ def _train_exact(parallel="none", batch_size=GLOBAL_BATCH, check=None,
       replicas = handles["num_replicas"]
       copies = {}
       if replicas > 1:
-        prefix = "EPL_REPLICA_%d/" % (replicas - 1)
-        copies = training.read_variables(session, graph,
-                                         [prefix + n for n in names])
-        copies = {n[len(prefix):]: v for n, v in copies.items()}
+        # The last replica's own copies (replica 0's with shared weights).
+        own = {n: training.replica_copies(graph, n, replicas)[-1]
+               for n in names}
+        read = training.read_variables(session, graph, list(own.values()))
+        copies = {n: read[c] for n, c in own.items()}
   epl.shutdown()
   return values, losses, copies, initial
 

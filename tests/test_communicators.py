@@ -42,13 +42,15 @@ def train_with_replicas(config=None, steps=5, loss_scale=1.0):
       session.run(tf.compat.v1.global_variables_initializer())
       for _ in range(steps):
         session.run(train_op)
-      copies = training.read_variables(
-          session, graph, names + ["EPL_REPLICA_%d/%s" % (r, n)
-                                   for r in range(1, REPLICAS)
-                                   for n in names])
-  replica_zero = {n: copies[n] for n in names}
-  others = [{n: copies["EPL_REPLICA_%d/%s" % (r, n)] for n in names}
-            for r in range(1, REPLICAS)]
+      copies = {n: training.replica_copies(graph, n, REPLICAS)
+                for n in names}
+      values = training.read_variables(
+          session, graph, [c for n in names for c in copies[n]])
+  replica_zero = {n: values[n] for n in names}
+  # What each other replica reads: its own copy, or replica 0's (shared
+  # weights).
+  others = [{n: values[copies[n][r] if len(copies[n]) > r else n]
+             for n in names} for r in range(1, REPLICAS)]
   return replica_zero, others, graph
 
 

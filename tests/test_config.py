@@ -34,6 +34,7 @@ EXPECTED_DEFAULTS = {
     "offload.level": "",
     "communication.num_communicators": 2,
     "communication.local_cpu_reduce": True,
+    "communication.shared_weights": True,
     "communication.sparse_as_dense": False,
     "communication.max_splits": 5,
     "communication.fp16": False,

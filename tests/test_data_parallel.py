@@ -45,6 +45,21 @@ def test_reference_variable_updates_wait_for_their_reads():
       assert replica + micro_batch + "gradients/ref/MatMul_1_grad/MatMul" in waits
 
 
+def test_shared_reference_variable_update_waits_for_every_replicas_reads():
+  # Shared weights: the one update of the VariableV2 w2 (read without a
+  # copy) waits for the backward op of every replica that reads it.
+  expected, _ = training.reference_variable_training(REPLICAS * MICRO, False)
+  actual, graph = training.reference_variable_training(
+      MICRO, True, {"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)
+  update = graph.get_operation_by_name("Adam/update_ref/w2/ApplyAdam")
+  waits = {op.name for op in update.control_inputs}
+  for replica in ["", "EPL_REPLICA_1/", "EPL_REPLICA_2/", "EPL_REPLICA_3/"]:
+    assert replica + "gradients/ref/MatMul_1_grad/MatMul" in waits
+  assert "EPL_REPLICA_1/Adam/update_ref/w2/ApplyAdam" not in {
+      op.name for op in graph.get_operations()}
+
+
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_sum_matches_single_device_with_summed_loss(optimizer):
   # Summing the replicas' mean-loss gradients equals the gradient of
@@ -60,7 +75,11 @@ def test_sum_matches_single_device_with_summed_loss(optimizer):
 
 
 def test_replicas_stay_identical_and_are_placed_on_their_devices():
-  _, _, graph = training.train(config={"cluster.num_cpu_devices": REPLICAS})
+  # Per-replica weights (on by default only where the replicas do not
+  # share one process's memory).
+  _, _, graph = training.train(config={
+      "cluster.num_cpu_devices": REPLICAS,
+      "communication.shared_weights": False})
   kernel = graph.get_operation_by_name("dense/kernel")
   assert kernel.device.endswith("CPU:0")
   for replica in range(1, REPLICAS):
@@ -70,6 +89,31 @@ def test_replicas_stay_identical_and_are_placed_on_their_devices():
     # reference variable (shared_name empty) by its node name.
     assert (clone.get_attr("shared_name") or clone.name.encode()) != (
         kernel.get_attr("shared_name") or kernel.name.encode())
+
+
+def test_shared_weights_one_copy_one_update_same_training():
+  # Replicas of one process's CPUs read one copy of each variable and its
+  # Adam slots, updated once per step: the same weights as one device on
+  # the global batch, and no replica has a copy of its own.
+  expected, _, _ = training.train(optimizer="adam",
+                                  batch_size=REPLICAS * MICRO, with_epl=False)
+  actual, _, graph = training.train(
+      optimizer="adam", batch_size=MICRO,
+      config={"cluster.num_cpu_devices": REPLICAS})
+  training.assert_close(actual, expected)
+  names = {op.name for op in graph.get_operations()}
+  assert "dense/kernel" in names and "dense/kernel/Adam" in names
+  replica_ops = [n for n in names if n.startswith("EPL_REPLICA_")]
+  assert replica_ops
+  assert not [n for n in replica_ops if n.endswith("dense/kernel") or
+              "Adam" in n]
+  plan = epl.parallel.plan.planner.plan_of(graph)
+  assert plan.decisions.weights.value.name == "SHARED"
+  # What epl-plan prints and the rewrite logs.
+  assert any(line.startswith("weights: one copy every replica reads, "
+                             "updated once per step, because every replica "
+                             "is a CPU device of this process")
+             for line in plan.decisions.lines(notable_only=True))
 
 
 def test_fused_buckets_and_fp16_communication():

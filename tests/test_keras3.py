@@ -61,8 +61,10 @@ def _run(scenario, legacy_keras="0"):
 def test_keras3_layers_data_parallel_equal_single_device(replicas):
   out = _run("layers_dp_%d" % replicas)
   assert "KERAS3_LAYERS_OK tf=%s keras=3." % tf.__version__ in out, out
-  # Each of the 4 variables has a copy on every other replica.
-  assert "replicas=%d copies=%d" % (replicas, 4 * (replicas - 1)) in out, out
+  # Logical CPU devices of one process: the 4 variables exist once, every
+  # replica reads them (shared weights), and no replica has copies.
+  assert "replicas=%d copies=0" % replicas in out, out
+  assert "EPL shared weights: 8 trained variables" in out, out
   # TF_USE_LEGACY_KERAS=0 chose Keras 3: epl.init says so at INFO only.
   assert ("[EPL INFO] epl.init: TensorFlow %s uses Keras 3" % tf.__version__
           in out), out

@@ -21,7 +21,8 @@ TODAYS_ORDER = [
     "resolve_training_ops", "check_stages",
     "select_gradient_points", "check_grouped", "place_replica_zero",
     "convert_to_half", "scale_loss", "recompute_activations",
-    "clone_micro_batches", "partition_updates", "clone_replicas",
+    "clone_micro_batches", "partition_updates", "share_weights",
+    "clone_replicas",
     "vary_random_seeds", "place_updates", "partition_weights",
     "offload_variables",
     "order_input_reads", "lower_split", "split_fed_batches", "join_replicas",
@@ -204,7 +205,8 @@ def test_a_user_scope_named_like_epl_is_the_users_in_the_coverage_check():
 
 
 def test_a_user_write_in_a_scope_named_like_epl_reaches_every_replica():
-  graph, _, train_op = _training_graph({"cluster.num_cpu_devices": 2})
+  graph, _, train_op = _training_graph(dict(training.PER_REPLICA_WEIGHTS,
+                                            **{"cluster.num_cpu_devices": 2}))
   with graph.as_default():
     [kernel] = [v for v in tf.compat.v1.trainable_variables()
                 if v.op.name == "dense/kernel"]

@@ -644,7 +644,7 @@ def test_interleaved_plan_and_its_errors_with_split():
 def test_weight_read_by_two_stages_trains_like_one_device(strategy, extra):
   # Stage 1 reads stage 0's weight once a step and sums its part of the
   # weight's gradient over the micro-batches before sending it
-  # (epl.parallel.passes.shared_weights); 2 replicas.
+  # (epl.parallel.passes.cross_stage_weights); 2 replicas.
   expected, _, _ = training.train(training.tied_stages, "adam",
                                   batch_size=MICRO * 3 * 2, with_epl=False)
   actual, _, graph = training.train(

@@ -344,8 +344,9 @@ def test_estimate_counts_zero_slots_on_their_owner(zero_level, micro_batches):
   its owner; with micro-batches v1's replicas sum theirs in full first."""
   _, _, graph = training.train(
       model=training.get_variable_model, optimizer="adam", steps=1,
-      config={"cluster.num_cpu_devices": 2, "zero.level": zero_level,
-              "pipeline.num_micro_batch": micro_batches})
+      config=dict(training.PER_REPLICA_WEIGHTS,
+                  **{"cluster.num_cpu_devices": 2, "zero.level": zero_level,
+                     "pipeline.num_micro_batch": micro_batches}))
   estimates = memory_estimate.estimate(state_of(graph).rewrite_result)
   w1, b1, w2 = 8 * 16 * 4, 16 * 4, 16 * 1 * 4
   assert [e.parameters for e in estimates] == [w1 + b1 + w2] * 2
@@ -361,6 +362,20 @@ def test_estimate_counts_zero_slots_on_their_owner(zero_level, micro_batches):
     gradients["v1"] = [full + share for share in shares]
   assert [e.gradients for e in estimates] == gradients[zero_level]
   assert [e.gradient_sets for e in estimates] == [micro_batches] * 2
+
+
+def test_estimate_counts_shared_weights_once():
+  """Shared weights (2 logical CPU devices of one process): the weights,
+  Adam's slots and beta powers live on replica 0's device only; each
+  replica still makes its full gradient."""
+  _, _, graph = training.train(
+      model=training.get_variable_model, optimizer="adam", steps=1,
+      config={"cluster.num_cpu_devices": 2})
+  estimates = memory_estimate.estimate(state_of(graph).rewrite_result)
+  full = 8 * 16 * 4 + 16 * 4 + 16 * 1 * 4
+  assert [e.parameters for e in estimates] == [full, 0]
+  assert [e.optimizer_state for e in estimates] == [2 * full + 2 * 4, 0]
+  assert [e.gradients for e in estimates] == [full, full]
 
 
 @pytest.mark.parametrize("bytes_per_parameter, expected", [
@@ -437,7 +452,7 @@ def test_plan_decides_which_variables_zero_v3_partitions():
       config={"cluster.num_cpu_devices": 4, "zero.level": "v3",
               "zero.min_partition_size": 16})
   result = state_of(graph).rewrite_result
-  partition = result.plan.decisions.weights
+  partition = result.plan.decisions.partition
   assert partition.names(WeightSharding.PARTITIONED) == [
       "dense/kernel", "dense/bias", "dense_1/kernel"]
   assert partition.names(WeightSharding.SMALL) == ["dense_1/bias"]

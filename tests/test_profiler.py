@@ -16,8 +16,10 @@ from tests import training
 WIDTH = 128
 
 
-def test_memory_profiler_hook_under_data_parallelism(tmp_path):
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+@pytest.mark.parametrize("layout", training.WEIGHT_LAYOUTS)
+def test_memory_profiler_hook_under_data_parallelism(tmp_path, layout):
+  epl.init(epl.Config(dict(training.WEIGHT_LAYOUTS[layout],
+                           **{"cluster.num_cpu_devices": 2})))
   epl.set_default_strategy(epl.replicate(device_count=1))
   hook = MemoryProfilerHook(save_steps=2, max_steps=4,
                             output_dir=str(tmp_path), dump_metadata=True)
@@ -43,10 +45,12 @@ def test_memory_profiler_hook_under_data_parallelism(tmp_path):
                                                           WIDTH)
   memory = hook.results[4]
   assert len(memory) == 2
-  for device in memory:
-    # Each replica's weights and momentum slots (the device holding the
-    # shared global_step has 8 bytes more).
-    assert 0 <= device.persistent - 2 * 4 * parameters <= 8, device
+  for index, device in enumerate(memory):
+    # Each replica's weights and momentum slots, or (shared weights) one
+    # copy on replica 0's device; the device holding the shared
+    # global_step has 8 bytes more.
+    held = 0 if layout == "shared_weights" and index else parameters
+    assert 0 <= device.persistent - 2 * 4 * held <= 8, device
     # At least one layer's activations of the 32-row batch.
     assert device.step_peak >= 32 * WIDTH * 4, device
     assert device.peak == device.persistent + device.step_peak

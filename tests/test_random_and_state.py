@@ -117,8 +117,11 @@ def _train_batch_norm(config, micro_batch, fetch_update_ops):
         session.run(train_op)
       values = _bn_values(session, graph)
       replica = {n: values[n] for n in values if n.startswith("model/norm/")}
-      copies = training.read_variables(
-          session, graph, ["EPL_REPLICA_1/" + n for n in replica])
+      # Replica 1's own copy where it has one (the moving statistics; the
+      # trained gamma and beta only with per-replica weights).
+      names = {n: training.replica_copies(graph, n, 2)[-1] for n in replica}
+      read = training.read_variables(session, graph, list(names.values()))
+      copies = {n: read[c] for n, c in names.items()}
   epl.shutdown()
   return values, replica, copies
 
@@ -171,19 +174,21 @@ def test_batch_norm_statistics_move_by_the_mean_update(
   expected = _towers_with_mean_update(REPLICAS * micro_batches, ROWS)
   training.assert_close(actual, expected)
   for name, value in replica.items():
-    np.testing.assert_array_equal(copies["EPL_REPLICA_1/" + name], value)
+    np.testing.assert_array_equal(copies[name], value)
 
 
 def _replica_values(session, graph, name):
-  names = [name] + ["EPL_REPLICA_%d/%s" % (r, name) for r in range(1, 4)]
+  names = training.replica_copies(graph, name, 4)
   values = training.read_variables(session, graph, names)
   return [values[n] for n in names]
 
 
+@pytest.mark.parametrize("layout", training.WEIGHT_LAYOUTS)
 @pytest.mark.parametrize("how", ["load", "assign_op", "keras_set_weights",
                                  "initializer"])
-def test_variable_writes_at_any_time_reach_every_replica(how):
-  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+def test_variable_writes_at_any_time_reach_every_replica(how, layout):
+  epl.init(epl.Config(dict(training.WEIGHT_LAYOUTS[layout],
+                           **{"cluster.num_cpu_devices": 4})))
   epl.set_default_strategy(epl.replicate(1))
   graph = tf.Graph()
   with graph.as_default():
@@ -206,6 +211,7 @@ def test_variable_writes_at_any_time_reach_every_replica(how):
       else:
         session.run(kernel.initializer)
       values = _replica_values(session, graph, "dense/kernel")
+  assert len(values) == (1 if layout == "shared_weights" else 4)
   if how != "initializer":
     np.testing.assert_array_equal(values[0], new_value)
   for value in values[1:]:

@@ -23,8 +23,9 @@ def _build(batch_size, optimizer="momentum", model=training.layers_model):
   return loss, step, train_op
 
 
-def _init_epl():
-  epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS}))
+def _init_epl(layout=None):
+  epl.init(epl.Config(dict(training.WEIGHT_LAYOUTS.get(layout, {}),
+                           **{"cluster.num_cpu_devices": REPLICAS})))
   epl.set_default_strategy(epl.replicate(device_count=1))
 
 
@@ -37,7 +38,7 @@ def _epl_or_plain(with_epl):
 
 
 def _replica_names(graph, name):
-  return [name] + ["EPL_REPLICA_%d/%s" % (r, name) for r in range(1, REPLICAS)]
+  return training.replica_copies(graph, name, REPLICAS)
 
 
 def test_monitored_training_session_with_hooks(tmp_path):
@@ -124,11 +125,13 @@ def _save_single_device(path):
       tf.compat.v1.train.Saver().save(session, path)
 
 
-def test_single_device_checkpoint_restores_into_every_replica(tmp_path):
+@pytest.mark.parametrize("layout", training.WEIGHT_LAYOUTS)
+def test_single_device_checkpoint_restores_into_every_replica(tmp_path,
+                                                               layout):
   path = str(tmp_path / "single")
   _save_single_device(path)
   reader = tf.train.load_checkpoint(path)
-  _init_epl()
+  _init_epl(layout)
   graph = tf.Graph()
   with graph.as_default():
     _, _, train_op = _build(MICRO)
@@ -139,6 +142,8 @@ def test_single_device_checkpoint_restores_into_every_replica(tmp_path):
       saver.restore(session, path)
       names = [n for r in ["dense/kernel", "dense_1/bias"]
                for n in _replica_names(graph, r)]
+      assert len(names) == (2 if layout == "shared_weights" else
+                            2 * REPLICAS)
       values = training.read_variables(session, graph, names)
   for name, value in values.items():
     original = name.split("/", 1)[1] if name.startswith("EPL_") else name
@@ -151,12 +156,14 @@ def _narrow_model(x):
   return tf.compat.v1.layers.dense(hidden, 1)
 
 
-def test_checkpoint_of_other_shapes_is_refused_before_restoring(tmp_path):
+@pytest.mark.parametrize("layout", training.WEIGHT_LAYOUTS)
+def test_checkpoint_of_other_shapes_is_refused_before_restoring(tmp_path,
+                                                                layout):
   # TensorFlow alone would give each resource variable the checkpoint's
   # shape and fail steps later, if at all (a bias broadcasts).
   path = str(tmp_path / "wide")
   _save_single_device(path)
-  _init_epl()
+  _init_epl(layout)
   graph = tf.Graph()
   with graph.as_default():
     _, _, train_op = _build(MICRO, model=_narrow_model)

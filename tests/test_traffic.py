@@ -248,7 +248,7 @@ def test_weight_read_by_another_stage_crosses_once_a_step_each_way():
   assert _received(result, traffic.PIPELINE) == [activations + weight] * 2
   row = _row(result, traffic.PIPELINE)
   assert (row.formula, row.ratio, row.worst) == ("M*A + 2*W_shared", 1, 1)
-  assert "shared weights: once a step, because" in dry_run.describe(result)
+  assert "cross stage weights: once a step, because" in dry_run.describe(result)
 
 
 def test_zero_v2_reads_a_weight_of_another_stage_in_each_micro_batch():
@@ -260,7 +260,7 @@ def test_zero_v2_reads_a_weight_of_another_stage_in_each_micro_batch():
                     model=training.tied_stages, default_strategy=False)
   row = _row(result, traffic.PIPELINE)
   assert (row.formula, row.ratio) == ("M*A + 2*M*W_shared", 1)
-  assert ("shared weights: each micro-batch, because zero.level v2"
+  assert ("cross stage weights: each micro-batch, because zero.level v2"
           in dry_run.describe(result))
 
 

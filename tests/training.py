@@ -148,6 +148,24 @@ OPTIMIZERS = {
 }
 
 
+# The two layouts of data-parallel weights on one host's CPUs: one copy
+# every replica reads (the default there), and a copy per replica (what
+# runs across workers and GPUs), which tests of replica copies ask for.
+WEIGHT_LAYOUTS = {
+    "shared_weights": {},
+    "per_replica_weights": {"communication.shared_weights": False},
+}
+PER_REPLICA_WEIGHTS = WEIGHT_LAYOUTS["per_replica_weights"]
+
+
+def replica_copies(graph, name, replicas):
+  """Every replica's copy of variable `name`: [name] then the other
+  replicas' own copies, where they have any (not with shared weights)."""
+  copies = ["EPL_REPLICA_%d/%s" % (r, name) for r in range(1, replicas)]
+  existing = {op.name for op in graph.get_operations()}
+  return [name] + [c for c in copies if c in existing]
+
+
 def read_variables(session, graph, names):
   """Values of the variables `names` (op names) in `graph`, even replicas'."""
   reads = {}

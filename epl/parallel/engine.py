@@ -29,7 +29,7 @@ from epl.parallel.passes.resolve import resolve_training_ops
 from epl.parallel.passes import grouped_apply
 from epl.parallel.plan import planner
 from epl.parallel.plan.decisions import (Checkpoints, LossScaling, Offload,
-                                         Precision, ZeroLevel)
+                                         Precision, Weights, ZeroLevel)
 from epl.parallel.passes import zero
 from epl.parallel.passes import zero_weights
 from epl.parallel.passes.context import RewriteContext, StepGradients
@@ -44,6 +44,7 @@ from epl.parallel.passes.replicas import (clone_replicas, join_replicas,
                                    order_input_reads, place_replica_zero)
 from epl.parallel.passes.random_seeds import vary_random_seeds
 from epl.parallel.passes.schedule import schedule_pipeline
+from epl.parallel.passes.shared_weights import share_weights
 from epl.parallel.passes.shared_writes import (order_reference_updates,
                                       order_shared_writes)
 from epl.parallel.passes.split import lower_split, update_checkpoints
@@ -155,6 +156,11 @@ def _zero_v3(ctx):
   return ctx.plan.decisions.zero.value.partitions_weights
 
 
+def _shared_weights(ctx):
+  """communication.shared_weights with local sums (plan: Weights.SHARED)"""
+  return ctx.plan.decisions.weights.value is Weights.SHARED
+
+
 def _offload(ctx):
   """offload.level v0"""
   return ctx.plan.decisions.offload.value is Offload.HOST
@@ -199,6 +205,9 @@ PASSES = (
          reads=("subgraph", "tags", "plan", "gradients", "gradient_points",
                 "copies"),
          writes=("subgraph", "zero_partition"), enabled=_zero),
+    Pass("share_weights", share_weights,
+         reads=("subgraph", "tags", "plan", "gradient_points"),
+         writes=("subgraph",), enabled=_shared_weights),
     Pass("clone_replicas", clone_replicas,
          reads=("subgraph", "tags", "plan", "copies", "user_devices"),
          writes=("tags", "provenance", "copies")),

@@ -42,7 +42,7 @@ device's stage, M micro-batches:
   and the gradients of those a gradient flows through back; a weight
   another stage reads, once a step each way: M·A + 2·W_shared (M times
   under ZeRO v2 and v3, which read it and send its gradient in each
-  micro-batch: `decisions.SharedWeights`).
+  micro-batch: `decisions.CrossStageWeights`).
 - split and experts: each forward collective of a split layer, and its
   adjoint in backward where a gradient flows (the same bytes; an
   all-gather's adjoint is an all-to-all and a scalar all-reduce).
@@ -68,7 +68,7 @@ from epl.parallel.passes.offload import offload_variables
 from epl.parallel.passes import zero
 from epl.parallel.passes import zero_weights
 from epl.parallel.passes.training_subgraph import tensors_of
-from epl.parallel.plan.decisions import SharedWeights
+from epl.parallel.plan.decisions import CrossStageWeights
 from epl.tools import memory_estimate
 
 ALL_REDUCE = "all-reduce"
@@ -403,9 +403,9 @@ def _pipeline(result, found):
 def _weight_reads(result):
   """How many times a step sends a weight to another stage that reads it
   (and its gradient back), as the plan decided: 1, or M under ZeRO v2
-  and v3 (`decisions.SharedWeights`)."""
-  if result.plan.decisions.shared_weights.value is (
-      SharedWeights.EACH_MICRO_BATCH):
+  and v3 (`decisions.CrossStageWeights`)."""
+  if result.plan.decisions.cross_stage_weights.value is (
+      CrossStageWeights.EACH_MICRO_BATCH):
     return result.plan.num_micro_batch
   return 1
 

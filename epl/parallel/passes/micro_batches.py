@@ -10,7 +10,7 @@ from epl.ir import names
 from epl.ir.op_types import INPUT_READ_TYPES
 from epl.ir.phase import Phase
 from epl.parallel.passes import accumulation_loop
-from epl.parallel.passes import shared_weights
+from epl.parallel.passes import cross_stage_weights
 from epl.parallel.passes.context import Accumulation
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.parallel.plan.decisions import Decision, MicroBatching, Reduction
@@ -114,14 +114,14 @@ def _accumulate_on_devices(ctx, grad, readers, copies, built):
   """`_accumulate` of `grad` and its copies in `copies` ({name: copy}
   per further micro-batch); a gradient summed from parts on other devices
   than its `readers` (outside the micro-batches) has each part summed on
-  its device first (`shared_weights`)."""
-  found = shared_weights.parts_on_other_devices(ctx, grad, readers)
+  its device first (`cross_stage_weights`)."""
+  found = cross_stage_weights.parts_on_other_devices(ctx, grad, readers)
   if found is None:
     return _accumulate(ctx, grad, [_copy_of(grad, c) for c in copies], built)
   parts, where = found
   sums = [_accumulate(ctx, part, [_copy_of(part, c) for c in copies], built)
           for part in parts]
-  return shared_weights.sum_parts(ctx, grad, where, sums, copies, built)
+  return cross_stage_weights.sum_parts(ctx, grad, where, sums, copies, built)
 
 
 def _copy_of(grad, clones):
@@ -225,7 +225,7 @@ def _accumulate_copies(ctx, subgraph, selected, points, gradient_points,
   copies = result["copies"]
   selected_names = {op.name for op in selected}
   constants = dict(shared_constants(selected),
-                   **shared_weights.reads_of_other_devices(ctx, selected))
+                   **cross_stage_weights.reads_of_other_devices(ctx, selected))
   built = []
   for clones in _copies_per_micro_batch(
       ctx, [op for op in selected if op.name not in constants],
@@ -251,7 +251,7 @@ def clone_micro_batches(ctx, subgraph, gradients, gradient_points, copies,
   the same devices; each reads its own batch from the input pipeline (the
   copies of an input read). Constants that wait for nothing are not copied:
   every micro-batch reads micro-batch 0's (`shared_constants`), nor reads
-  of a variable on another device (`shared_weights`): the copies map them
+  of a variable on another device (`cross_stage_weights`): the copies map them
   to themselves. Each gradient is summed over the micro-batches on its
   stage's device (parts from other devices on theirs first; divided by M
   when communication.gradients_reduce_method is "mean"), and the ops that read

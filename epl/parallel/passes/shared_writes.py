@@ -62,6 +62,23 @@ def order_shared_writes(ctx, captured_step, subgraph, copies):
         write, [op for op in waits if op.name not in conditional])
 
 
+def _wait_for_reads(update, step_names, cache):
+  """Makes `update`, when it writes a reference variable outside every
+  loop, wait for the reads of it among `step_names` that run with it and
+  do not come after it (none in a TF1 while-loop or cond branch)."""
+  variables = [v for v in written_variables(update)
+               if graph_editor.is_ref_dtype(v.outputs[0].dtype)]
+  if not variables or control_flow.in_loop(update):
+    return
+  with_write, after_names = _run_with(update, step_names, cache)
+  readers = [op for variable in variables for op in value_readers(variable)
+             if op.name in step_names and op.name in with_write and
+             op.name not in after_names]
+  conditional = control_flow.conditional_op_names(readers)
+  graph_editor.add_control_inputs(
+      update, [op for op in readers if op.name not in conditional])
+
+
 def order_reference_updates(ctx, captured_step, subgraph, copies):
   """Makes each replica's update of a reference variable wait for that
   replica's reads of it.
@@ -76,29 +93,23 @@ def order_reference_updates(ctx, captured_step, subgraph, copies):
   update changes which does. Every local replica's copy of an update of a
   reference variable gets control edges from the copies, in its replica
   and every micro-batch, of the reads of that variable that run with it
-  and do not come after it. Resource variables, whose reads are
-  snapshots, are left alone. Only control edges are added, none from a
-  read in a TF1 while-loop or cond branch (control_flow.
-  conditional_op_names; such a read is not ordered) nor to an update in a
-  loop.
+  and do not come after it; an update that exists once for every replica
+  (shared weights) waits for the reads of every replica. Resource
+  variables, whose reads are snapshots, are left alone. Only control
+  edges are added, none from a read in a TF1 while-loop or cond branch
+  (control_flow.conditional_op_names; such a read is not ordered) nor to
+  an update in a loop.
   """
-  updates = [u for u in captured_step.updates
-             if u.name in subgraph.cloned_names]
   cache = {}
+  shared_writes = {op.name for op in captured_step.shared_writes}
+  every_replica = set()
   for local in range(len(ctx.replicas)):
     step_names = copies.replica_op_names(local)
-    for update in updates:
-      update = copies.op(local, update)
-      variables = [v for v in written_variables(update)
-                   if graph_editor.is_ref_dtype(v.outputs[0].dtype)]
-      if not variables:
-        continue
-      if control_flow.in_loop(update):
-        continue
-      with_write, after_names = _run_with(update, step_names, cache)
-      readers = [op for variable in variables for op in value_readers(variable)
-                 if op.name in step_names and op.name in with_write and
-                 op.name not in after_names]
-      conditional = control_flow.conditional_op_names(readers)
-      graph_editor.add_control_inputs(
-          update, [op for op in readers if op.name not in conditional])
+    every_replica.update(step_names)
+    for update in captured_step.updates:
+      if update.name in subgraph.cloned_names:
+        _wait_for_reads(copies.op(local, update), step_names, cache)
+  for update in captured_step.updates:
+    if (update.name not in subgraph.cloned_names and
+        update.name not in shared_writes):
+      _wait_for_reads(update, every_replica, {})

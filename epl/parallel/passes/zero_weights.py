@@ -121,10 +121,10 @@ def _warn_left_whole(partition):
 
 def choose_sharded(ctx, points, updates):
   """The ShardedWeights of the trained variables the plan partitions
-  (`ctx.plan.decisions.weights`), among `points` ((gradient, variable)
+  (`ctx.plan.decisions.partition`), among `points` ((gradient, variable)
   pairs) whose `updates` ({variable name: update ops}) are known; None
   when it partitions none."""
-  partition = ctx.plan.decisions.weights
+  partition = ctx.plan.decisions.partition
   _warn_left_whole(partition)
   chosen = set(partition.names(WeightSharding.PARTITIONED))
   replicas = len(ctx.replicas)

@@ -87,6 +87,12 @@ class Buckets(enum.Enum):
   PER_GRADIENT = "one per gradient"
 
 
+class Weights(enum.Enum):
+  """Where the data-parallel replicas keep the variables they train."""
+  PER_REPLICA = "a copy per replica, each updated by its replica"
+  SHARED = "one copy every replica reads, updated once per step"
+
+
 class Checkpoints(enum.Enum):
   """Where gradient checkpointing takes its checkpoints."""
   NONE = ""
@@ -94,10 +100,10 @@ class Checkpoints(enum.Enum):
   AUTO = "auto"
 
 
-class SharedWeights(enum.Enum):
+class CrossStageWeights(enum.Enum):
   """How a pipeline stage reads a weight of a stage on another device
   (tied word embeddings), and where its part of the weight's gradient is
-  summed over the micro-batches (`epl.parallel.passes.shared_weights`)."""
+  summed over the micro-batches (`epl.parallel.passes.cross_stage_weights`)."""
   NONE = ""
   # Read in each micro-batch; each micro-batch's part of the gradient sent
   # back: 2 M W across the devices per step.
@@ -139,11 +145,12 @@ class Decisions:
   # The most buckets per stage and dtype (Buckets.FUSED); None otherwise.
   max_buckets: Optional[int]
   checkpoints: Decision
-  shared_weights: Decision
+  weights: Decision
+  cross_stage_weights: Decision
   # Which trained variables zero.level v3 partitions
   # (weight_partition.WeightPartition), decided with the graph's records
   # when the rewrite takes the plan (`planner.plan_of`); None otherwise.
-  weights: Optional[object] = None
+  partition: Optional[object] = None
 
   def lines(self, notable_only=False):
     """One line per decision, for people (`epl-plan`; the rewrite logs the
@@ -156,8 +163,8 @@ class Decisions:
         continue
       label = field.name.replace("micro_batches", "micro-batches")
       lines.append("%s: %s" % (label.replace("_", " "), decision.describe()))
-    if self.weights is not None:
-      lines.extend(self.weights.lines(notable_only))
+    if self.partition is not None:
+      lines.extend(self.partition.lines(notable_only))
     return lines
 
 
@@ -190,15 +197,15 @@ def _micro_batches(config, num_stages, has_split, zero, offload):
                   "turn it into copies, with a warning naming the op)")
 
 
-def _shared_weights(config, num_stages, zero):
+def _cross_stage_weights(config, num_stages, zero):
   if num_stages < 2 or config.pipeline.num_micro_batch == 1:
-    return Decision(SharedWeights.NONE, "no pipeline of several "
+    return Decision(CrossStageWeights.NONE, "no pipeline of several "
                     "micro-batches")
   if zero.value.partitions_gradients:
-    return Decision(SharedWeights.EACH_MICRO_BATCH, "zero.level %s sends "
+    return Decision(CrossStageWeights.EACH_MICRO_BATCH, "zero.level %s sends "
                     "each micro-batch's gradients to their owner replica" %
                     zero.value.value)
-  return Decision(SharedWeights.ONCE_A_STEP, "weights do not change "
+  return Decision(CrossStageWeights.ONCE_A_STEP, "weights do not change "
                   "before the update: a weight read on another device's "
                   "stage crosses once a step each way (its copy and the "
                   "sum of its gradient held there for the step)")
@@ -250,11 +257,45 @@ def decide_schedule(config, num_stages):
   return Decision(best.schedule, reason)
 
 
-def decide(config, num_stages, has_split, device_type, all_local, schedule):
+def _weights(config, num_replicas, num_stages, has_split, communication,
+             others):
+  """Shared weights where the replicas share one process's memory: there
+  N per-replica updates repeat the same work on the same cores (the
+  updates of a 6-layer MLP with Adam on 4 logical CPU devices took 2-3x
+  plain TF's: `benchmarks/data_parallel.py --models mlp:256`). `others`:
+  the decisions that rule it out (ZeRO, offload, micro-batches, loss
+  scaling)."""
+  def per_replica(reason):
+    return Decision(Weights.PER_REPLICA, reason)
+  if not config.communication.shared_weights:
+    return per_replica("communication.shared_weights is off")
+  if num_replicas < 2:
+    return per_replica("the step has one replica")
+  if communication.value is not Communication.LOCAL_SUMS:
+    return per_replica("the replicas do not all share this process's "
+                       "memory (communication: %s)" %
+                       communication.value.value)
+  if num_stages > 1 or has_split:
+    return per_replica("the model has pipeline stages or split parts")
+  if config.communication.fp16:
+    return per_replica("communication.fp16 falls back to collectives")
+  if config.optimizer.num_apply_group > 1:
+    return per_replica("optimizer.num_apply_group groups the updates")
+  for name, decision in others:
+    if decision.value is not next(iter(type(decision.value))):
+      return per_replica("%s is %s" % (name, decision.value.value))
+  return Decision(Weights.SHARED, "every replica is a CPU device of this "
+                  "process, sharing its memory and cores (communication."
+                  "shared_weights is on): an update per replica would "
+                  "repeat the same work")
+
+
+def decide(config, num_stages, has_split, device_type, all_local, schedule,
+           num_replicas=1):
   """The Decisions for `config`, for a plan of `num_stages` TaskGraphs
   (`has_split`: some are split) on devices of `device_type` ("CPU",
-  "GPU"), all of whose replicas this worker builds when `all_local`;
-  `schedule` is the plan's `decide_schedule`."""
+  "GPU"), all of whose `num_replicas` replicas this worker builds when
+  `all_local`; `schedule` is the plan's `decide_schedule`."""
   zero = Decision(ZeroLevel(config.zero.level),
                   "zero.level is %r" % config.zero.level)
   offload = Decision(Offload(config.offload.level),
@@ -269,9 +310,10 @@ def decide(config, num_stages, has_split, device_type, all_local, schedule):
                     "communication.max_splits is %d" % (
                         communication.value.value,
                         config.communication.max_splits)))
+  micro_batches = _micro_batches(config, num_stages, has_split, zero,
+                                 offload)
   return Decisions(
-      micro_batches=_micro_batches(config, num_stages, has_split, zero,
-                                   offload),
+      micro_batches=micro_batches,
       schedule=schedule,
       precision=precision,
       loss_scaling=loss_scaling,
@@ -291,4 +333,9 @@ def decide(config, num_stages, has_split, device_type, all_local, schedule):
           Checkpoints(config.gradient_checkpoint.type),
           "gradient_checkpoint.type is %r" %
           config.gradient_checkpoint.type),
-      shared_weights=_shared_weights(config, num_stages, zero))
+      weights=_weights(config, num_replicas, num_stages, has_split,
+                       communication,
+                       (("zero.level", zero), ("offload.level", offload),
+                        ("the micro-batching", micro_batches),
+                        ("the loss scaling", loss_scaling))),
+      cross_stage_weights=_cross_stage_weights(config, num_stages, zero))

@@ -160,7 +160,7 @@ def _decide_weights(graph, state, plan, config):
   plan)."""
   if plan.decisions.zero.value.partitions_weights:
     plan.decisions = dataclasses.replace(
-        plan.decisions, weights=weight_partition.decide(
+        plan.decisions, partition=weight_partition.decide(
             graph, state, plan, config.zero.min_partition_size))
 
 
@@ -173,7 +173,8 @@ def make_plan(cluster, taskgraphs, config):
   plan = _layout(cluster, taskgraphs, config, schedule.value)
   plan.decisions = plan_decisions.decide(
       config, plan.num_stages, plan.has_split, cluster.device_type,
-      len(plan.local_replicas) == plan.num_replicas, schedule)
+      len(plan.local_replicas) == plan.num_replicas, schedule,
+      num_replicas=plan.num_replicas)
   return plan
 
 
