@@ -96,18 +96,25 @@ def test_loss_scale_through_identity_n(level):
                         atol=AMP_TOLERANCE["float16"])
 
 
-def test_zero_refuses_an_update_reading_a_gradient_shared_with_others():
+@pytest.mark.parametrize("level, sharded, shared, fix", [
+    (ZeroLevel.V1, False, "add", "tf.identity_n work"),
+    (ZeroLevel.V3, True, "identity_n", "zero.min_partition_size"),
+])
+def test_zero_refuses_an_update_reading_a_gradient_shared_with_others(
+    level, sharded, shared, fix):
   """An update that reads its gradient through an op other gradients feed
-  (besides Identity, IdentityN) cannot get the owner's reduced gradient."""
+  (v1, v2, v3's whole variables: besides Identity, IdentityN; v3's
+  partitioned weights: any) cannot get the reduced gradient."""
   with tf.Graph().as_default():
     weights = [tf.Variable([1.0], name="w%d" % i) for i in range(2)]
     grads = [tf.constant([0.5], name="grad%d" % i) for i in range(2)]
-    mixed = tf.add(grads[0], grads[1], name="mixed")
+    mixed = (tf.add(grads[0], grads[1], name="mixed") if shared == "add"
+             else tf.identity_n(grads, name="mixed")[0])
     update = weights[0].assign_sub(mixed)
     with pytest.raises(ValueError) as raised:
       zero._check_updates_read_gradients(  # pylint: disable=protected-access
-          ZeroLevel.V1, [(grads[0], weights[0].op)],
-          {weights[0].op.name: [update.op]})
-  for words in ("zero.level 'v1'", "'w0'", "'grad0:0'", "'mixed'",
-                "zero.level 'v0'"):
+          level, [(grads[0], weights[0].op)],
+          {weights[0].op.name: [update.op]}, sharded=sharded)
+  for words in ("zero.level %r" % level.value, "'w0'", "'grad0:0'",
+                "'mixed'", fix, "zero.level 'v0'"):
     assert words in str(raised.value)

@@ -279,17 +279,18 @@ def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
   return updates
 
 
-def _check_updates_read_gradients(level, points, updates):
+def _check_updates_read_gradients(level, points, updates, sharded=False):
   """Raises for an owned variable whose update reads its gradient only
   through an op that other gradients feed too (besides Identity and
   IdentityN, which `_reduce_to_owners` follows): that op would run on its
   replica's own gradients, while the gradient is reduced to its owner
-  alone, so the owner would apply an unreduced gradient."""
+  alone, so the owner would apply an unreduced gradient. v3's `sharded`
+  weights (whose reduce-scatter follows no op) must be read directly."""
   for grad, var in points:
     names = {op.name for op in updates[var.name]}
     for tensor in _tensors(grad):
-      if any(c.name in names for view in pass_through.views(tensor)
-             for c in view.consumers()):
+      read = [tensor] if sharded else pass_through.views(tensor)
+      if any(c.name in names for view in read for c in view.consumers()):
         continue
       after = {op.name for op in graph_editor.descendants([tensor.op])}
       through = sorted({t.op.name for op in updates[var.name]
@@ -297,14 +298,16 @@ def _check_updates_read_gradients(level, points, updates):
                         if t.op.name in after and t.op.name not in names})
       raise ValueError(
           "zero.level %r: the update of %r reads its gradient %r through "
-          "%s, which other gradients feed too; %r reduces each gradient to "
-          "its variable's owner only, so that op would see one replica's "
-          "gradient, not the reduced one. Process each gradient on its own "
-          "before apply_gradients (tf.clip_by_norm, tf.identity and "
-          "tf.identity_n work), or use zero.level 'v0'."
+          "%s; %r reduces each gradient to its variable's owner only, so "
+          "that op would see one replica's gradient, not the reduced one. "
+          "%s, or use zero.level 'v0'."
           % (level.value, var.name, tensor.name,
              ", ".join(repr(n) for n in through) or "no op of its update",
-             level.value))
+             level.value,
+             "Raise zero.min_partition_size above its size (its shards "
+             "are updated from the gradient itself only)" if sharded else
+             "Process each gradient on its own before apply_gradients "
+             "(tf.clip_by_norm, tf.identity and tf.identity_n work)"))
 
 
 def _deal_owners(ctx, variables, owned, level):
@@ -358,6 +361,9 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
   owned_points = [(g, v) for g, v in points if v.name in owner]
   if level.reduces_to_owners:
     _check_updates_read_gradients(level, owned_points, updates)
+  if weights:
+    _check_updates_read_gradients(level, weights.points, weights.updates,
+                                  sharded=True)
   accumulations = (_owner_accumulations(
       ctx, subgraph, copies,
       owned_points + (weights.points if weights else []), updates)
