@@ -196,14 +196,22 @@ def clipped_training(make_optimizer, batch_size, steps=5, clip_norm=0.1):
   """Trains layers_model `steps` steps with `make_optimizer()`, clipping the
   gradients to `clip_norm` global norm between compute_gradients and
   apply_gradients; returns the trainable variables' values by name."""
+  return processed_training(
+      make_optimizer, batch_size,
+      lambda grads: tf.clip_by_global_norm(grads, clip_norm)[0], steps)
+
+
+def processed_training(make_optimizer, batch_size, process, steps=5):
+  """Trains layers_model `steps` steps with `make_optimizer()`, applying
+  `process(gradients)` (the list compute_gradients made, in order) instead
+  of the gradients; returns the trainable variables' values by name."""
   graph = tf.Graph()
   with graph.as_default():
     x, y = input_batch(batch_size)
     loss = tf.reduce_mean(tf.square(layers_model(x) - y))
     optimizer = make_optimizer()
     grads, variables = zip(*optimizer.compute_gradients(loss))
-    clipped, _ = tf.clip_by_global_norm(grads, clip_norm)
-    train_op = optimizer.apply_gradients(zip(clipped, variables))
+    train_op = optimizer.apply_gradients(zip(process(list(grads)), variables))
   return run_steps(graph, train_op, steps)
 
 

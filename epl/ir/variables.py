@@ -15,6 +15,7 @@ TensorFlow's own structure, never by their names.
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir import pass_through
 from epl.ir.graph_state import state_of
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
 from epl.tf_compat.ops import resource_variable_ops
@@ -67,13 +68,14 @@ def _touched(apply_ops, gradient_owner, trained):
   first through its inputs; an op whose inputs touch nothing (a slot, a
   constant) takes the variables of the ops it feeds or runs before
   (control edges: Adam's sparse update decays a slot in a write that only
-  the slot's scatter waits for).
+  the slot's scatter waits for). An IdentityN's output touches what its
+  input of the same index touches (`pass_through`), not what all do.
   """
   names = {op.name for op in apply_ops}
 
   def direct(op):
     found = set()
-    for tensor in op.inputs:
+    for tensor in map(pass_through.behind_identity_n, op.inputs):
       producer = tensor.op
       if producer.name in trained:
         found.add(producer.name)
@@ -87,7 +89,9 @@ def _touched(apply_ops, gradient_owner, trained):
   upstream = {}
   for op in apply_ops:
     upstream[op.name] = direct(op).union(
-        *[upstream[t.op.name] for t in op.inputs if t.op.name in names])
+        *[upstream[t.op.name]
+          for t in map(pass_through.behind_identity_n, op.inputs)
+          if t.op.name in names])
   downstream = {}
   for op in reversed(apply_ops):
     downstream[op.name] = direct(op).union(

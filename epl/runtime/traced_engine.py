@@ -32,9 +32,9 @@ Before the rewrite, the copy is made to look as a TF1 graph captured by
 EPL does: ops built outside every stage scope (the loss after the model,
 the function's outputs) are left to the rewrite to place beside their
 neighbours; the optimizer's ops are its update (APPLY), as the TF1
-optimizer hook tags them; its slots go to the stage of their variable;
-the readers of a Keras optimizer's IdentityN of all gradients read the
-gradients themselves.
+optimizer hook tags them; its slots go to the stage of their variable.
+(A Keras optimizer's IdentityN of all gradients stays: ZeRO follows each
+gradient through it, `epl.ir.pass_through`.)
 """
 import logging
 
@@ -106,27 +106,9 @@ def _graph_copy(concrete, traced, default_strategy):
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
-  _read_gradients_directly(graph, state)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
   return graph, variables
-
-
-def _read_gradients_directly(graph, state):
-  """Makes the ops that read a recorded gradient through an IdentityN of
-  several (Keras optimizers (v2) pass all gradients through one) read the
-  gradient itself: the same values, and each variable's update then
-  reads its own gradient alone, as ZeRO's partition of the updates needs
-  (an update reached through an op shared by every gradient would read
-  the replica's own gradient, not the owner's reduced one)."""
-  gradients = {grad.name for record in state.gradient_records
-               for grad, _ in record.pairs}
-  for op in graph.get_operations():
-    if op.type != "IdentityN" or not any(
-        t.name in gradients for t in op.inputs):
-      continue
-    for source, output in zip(op.inputs, op.outputs):
-      graph_editor.replace_input_in(output.consumers(), output, source)
 
 
 def _tag_copy(graph, source, default_strategy):

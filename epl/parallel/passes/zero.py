@@ -56,6 +56,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
+from epl.ir import pass_through
 from epl.ir import variables as ir_variables
 from epl.ir.op_types import VARIABLE_TYPES
 from epl.parallel.ops import split_lowering
@@ -233,6 +234,37 @@ def _updates(ctx, subgraph, gradients, gradient_points, variables, level):
   return updates
 
 
+def _check_updates_read_gradients(level, points, updates, sharded=False):
+  """Raises for an owned variable whose update reads its gradient only
+  through an op that other gradients feed too (besides Identity and
+  IdentityN, which `_reduce_to_owners` follows): that op would run on its
+  replica's own gradients, while the gradient is reduced to its owner
+  alone, so the owner would apply an unreduced gradient. v3's `sharded`
+  weights (whose reduce-scatter follows no op) must be read directly."""
+  for grad, var in points:
+    names = {op.name for op in updates[var.name]}
+    for tensor in _tensors(grad):
+      read = [tensor] if sharded else pass_through.views(tensor)
+      if any(c.name in names for view in read for c in view.consumers()):
+        continue
+      after = {op.name for op in graph_editor.descendants([tensor.op])}
+      through = sorted({t.op.name for op in updates[var.name]
+                        for t in op.inputs
+                        if t.op.name in after and t.op.name not in names})
+      raise ValueError(
+          "zero.level %r: the update of %r reads its gradient %r through "
+          "%s; %r reduces each gradient to its variable's owner only, so "
+          "that op would see one replica's gradient, not the reduced one. "
+          "%s, or use zero.level 'v0'."
+          % (level.value, var.name, tensor.name,
+             ", ".join(repr(n) for n in through) or "no op of its update",
+             level.value,
+             "Raise zero.min_partition_size above its size (its shards "
+             "are updated from the gradient itself only)" if sharded else
+             "Process each gradient on its own before apply_gradients "
+             "(tf.clip_by_norm, tf.identity and tf.identity_n work)"))
+
+
 def _deal_owners(ctx, variables, owned, level):
   """{variable name: owner local replica} of the `owned` variables, dealt
   per TaskGraph so that each replica holds about as many elements."""
@@ -282,6 +314,11 @@ def partition_updates(ctx, subgraph, gradients, gradient_points, copies):
            if updates[name] and name not in sharded and name not in split]
   owner = _deal_owners(ctx, variables, owned, level)
   owned_points = [(g, v) for g, v in points if v.name in owner]
+  if level.reduces_to_owners:
+    _check_updates_read_gradients(level, owned_points, updates)
+  if weights:
+    _check_updates_read_gradients(level, weights.points, weights.updates,
+                                  sharded=True)
   accumulations = (_owner_accumulations(
       ctx, subgraph, copies,
       owned_points + (weights.points if weights else []), updates)
@@ -402,8 +439,10 @@ def _reduce_to_owners(ctx, copies, gradient_points, partition):
         reduced[0] = reduced[0] / (ctx.plan.num_replicas * len(parts))
     for old, new in zip([copies.tensor(owner, t) for t in _tensors(grad)],
                         reduced):
-      graph_editor.replace_input_in(
-          graph_editor.consumers_of(old, update_names), old, new)
+      # The update may read it through an IdentityN of every gradient.
+      for view in pass_through.views(old):
+        graph_editor.replace_input_in(
+            graph_editor.consumers_of(view, update_names), view, new)
     partition.reduced[var.name] = reduced
   taken = {id(grad) for grad, _ in partition.points}
   return [[(g, v) for g, v in points if id(g) not in taken]
