@@ -64,10 +64,14 @@ def _clipped(accumulation, after_allreduce):
 
 
 @pytest.mark.parametrize("after_allreduce", [False, True])
-def test_clipping_in_loop_keeps_its_semantics(after_allreduce):
+def test_clipping_in_loop_keeps_its_semantics(after_allreduce, caplog):
   # The loop clips what the copies clip: the accumulated gradient of each
   # replica, or after the all-reduce that of the whole batch.
-  actual = _clipped("loop", after_allreduce)
+  with training.epl_logs_caught(caplog):
+    actual = _clipped("loop", after_allreduce)
+  # Clipping per replica differs from one device: the rewrite says so.
+  said = "each of the %d replicas changes its own gradient" % REPLICAS
+  assert (said in caplog.text) is not after_allreduce, caplog.text
   training.assert_close(actual, _clipped("copies", after_allreduce))
   if after_allreduce:
     training.assert_close(actual, training.clipped_training(

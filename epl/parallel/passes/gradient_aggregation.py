@@ -8,6 +8,7 @@ from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir import names as epl_names
+from epl.ir import pass_through
 from epl.ir.phase import Phase
 from epl.parallel.passes import gradient_buckets
 from epl.parallel.passes.training_subgraph import tensors_of
@@ -83,18 +84,38 @@ def select_gradient_points(ctx, captured_step):
   """
   applied = ({} if ctx.config.communication.clip_after_allreduce else
              _applied_gradients(ctx.state, captured_step))
-  points, seen = [], set()
+  points, seen, processed = [], set(), []
   for record in captured_step.gradient_records:
     pairs = []
     for grad, variable in record.pairs:
       _check_outside_loops(grad, variable)
       point = applied.get(tensors_of(grad)[0].name, grad)
+      if pass_through.behind_identity_n(tensors_of(point)[0]).name != (
+          tensors_of(grad)[0].name):
+        processed.append(variable.name)
       key = tensors_of(point)[0].name
       if key not in seen:
         seen.add(key)
         pairs.append((point, variable))
     points.append(pairs)
+  _warn_processed_per_replica(processed, ctx.plan.num_replicas)
   return {"gradient_points": points}
+
+
+def _warn_processed_per_replica(variables, num_replicas):
+  """Says that the gradients of `variables`, changed between tf.gradients
+  and apply_gradients (clipping), are changed per replica before the
+  average: a non-linear change (a norm clip) then trains differently from
+  one device on the global batch."""
+  if variables and num_replicas > 1:
+    logger.warning(
+        "epl: the gradients of %d variable(s) (%s) are changed between "
+        "tf.gradients and apply_gradients (clipping, scaling): each of the "
+        "%d replicas changes its own gradient before they are averaged, as "
+        "the original EPL did, so a norm clip differs from one device on "
+        "the global batch. Set communication.clip_after_allreduce to change "
+        "the averaged gradient instead (docs/data_parallel.md).",
+        len(variables), ", ".join(sorted(variables)[:3]), num_replicas)
 
 
 def _remap(copies, local, old, new):
