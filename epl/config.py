@@ -155,6 +155,44 @@ class _PositiveFloat(_Kind):
       raise _Invalid(self.allowed)
 
 
+# A size in bytes: a number and a unit (decimal kB/MB/GB/TB or binary
+# KiB/MiB/GiB/TiB, or B), any case, a space allowed between.
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*$",
+                           re.IGNORECASE)
+
+
+def size_in_bytes(text):
+  """The bytes `text` names ("512MB", "2 GiB"); None when it is not a
+  number followed by one of the units."""
+  match = _SIZE_PATTERN.match(text) if isinstance(text, str) else None
+  if match is None or match.group(2).lower() not in _BYTE_UNITS:
+    return None
+  return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+
+
+class _FractionOrSize(_PositiveFloat):
+  """A finite number >= 0 (0: `zero_means`), or a size in bytes written
+  with its unit ("512MB", "2GiB"), kept as written (stripped)."""
+
+  def __init__(self, zero_means):
+    super().__init__(zero_means=zero_means)
+    self.type_text += " or str: bytes with a unit (\"512MB\", \"2GiB\")"
+    self.allowed += (" or a str of bytes > 0 with a unit: B, kB, MB, GB, "
+                     "TB, KiB, MiB, GiB or TiB (\"512MB\", \"2GiB\")")
+
+  def check(self, value):
+    if isinstance(value, str):
+      if not size_in_bytes(value):
+        raise _Invalid(self.allowed)
+      return value.strip()
+    return super().check(value)
+
+  def parse(self, text):
+    return text if size_in_bytes(text) is not None else super().parse(text)
+
+
 class _Choice(_Kind):
   """One of a few strings, matched case-insensitively, stored canonically.
 
@@ -450,10 +488,12 @@ _KEYS = (
        "\"ZeroBubbleV\" (which implies v = 2, stages placed in a V). Auto "
        "parallel cuts S = pipeline.num_stages x v stages.",
        built=True),
-    _k("pipeline", "activation_memory", _PositiveFloat(zero_means="off"), 0.0,
+    _k("pipeline", "activation_memory", _FractionOrSize(zero_means="off"),
+       0.0,
        "A budget for the activations each pipeline device holds, as a "
        "multiple of what 1F1B holds on the same devices (1: as much, 0.5: "
-       "half): EPL then chooses pipeline.strategy itself, the schedule with "
+       "half), or in bytes per device with a unit (\"512MB\", \"2GiB\"; "
+       "counted from the built step's static shapes): EPL then chooses pipeline.strategy itself, the schedule with "
        "the least bubble (simulated with F = B = W) among those that place "
        "the stage scopes as the configuration does (one per device: GPipe, "
        "1F1B, ZB-H1; two, with pipeline.virtual_stages 2 or a V schedule: "

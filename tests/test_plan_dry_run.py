@@ -180,6 +180,21 @@ def test_epl_plan_fails_on_a_script_without_a_plan(tmp_path):
   assert "ended without building a training step" in err
 
 
+def staged_step(widths, static_batch=True):
+  """A graph with the training step (Adam) of `training.staged_model`
+  of `widths` built, not run, on batches of 16 examples whose batch
+  dimension is static or not."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.dataset_arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        16, drop_remainder=static_batch)
+    x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
+    loss = tf.reduce_mean(tf.square(training.staged_model(widths)(x) - y))
+    tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+  return graph
+
+
 def _pipeline_rewrite(schedule="PreferBackward", static_batch=True,
                       widths=(16, 1), micro_batches=2, **extra):
   """The rewrite result of a staged MLP (8 -> 16 tanh -> 1 by default, one
@@ -189,14 +204,8 @@ def _pipeline_rewrite(schedule="PreferBackward", static_batch=True,
   epl.init(epl.Config(dict({"cluster.num_cpu_devices": 2,
                             "pipeline.num_micro_batch": micro_batches,
                             "pipeline.strategy": schedule}, **extra)))
-  graph = tf.Graph()
+  graph = staged_step(widths, static_batch)
   with graph.as_default():
-    x, y = training.dataset_arrays()
-    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-        16, drop_remainder=static_batch)
-    x, y = tf.compat.v1.data.make_one_shot_iterator(data).get_next()
-    loss = tf.reduce_mean(tf.square(training.staged_model(widths)(x) - y))
-    tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
   return state_of(graph).rewrite_result

@@ -60,29 +60,13 @@ import tensorflow as tf
 
 from epl.ir.op_types import SHAPE_READER_TYPES, VARIABLE_TYPES
 from epl.ir.phase import Phase
+from epl.parallel.cost.kept_activations import kept_activations_read
+from epl.parallel.cost.kept_activations import tensor_bytes
 from epl.ir.transfers import canonical_device
 from epl.parallel.passes.training_subgraph import tensors_of
 from epl.parallel.plan import pipeline_order
 
 logger = logging.getLogger("epl")
-
-# Ops whose output is a view of an input's buffer (no new memory).
-_VIEWS = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze",
-                    "StopGradient", "Snapshot", "ReadVariableOp",
-                    "IdentityN", "Bitcast"])
-
-
-def tensor_bytes(tensor):
-  """Bytes of `tensor` from its static shape and dtype; None when the
-  shape is not fully known (or the dtype has no fixed size)."""
-  shape = tensor.shape
-  if shape.rank is None or not shape.is_fully_defined():
-    return None
-  dtype = tensor.dtype.base_dtype
-  if dtype in (tf.resource, tf.variant, tf.string):
-    return None
-  return dtype.size * shape.num_elements()
-
 
 def variable_elements(op):
   """Elements of the variable made by variable op `op` (0 if its shape
@@ -148,13 +132,6 @@ class DeviceEstimate:
   def total(self):
     return (self.persistent + self.gradients * self.gradient_sets +
             self.activations + self.recomputed + self.working)
-
-
-def _root(tensor):
-  """The tensor whose buffer `tensor` shares (through views)."""
-  while tensor.op.type in _VIEWS and tensor.op.inputs:
-    tensor = tensor.op.inputs[0]
-  return tensor
 
 
 class _Devices:
@@ -331,17 +308,8 @@ def _kept_activations(result, devices, sizes):
   state = result.context.state
   kept = collections.defaultdict(dict)
   for op in result.context.graph.get_operations():
-    if (state.phase_of(op) is not Phase.BACKWARD or
-        op.type in SHAPE_READER_TYPES):
-      continue
     stage = state.taskgraph_index(op)
-    for tensor in op.inputs:
-      root = _root(tensor)
-      producer = root.op
-      if (state.phase_of(producer) is not Phase.FORWARD or
-          state.micro_batch_of(producer) != 0 or
-          producer.type in VARIABLE_TYPES or producer.type == "Const"):
-        continue
+    for root in kept_activations_read(state, op, micro_batch=0):
       # A tensor read on another device is kept there too (the copy
       # TensorFlow received).
       held = kept[devices[op.device].device]

@@ -240,11 +240,13 @@ def _communication(config, device_type, all_local):
                   "communication.backend is \"collective\"")
 
 
-def decide_schedule(config, num_stages):
+def decide_schedule(config, num_stages, kept_activations=None):
   """The pipeline schedule of `num_stages` pipeline stages (1: no
   pipeline), taken before the layout (a V-shaped one places two stages
   per device): pipeline.strategy, or under pipeline.activation_memory the
-  least bubble that fits (`schedule_choice`)."""
+  least bubble that fits (`schedule_choice`). A budget in bytes needs
+  `kept_activations`, which returns what the built step's stages keep
+  ([stage_activations.KeptTensor]); without it, ValueError."""
   budget = config.pipeline.activation_memory
   per_device = epl_config.stages_per_device(config)
   # Without a pipeline, or with a stage count the planner reports as not
@@ -252,8 +254,19 @@ def decide_schedule(config, num_stages):
   if not budget or num_stages < 2 or num_stages % per_device:
     return Decision(Schedule.of(config.pipeline.strategy),
                     "pipeline.strategy is %r" % config.pipeline.strategy)
-  best, reason = schedule_choice.choose(
-      num_stages, config.pipeline.num_micro_batch, per_device, budget)
+  if not isinstance(budget, str):
+    best, reason = schedule_choice.choose(
+        num_stages, config.pipeline.num_micro_batch, per_device, budget)
+  elif kept_activations is None:
+    raise ValueError(
+        "pipeline.activation_memory %s: a budget in bytes is compared with "
+        "the activations of the built training step, and this plan is made "
+        "without it. Give the budget as a fraction of 1F1B's (e.g. 0.5)."
+        % budget)
+  else:
+    best, reason = schedule_choice.choose_bytes(
+        num_stages, config.pipeline.num_micro_batch, per_device, budget,
+        kept_activations())
   return Decision(best.schedule, reason)
 
 

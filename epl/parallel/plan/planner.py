@@ -20,6 +20,7 @@ from epl.ir import graph_state
 from epl.parallel.plan import auto
 from epl.parallel.plan import decisions as plan_decisions
 from epl.parallel.plan import pipeline_order
+from epl.parallel.plan import stage_activations
 from epl.parallel.plan import weight_partition
 from epl.strategies.strategy import (Replicate, Split,
                                      require_single_device_stages)
@@ -142,7 +143,7 @@ def plan_of(graph, for_rewrite=False):
     plan = cached[1]
   else:
     try:
-      plan = make_plan(env.cluster, state.taskgraphs, env.config)
+      plan = make_plan(env.cluster, state.taskgraphs, env.config, graph)
     except (ValueError, NotImplementedError):
       if for_rewrite:
         raise
@@ -164,12 +165,14 @@ def _decide_weights(graph, state, plan, config):
             graph, state, plan, config.zero.min_partition_size))
 
 
-def make_plan(cluster, taskgraphs, config):
+def make_plan(cluster, taskgraphs, config, graph=None):
   """Lays the TaskGraphs out on the cluster's devices and takes the
-  decisions the passes apply (`decisions.decide`)."""
+  decisions the passes apply (`decisions.decide`); a budget in bytes
+  chooses the schedule from the step built in `graph`."""
   schedule = plan_decisions.decide_schedule(
       config, 1 if any(isinstance(t.strategy, Split) for t in taskgraphs)
-      else len(taskgraphs))
+      else len(taskgraphs),
+      None if graph is None else lambda: stage_activations.measure(graph))
   plan = _layout(cluster, taskgraphs, config, schedule.value)
   plan.decisions = plan_decisions.decide(
       config, plan.num_stages, plan.has_split, cluster.device_type,
@@ -355,5 +358,6 @@ def planned_virtual_devices(cluster):
   if result is not None and cluster is env.cluster:
     plan = result.plan
   else:
-    plan = make_plan(cluster, state.taskgraphs, env.config)
+    plan = make_plan(cluster, state.taskgraphs, env.config,
+                     tf.compat.v1.get_default_graph())
   return plan.virtual_devices(cluster)
