@@ -22,7 +22,7 @@ micro-batch).
   them), its kind from the provenance of its ends: a local sum's is
   all-reduce; ZeRO's reduction of a gradient on its owner or shard is
   reduce-scatter, its copy of a variable's value to the other replicas or
-  of shards to their reader all-gather; the offload pass's are host; one
+  of shards (or the weight joined from them) to their reader all-gather; the offload pass's are host; one
   between a replica's forward, backward and update ops of different
   stages is pipeline; an input read's is input; the rest other.
 
@@ -37,7 +37,11 @@ device's stage, M micro-batches:
 - ZeRO v1: reduce-scatter (N-1)/N·G to the owners and all-gather
   (N-1)/N·W of the updated weights; v2 reduces each micro-batch's
   gradient (M times); v3 too, and gathers each weight forward and
-  backward in each micro-batch: 2M·(N-1)/N·W.
+  backward in each micro-batch: 2M·(N-1)/N·W, (N+1)/N times that with
+  local sums (one member joins the shards and sends the weight to the
+  others). A kernel whose shard gradients v3's plan makes from the
+  replicas' activations (`gradient_shards`) sends those instead of its
+  rows: (N-1)·R·(in/N + out) elements, R a replica's rows a step.
 - pipeline: per micro-batch, a stage's boundary activations A forward
   and the gradients of those a gradient flows through back; a weight
   another stage reads, once a step each way: M·A + 2·W_shared.
