@@ -331,6 +331,27 @@ def test_tensors_of_unknown_size_are_reported_not_guessed():
       traffic.lines(result))
 
 
+def test_v3_makes_shard_gradients_from_activations_of_unknown_rows():
+  """A batch of unknown size: the bytes of the two routes cannot be
+  compared; the plan makes the kernels' shard gradients from the
+  activations (no full-size gradient on a replica) and says why."""
+  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
+                       "zero.level": "v3", "zero.min_partition_size": 0}))
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    loss = tf.reduce_mean(tf.square(training.four_equal_layers(x) - y))
+    training.OPTIMIZERS["momentum"]().minimize(loss)
+    result = engine.ensure_rewritten(graph)
+  routes = [l for l in result.plan.decisions.lines()
+            if l.startswith("v3 gradient shards of")]
+  assert len(routes) == 4 and all(
+      "from activations, because its batch size is not static" in l
+      for l in routes), routes
+
+
 def test_horovod_sums_within_a_process_on_the_first_member():
   """One Horovod process of 4 replicas: the sum runs on the first
   member's device, which receives the 3 other gradients and sends the sum

@@ -20,9 +20,11 @@ each replica's gradient. Two routes make it:
   M micro-batches of the batch the user's step reads; a, d: the element
   bytes of x and dy).
 
-The plan takes the route that moves fewer bytes (FROM_ACTIVATIONS on a
-tie): few rows against a wide weight favour the activations, many rows
-the gradient's. Memory follows the same comparison, so it needs no rule
+Where the rewrite puts ops between the MatMul and the update (amp.level
+O1's cast back to float32, loss scaling's unscaling), the shards come
+from the gradient. Otherwise the plan takes the route that moves fewer
+bytes (FROM_ACTIVATIONS on a tie): few rows against a wide weight favour
+the activations, many rows the gradient's. Memory follows the same comparison, so it needs no rule
 of its own: a route's transient bytes on a replica are what it sends and
 receives plus what it builds them from (the N shard products of
 FROM_GRADIENTS, as big as the full gradient; the N replicas'
@@ -37,7 +39,7 @@ import enum
 from typing import Optional
 
 from epl.ir.kernel_gradients import is_kernel_gradient, product_behind
-from epl.parallel.plan.decisions import Decision
+from epl.parallel.plan.decisions import Decision, LossScaling, Precision
 
 
 class GradientShards(enum.Enum):
@@ -61,10 +63,23 @@ def _bytes(tensor):
   return tensor.dtype.base_dtype.size
 
 
-def route(shape, grad, update, replicas, micro_batches):
+def _recast(decisions):
+  """Why the rewrite puts ops between every kernel's gradient MatMul and
+  its update (amp.level O1 runs the MatMul in half precision and casts
+  its gradient back; loss scaling unscales it), or None."""
+  if decisions.precision.value is not Precision.FULL:
+    return ("amp.level O1 runs its gradient's MatMul in %s and casts the "
+            "gradient back for the update" % decisions.precision.value.value)
+  if decisions.loss_scaling.value is not LossScaling.NONE:
+    return "loss scaling unscales its gradient before the update"
+  return None
+
+
+def route(shape, grad, update, plan):
   """The GradientRoute of a partitioned variable of TensorShape `shape`
-  (fully defined, first axis sharded over `replicas`), whose gradient
-  `grad` its `update` ops read, in steps of `micro_batches`."""
+  (fully defined, first axis sharded over `plan`'s local replicas), whose
+  gradient `grad` its `update` ops read."""
+  replicas, micro_batches = len(plan.local_replicas), plan.num_micro_batch
   dims = shape.as_list()
   columns, out = -(-dims[0] // replicas), shape[1:].num_elements()
   from_gradients = (micro_batches * (replicas - 1) * columns * out *
@@ -75,6 +90,10 @@ def route(shape, grad, update, replicas, micro_batches):
     return GradientRoute(Decision(
         GradientShards.FROM_GRADIENTS, "its gradient is not a dense "
         "kernel's MatMul that only its update reads"), from_gradients, None)
+  recast = _recast(plan.decisions)
+  if recast:
+    return GradientRoute(Decision(GradientShards.FROM_GRADIENTS, recast),
+                         from_gradients, None)
   x, dy = product[0].inputs
   rows = x.shape[0] if x.shape.rank == 2 else None
   if rows is None:

@@ -182,6 +182,5 @@ def decide(graph, state, plan, minimum):
                                     minimum)))
     if decided[-1][1].value is WeightSharding.PARTITIONED:
       routes.append((name, gradient_shards.route(
-          _shape(variable), grads[-1], updates[name],
-          len(plan.local_replicas), plan.num_micro_batch)))
+          _shape(variable), grads[-1], updates[name], plan)))
   return WeightPartition(tuple(decided), minimum, tuple(routes))
