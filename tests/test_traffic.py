@@ -30,13 +30,17 @@ def _rewrite(config, model=training.four_equal_layers, default_strategy=True,
              batch=16):
   """The rewrite result of `model` (squared error, Momentum: no optimizer
   state shared by the variables) under `config`, built without a run,
-  `batch` examples a replica."""
+  `batch` examples a replica (None: fed, of unknown size)."""
   epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES}, **config)))
   if default_strategy:
     epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
   with graph.as_default():
-    x, y = training.input_batch(batch, static_batch=True)
+    if batch is None:
+      x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
+      y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    else:
+      x, y = training.input_batch(batch, static_batch=True)
     loss = tf.reduce_mean(tf.square(model(x) - y))
     training.OPTIMIZERS["momentum"]().minimize(loss)
     return engine.ensure_rewritten(graph)
@@ -316,15 +320,7 @@ def test_tensors_of_unknown_size_are_reported_not_guessed():
   """A fed batch of unknown size: its rows' transfers cannot be counted;
   the gradients' all-reduce still is, and epl-plan says what it left
   out."""
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
-  graph = tf.Graph()
-  with graph.as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
-    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    loss = tf.reduce_mean(tf.square(training.four_equal_layers(x) - y))
-    training.OPTIMIZERS["momentum"]().minimize(loss)
-    result = engine.ensure_rewritten(graph)
+  result = _rewrite({"cluster.num_cpu_devices": 2}, batch=None)
   assert any(d.unknown for d in traffic.count(result))
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
   assert "are not counted: the counts are low" in "\n".join(
@@ -335,16 +331,8 @@ def test_v3_makes_shard_gradients_from_activations_of_unknown_rows():
   """A batch of unknown size: the bytes of the two routes cannot be
   compared; the plan makes the kernels' shard gradients from the
   activations (no full-size gradient on a replica) and says why."""
-  epl.init(epl.Config({"cluster.num_cpu_devices": DEVICES,
-                       "zero.level": "v3", "zero.min_partition_size": 0}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
-  graph = tf.Graph()
-  with graph.as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
-    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    loss = tf.reduce_mean(tf.square(training.four_equal_layers(x) - y))
-    training.OPTIMIZERS["momentum"]().minimize(loss)
-    result = engine.ensure_rewritten(graph)
+  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0},
+                    batch=None)
   routes = [l for l in result.plan.decisions.lines()
             if l.startswith("v3 gradient shards of")]
   assert len(routes) == 4 and all(
