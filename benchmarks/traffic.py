@@ -1,7 +1,7 @@
 """Traffic and persistent memory per device against their formulas, per
 layout: what `epl-plan` prints (epl.tools.traffic), for data parallelism
 (collectives and local sums), a pipeline, a split head, experts (MoE),
-ZeRO v1-v3 and BERT as a pipeline.
+ZeRO v1-v3 (v3 also over collective rings) and BERT as a pipeline.
 
 Each layout is built and rewritten on 4 logical CPU devices and counted
 from the rewritten graph; nothing runs, so a standard size takes seconds.
@@ -114,8 +114,9 @@ def _bert(size):
       num_stages=2, num_micro_batch=4, num_cpu_devices=DEVICES, steps=1))
 
 
-def _zero(level):
-  return lambda size: {"zero.level": level, "zero.min_partition_size": 0}
+def _zero(level, **config):
+  return lambda size: dict({"zero.level": level,
+                            "zero.min_partition_size": 0}, **config)
 
 
 # Layout -> (build(size): the loss, or None when it builds its own train
@@ -133,6 +134,10 @@ LAYOUTS = collections.OrderedDict([
     ("zero_v1", (_regression, _zero("v1"))),
     ("zero_v2", (_regression, _zero("v2"))),
     ("zero_v3", (_regression, _zero("v3"))),
+    # v3's gathers as CollectiveGatherV2 rings instead of local sums' one
+    # concatenation per use.
+    ("zero_v3_rings", (_regression, _zero(
+        "v3", **{"communication.local_cpu_reduce": False}))),
     ("bert_pipeline", (_bert, None)),
 ])
 

@@ -26,15 +26,21 @@ FLOAT32 = 4
 PSI = 4 * 8 * 8 * FLOAT32
 
 
-def _rewrite(config, model=training.four_equal_layers, default_strategy=True):
+def _rewrite(config, model=training.four_equal_layers, default_strategy=True,
+             batch=16):
   """The rewrite result of `model` (squared error, Momentum: no optimizer
-  state shared by the variables) under `config`, built without a run."""
+  state shared by the variables) under `config`, built without a run,
+  `batch` examples a replica (None: fed, of unknown size)."""
   epl.init(epl.Config(dict({"cluster.num_cpu_devices": DEVICES}, **config)))
   if default_strategy:
     epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
   with graph.as_default():
-    x, y = training.input_batch(16, static_batch=True)
+    if batch is None:
+      x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
+      y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    else:
+      x, y = training.input_batch(batch, static_batch=True)
     loss = tf.reduce_mean(tf.square(model(x) - y))
     training.OPTIMIZERS["momentum"]().minimize(loss)
     return engine.ensure_rewritten(graph)
@@ -98,9 +104,8 @@ def test_two_stage_pipeline_sends_its_boundary_both_ways():
   assert not any(_sent(result, traffic.OTHER))
 
 
-# v3 as it is today: every use of a weight gathers its shards (issue 35
-# item 4 makes that an all-gather with prefetch, which moves the same
-# bytes per use).
+# v3 gathers every use of a weight, over TensorFlow's collectives here
+# (with local sums one member joins the shards: see the next test).
 @pytest.mark.parametrize("level, micro_batches, scatters, gathers", [
     ("v1", 1, 1, 1), ("v2", 1, 1, 1), ("v3", 1, 1, 2),
     # v1 sums a replica's micro-batches before it sends them; v2 and v3
@@ -113,9 +118,12 @@ def test_zero_reduces_to_owners_and_gathers_weights(level, micro_batches,
   the 3 others' gradients of it and sends its new value (v3: its shard)
   to them; it sends its gradient of each of the 3 others' weights and
   receives their values. (N-1)/N * Ψ each way: 2(N-1)/N * Ψ in all for v1
-  and v2 as the ring, 3(N-1)/N * Ψ for v3."""
+  and v2 as the ring, 3(N-1)/N * Ψ for v3 (16 rows a replica against
+  8x8 weights: v3 sends gradient rows, see
+  test_v3_makes_shard_gradients_from_few_activation_rows)."""
   result = _rewrite({"zero.level": level, "zero.min_partition_size": 0,
-                     "pipeline.num_micro_batch": micro_batches})
+                     "pipeline.num_micro_batch": micro_batches,
+                     "communication.local_cpu_reduce": False})
   share = Fraction(DEVICES - 1, DEVICES) * PSI
   for kind, times in ((traffic.REDUCE_SCATTER, scatters),
                       (traffic.ALL_GATHER, gathers)):
@@ -125,6 +133,46 @@ def test_zero_reduces_to_owners_and_gathers_weights(level, micro_batches,
   assert _row(result, traffic.ALL_GATHER).formula == (
       "%s(N-1)/N*W" % ("%d*" % gathers if gathers > 1 else ""))
   assert traffic.ALL_REDUCE not in {r.kind for r in traffic.compare(result)}
+
+
+def test_v3_local_sums_gather_joins_the_shards_on_one_member():
+  """Local sums gather a weight by one concatenation on one member
+  (rotating) that every member reads: it receives N-1 shards and sends
+  N-1 weights, (N+1)/N times the ring's bytes over the devices."""
+  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0})
+  row = _row(result, traffic.ALL_GATHER)
+  assert row.formula == "2*(N-1)/N*W*(N+1)/N"
+  assert row.measured == DEVICES * 2 * Fraction(DEVICES - 1, DEVICES) * (
+      Fraction(DEVICES + 1, DEVICES)) * PSI
+  assert row.ratio == 1
+  assert _row(result, traffic.REDUCE_SCATTER).ratio == 1
+
+
+@pytest.mark.parametrize("batch, micro_batches", [(1, 1), (1, 2)])
+def test_v3_makes_shard_gradients_from_few_activation_rows(batch,
+                                                           micro_batches):
+  """R = M `batch` rows a replica against 8x8 kernels over N = 4: from
+  activations a replica sends each other one its x columns [R, 2] and its
+  dy [R, 8], (N-1) R (2 + 8) floats a kernel, fewer than M (N-1) 2 x 8 of
+  gradient rows; the plan takes that route for each kernel, says why, and
+  the formula counts it exactly."""
+  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0,
+                     "pipeline.num_micro_batch": micro_batches,
+                     "communication.local_cpu_reduce": False}, batch=batch)
+  columns = training.FEATURES // DEVICES
+  moved = 4 * (DEVICES - 1) * micro_batches * batch * (columns + training.FEATURES) * FLOAT32
+  assert moved < 4 * micro_batches * (DEVICES - 1) * columns * (
+      training.FEATURES) * FLOAT32
+  assert _sent(result, traffic.REDUCE_SCATTER) == [moved] * DEVICES
+  assert _received(result, traffic.REDUCE_SCATTER) == [moved] * DEVICES
+  row = _row(result, traffic.REDUCE_SCATTER)
+  assert (row.ratio, row.worst) == (1, 1)
+  assert row.formula.endswith("(N-1)/N*R*(in + N*out) from activations")
+  routes = [l for l in result.plan.decisions.lines()
+            if l.startswith("v3 gradient shards of")]
+  assert len(routes) == 4 and all(
+      "gradient shards from activations, because a replica sends %d bytes"
+      % (moved // 4) in l for l in routes), routes
 
 
 @pytest.mark.parametrize("level", ["", "v1", "v2", "v3"])
@@ -268,19 +316,24 @@ def test_tensors_of_unknown_size_are_reported_not_guessed():
   """A fed batch of unknown size: its rows' transfers cannot be counted;
   the gradients' all-reduce still is, and epl-plan says what it left
   out."""
-  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
-  epl.set_default_strategy(epl.replicate(device_count=1))
-  graph = tf.Graph()
-  with graph.as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
-    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    loss = tf.reduce_mean(tf.square(training.four_equal_layers(x) - y))
-    training.OPTIMIZERS["momentum"]().minimize(loss)
-    result = engine.ensure_rewritten(graph)
+  result = _rewrite({"cluster.num_cpu_devices": 2}, batch=None)
   assert any(d.unknown for d in traffic.count(result))
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
   assert "are not counted: the counts are low" in "\n".join(
       traffic.lines(result))
+
+
+def test_v3_makes_shard_gradients_from_activations_of_unknown_rows():
+  """A batch of unknown size: the bytes of the two routes cannot be
+  compared; the plan makes the kernels' shard gradients from the
+  activations (no full-size gradient on a replica) and says why."""
+  result = _rewrite({"zero.level": "v3", "zero.min_partition_size": 0},
+                    batch=None)
+  routes = [l for l in result.plan.decisions.lines()
+            if l.startswith("v3 gradient shards of")]
+  assert len(routes) == 4 and all(
+      "from activations, because its batch size is not static" in l
+      for l in routes), routes
 
 
 def test_horovod_sums_within_a_process_on_the_first_member():

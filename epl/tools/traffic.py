@@ -22,7 +22,7 @@ micro-batch).
   them), its kind from the provenance of its ends: a local sum's is
   all-reduce; ZeRO's reduction of a gradient on its owner or shard is
   reduce-scatter, its copy of a variable's value to the other replicas or
-  of shards to their reader all-gather; the offload pass's are host; one
+  of shards (or the weight joined from them) to their reader all-gather; the offload pass's are host; one
   between a replica's forward, backward and update ops of different
   stages is pipeline; an input read's is input; the rest other.
 
@@ -37,7 +37,11 @@ device's stage, M micro-batches:
 - ZeRO v1: reduce-scatter (N-1)/N·G to the owners and all-gather
   (N-1)/N·W of the updated weights; v2 reduces each micro-batch's
   gradient (M times); v3 too, and gathers each weight forward and
-  backward in each micro-batch: 2M·(N-1)/N·W.
+  backward in each micro-batch: 2M·(N-1)/N·W, (N+1)/N times that with
+  local sums (one member joins the shards and sends the weight to the
+  others). A kernel whose shard gradients v3's plan makes from the
+  replicas' activations (`gradient_shards`) sends those instead of its
+  rows: (N-1)·R·(in/N + out) elements, R a replica's rows a step.
 - pipeline: per micro-batch, a stage's boundary activations A forward
   and the gradients of those a gradient flows through back; a weight
   another stage reads, once a step each way: M·A + 2·W_shared (M times
@@ -68,7 +72,8 @@ from epl.parallel.passes.offload import offload_variables
 from epl.parallel.passes import zero
 from epl.parallel.passes import zero_weights
 from epl.parallel.passes.training_subgraph import tensors_of
-from epl.parallel.plan.decisions import CrossStageWeights
+from epl.parallel.plan.decisions import Communication, CrossStageWeights
+from epl.parallel.plan.gradient_shards import GradientShards
 from epl.tools import memory_estimate
 
 ALL_REDUCE = "all-reduce"
@@ -177,6 +182,10 @@ class _Sizes:
       # after its reads were made).
       return memory_estimate.variable_bytes(tensor.op.inputs[0].op)
     size = self._known(tensor)
+    if size is None and tensor.op.type == "PlaceholderWithDefault":
+      # What hides a tensor's sizes (`graph_editor.with_unknown_sizes`:
+      # ZeRO v3's shard reads) passes its input on.
+      return self(tensor.op.inputs[0])
     while size is None:
       source = self._provenance.origin(tensor.op).source
       if source is None:
@@ -221,6 +230,25 @@ def _reads_variable(op):
       op.inputs[0].op.type in VARIABLE_TYPES)
 
 
+# The formula's term for ZeRO v3's gradient shards made from activations.
+_FROM_ACTIVATIONS = " + (N-1)/N*R*(in + N*out) from activations"
+
+# Ops that pass on or join their inputs' values: what ZeRO v3's local-sums
+# gather builds from the shards (`joined_shards`).
+_JOINING_TYPES = frozenset(["ConcatV2", "Slice", "PlaceholderWithDefault",
+                            "Identity"])
+
+
+def _made_of_weights(op):
+  """Whether `op`'s value is variables' values: a read, or joined from
+  reads (ZeRO v3's shards concatenated into the weight)."""
+  if _reads_variable(op):
+    return True
+  inputs = [t.op for t in op.inputs if t.op.type != "Const"]
+  return op.type in _JOINING_TYPES and bool(inputs) and all(
+      _made_of_weights(i) for i in inputs)
+
+
 def transfer_kind(result, transfer):
   """The kind of cross-device Transfer `transfer` of the rewritten step."""
   state = result.context.state
@@ -234,7 +262,7 @@ def transfer_kind(result, transfer):
   if built & _SUM_PASSES:
     return ALL_REDUCE
   if built & _OWNER_PASSES:
-    return ALL_GATHER if _reads_variable(producer) else REDUCE_SCATTER
+    return ALL_GATHER if _made_of_weights(producer) else REDUCE_SCATTER
   # From the forward or backward ops of one replica's stage to another
   # stage's (its update, for a weight two stages read): no pass of the
   # rewrite moves those between replicas.
@@ -328,12 +356,43 @@ def _synchronisation(result):
   # micro-batch's forward and backward.
   scatters = 1 if level == "v1" else micro_batches
   gathers = 2 * micro_batches if level == "v3" else 1
+  gathered, joined = gathers * share, ""
+  if level == "v3" and result.plan.decisions.communication.value is (
+      Communication.LOCAL_SUMS):
+    # One member joins the N-1 shards it receives and sends the weight to
+    # the N-1 others: (N-1)/N W + (N-1) W a gather, over N devices.
+    gathered, joined = gathered * Fraction(n + 1, n), "*(N+1)/N"
 
   def times(count):
     return "%d*" % count if count > 1 else ""
   return {REDUCE_SCATTER: (scatters * share, 0,
                            times(scatters) + "(N-1)/N*G"),
-          ALL_GATHER: (0, gathers * share, times(gathers) + "(N-1)/N*W")}
+          ALL_GATHER: (0, gathered,
+                       times(gathers) + "(N-1)/N*W" + joined)}
+
+
+def _activation_shards(result):
+  """{stage: bytes a device of it sends a step} less what the formula of
+  gradient rows counts for them, of the ZeRO v3 weights whose shard
+  gradients the plan makes from the replicas' activations
+  (`gradient_shards`: its figure, (N-1)·R·(in/N + out) elements a
+  replica)."""
+  weights = result.plan.decisions.weights
+  if weights is None or len(result.context.replicas) < 2:
+    return {}
+  n = len(result.context.replicas)
+  rows = result.plan.num_micro_batch * Fraction(n - 1, n)
+  delta = collections.Counter()
+  for grad, variable in memory_estimate.trained_points(result):
+    route = dict(weights.routes).get(variable.name)
+    if route is None or route.decision.value is not (
+        GradientShards.FROM_ACTIVATIONS) or route.from_activations is None:
+      continue
+    gradient = memory_estimate.unsharded_elements(
+        result, variable) * tensors_of(grad)[0].dtype.base_dtype.size
+    delta[result.context.taskgraph_index(variable)] += (
+        route.from_activations - rows * gradient)
+  return delta
 
 
 @dataclasses.dataclass
@@ -492,6 +551,10 @@ def formulas(result, roots=None):
   if ALL_REDUCE in texts and ctx.config.communication.fp16:
     texts[ALL_REDUCE] += " (G as float16)"
   stages, pipeline = stage_bytes(result), _pipeline(result, found)
+  activations = _activation_shards(result)
+  if activations:
+    texts[REDUCE_SCATTER] = texts[REDUCE_SCATTER].replace(
+        "*G", "*G_rows") + _FROM_ACTIVATIONS
   expected = collections.defaultdict(collections.Counter)
   for replica in ctx.replicas:
     for stage in range(len(plan.taskgraphs)):
@@ -502,6 +565,7 @@ def formulas(result, roots=None):
         sent = sizes.reduced if kind == ALL_REDUCE else sizes.gradients
         expected[device][kind] += gradients * sent + weights * sizes.weights
       expected[device][PIPELINE] += pipeline.get(stage, 0)
+      expected[device][REDUCE_SCATTER] += activations.get(stage, 0)
   ops = transfers.step_ops(roots or step_roots(result))
   split, unknown = _split_collectives(result, ops)
   term = "split" + (" (less %d of unknown size)" % unknown if unknown
@@ -590,6 +654,11 @@ def lines(result, estimates=None):
           "N replicas, G/W gradient/weight bytes of the device's stage, M "
           "micro-batches, A boundary activations; docs/traffic.md):"]
   text.extend(table(rows))
+  if any(_FROM_ACTIVATIONS in row[1] for row in rows):
+    text.append("    G_rows: the gradients sent as rows; R*(in + N*out): "
+                "the activation rows (R a replica's, a step) that make the "
+                "shard gradients of each kernel [in, out] v3 makes from "
+                "activations (the 'v3 gradient shards' lines)")
   unknown = sum(c.unknown for c in counts)
   if unknown:
     text.append("    WARNING: %d transfer(s) and collective(s) have no "

@@ -169,10 +169,12 @@ def _gather(ctx, copies, weights, communicator, use, previous):
     else:
       waits = started(copies.op(local, previous[0].consumer),
                       previous[1][local])
-    with tf.control_dependencies(waits):
+    shard = copies.op(local, variable)
+    # On the shard's device: a PlaceholderWithDefault without a device
+    # would run on the host and carry every shard there and back.
+    with tf.control_dependencies(waits), tf.device(shard.device):
       # The shard's static shape is still the full variable's.
-      reads.append(graph_editor.with_unknown_sizes(
-          read_value(copies.op(local, variable))))
+      reads.append(graph_editor.with_unknown_sizes(read_value(shard)))
   fulls, cut = {}, {}
   for local, gathered in enumerate(communicator.all_gather(reads)):
     if gathered.name not in cut:

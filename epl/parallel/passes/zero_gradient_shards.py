@@ -4,40 +4,29 @@ a full-size gradient on any replica where the op that makes it allows.
 
 The gradient of a dense layer's kernel is `MatMul(x, dy, transpose_a)`,
 and its sum over replicas is one MatMul over their concatenated batches.
-Where nothing but the update reads the gradient (and the micro-batch sum
-the shards now build), shard s's summed rows are one MatMul, on shard s's
-device, of the same columns of every replica's `x` with every `dy`
+Where the plan chose that route for a weight (GradientShards
+FROM_ACTIVATIONS, `epl.parallel.plan.gradient_shards`: it moves fewer
+bytes there), shard s's summed rows are one MatMul, on shard s's device,
+of the same columns of every replica's `x` with every `dy`
 (`summed_shards`): only those slices and the activations' gradients
-travel, far less than the gradient's rows at the usual batch sizes, and
-no replica makes the full gradient nor its N slices. For a MatMul laid
-out otherwise, each replica makes each shard's rows as its own MatMul of
-1/N the size (`shards_of`). The gate `minimize` puts on the gradients of
-one op (tf.tuple: every gradient of the MatMul waits for all of them)
-then waits for the input gradient only; the shard products wait for the
+travel, and no replica makes the full gradient nor its N slices.
+Otherwise (FROM_GRADIENTS) each replica makes each shard's rows and sends
+them to the shard (`shards_of`): where a MatMul makes the gradient, as
+its own MatMul of 1/N the size; any other gradient (one made by another
+op, or read by more than its update: clipping, summaries) is sliced
+after it is made. The gate `minimize` puts on the gradients of one op
+(tf.tuple: every gradient of the MatMul waits for all of them) then
+waits for the input gradient only; the shard products wait for the
 gates, so each shard's update still runs after the backward pass read
-the weight. Any other gradient (one made by another op, or read by more
-than its update: clipping, summaries) is sliced after it is made.
+the weight.
 """
 import dataclasses
 
 import tensorflow as tf
 
 from epl.ir import graph_editor
+from epl.ir.kernel_gradients import is_kernel_gradient, product_behind
 from epl.parallel.passes.split_checkpoint import shard_slice
-
-
-def _product_behind(tensor, leaving):
-  """(MatMul, its gates) that make gradient `tensor`, when every reader of
-  `tensor` is in `leaving` (names of the ops that will not read it) and
-  the MatMul's output is read by nothing else; else None."""
-  if any(c.name not in leaving for c in tensor.consumers()):
-    return None
-  op, gates = tensor.op, []
-  if op.type == "Identity" and op.inputs[0].op.type == "MatMul":
-    if [c for c in op.inputs[0].consumers() if c is not op]:
-      return None
-    gates, op = list(op.control_inputs), op.inputs[0].op
-  return (op, gates) if op.type == "MatMul" else None
 
 
 def shards_of(tensor, info, rank, leaving):
@@ -46,7 +35,7 @@ def shards_of(tensor, info, rank, leaving):
   `rank`), built on its device: MatMuls of slices of the inputs of the
   MatMul that makes it, where only the ops named in `leaving` read it
   (see the module's note), else slices of `tensor`."""
-  product = _product_behind(tensor, leaving) if info.axis == 0 else None
+  product = product_behind(tensor, leaving) if info.axis == 0 else None
   with tf.device(tensor.device):
     if product is None:
       return [shard_slice(tensor, info, shard, rank)
@@ -74,10 +63,9 @@ def summed_shards(tensors, info, leaving, devices):
   and the activations' gradients. None unless each tensor is made by a
   kernel gradient `MatMul(x, dy, transpose_a=True)` that only the ops
   named in `leaving` read."""
-  products = [_product_behind(t, leaving) for t in tensors]
+  products = [product_behind(t, leaving) for t in tensors]
   if info.axis != 0 or any(
-      p is None or not p[0].get_attr("transpose_a") or
-      p[0].get_attr("transpose_b") for p in products):
+      p is None or not is_kernel_gradient(p[0]) for p in products):
     return None
   gates = []
   for matmul, own_gates in products:

@@ -18,9 +18,11 @@ the weights, slots and reduced gradients.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
   replicas (and, where the micro-batch sum is the update's alone, over
   micro-batches, as v2) of those rows of each replica's gradient, made on
-  shard r's device from the layer's inputs where the gradient is a
-  kernel's MatMul (`zero_gradient_shards`), else sliced on the replica
-  that made it and summed on shard r's device; each
+  shard r's device from the layer's inputs where the plan chose that
+  route for a kernel's MatMul (it moves fewer bytes there:
+  `epl.parallel.plan.gradient_shards`), else made (or sliced) on the
+  replica that made the gradient and summed on shard r's device
+  (`zero_gradient_shards`); each
   replica's update (its clone of the optimizer's ops) applies its shard's
   gradient to its shard and slots. The updates must be elementwise: the
   fused apply kernels of the tf.compat.v1.train optimizers, or elementwise
@@ -66,6 +68,7 @@ from epl.parallel.passes.split_checkpoint import (full_tensor_checkpoints,
 from epl.parallel.passes.training_subgraph import is_variable_writer
 from epl.parallel.passes.variable_sync import assign_value, read_value
 from epl.parallel.plan.decisions import Reduction
+from epl.parallel.plan.gradient_shards import GradientShards
 from epl.parallel.plan.weight_partition import WeightSharding
 
 logger = logging.getLogger("epl")
@@ -253,6 +256,25 @@ def _leaving_readers(ctx, copies, weights, accumulation, name):
   return leaving
 
 
+def _summed_from_activations(ctx, tensors, info, leaving, devices, name):
+  """Where the plan makes the shard gradients of weight `name` from the
+  replicas' activations, [shard s's summed gradient on `devices[s]`] of
+  its gradients `tensors` (`zero_gradient_shards.summed_shards`); else
+  None."""
+  route = ctx.plan.decisions.weights.route_of(name).decision
+  if route.value is not GradientShards.FROM_ACTIVATIONS:
+    return None
+  summed = zero_gradient_shards.summed_shards(tensors, info, leaving,
+                                              devices)
+  if summed is None:
+    raise RuntimeError(
+        "zero.level v3: the plan makes the shard gradients of %r from the "
+        "replicas' activations (%s), but the rewritten step's gradient of "
+        "it is not a kernel's MatMul that only its update reads; please "
+        "report this." % (name, route.reason))
+  return summed
+
+
 def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   """Shard r's gradient: the sum of slice r of every replica's gradient
   (of every micro-batch where `accumulations` has the weight's sum),
@@ -268,9 +290,10 @@ def _reduce_scatter(ctx, copies, weights, accumulations, name, grad):
   leaving = _leaving_readers(ctx, copies, weights, accumulation, name)
   members = range(len(ctx.replicas))
   with tf.name_scope("reduce_scatter/%s" % name):
-    summed = zero_gradient_shards.summed_shards(
-        [copies.tensor(l, part) for part in parts for l in members], info,
-        leaving, [ctx.device(shard, taskgraph) for shard in members])
+    summed = _summed_from_activations(
+        ctx, [copies.tensor(l, part) for part in parts for l in members],
+        info, leaving, [ctx.device(shard, taskgraph) for shard in members],
+        name)
     sliced = {} if summed else {
         (index, local): zero_gradient_shards.shards_of(
             copies.tensor(local, part), info, rank, leaving)

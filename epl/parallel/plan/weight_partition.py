@@ -11,6 +11,10 @@ elementwise: the fused dense apply kernels of the tf.compat.v1.train
 optimizers, or elementwise ops on the variable, its slots, its gradient
 and scalars (Google BERT's AdamW); no norm of the whole variable (LAMB,
 LARS). Split variables belong to their shard group.
+
+For each partitioned variable the plan also decides how its shard
+gradients are made (`gradient_shards`: from the replicas' activations or
+from each replica's gradient rows, whichever moves fewer bytes).
 """
 import dataclasses
 import enum
@@ -22,6 +26,7 @@ from epl.ir import variables as ir_variables
 from epl.ir.phase import Phase
 from epl.parallel.plan.balance import variable_size
 from epl.parallel.plan.decisions import Decision
+from epl.parallel.plan import gradient_shards
 
 # Op types an update may have and still apply shard by shard: elementwise
 # ops (on the variable, its slots and gradient, and scalars), variables,
@@ -52,9 +57,12 @@ class WeightSharding(enum.Enum):
 class WeightPartition:
   """The WeightSharding of every trained variable, with its reason:
   ((variable op name, Decision), ...) in the order capture recorded;
-  `min_partition_size`, the size under which variables stay whole."""
+  `min_partition_size`, the size under which variables stay whole;
+  `routes`, ((variable op name, gradient_shards.GradientRoute), ...) of
+  the partitioned ones."""
   variables: Tuple[Tuple[str, Decision], ...]
   min_partition_size: int
+  routes: Tuple[Tuple[str, gradient_shards.GradientRoute], ...] = ()
 
   def names(self, sharding):
     """The variables decided `sharding`, in order."""
@@ -65,16 +73,29 @@ class WeightPartition:
     """The Decision for variable op `name` (KeyError: not trained)."""
     return dict(self.variables)[name]
 
+  def route_of(self, name):
+    """The GradientRoute of partitioned variable op `name` (KeyError: not
+    partitioned)."""
+    return dict(self.routes)[name]
+
   def lines(self, notable_only=False):
-    """One line per variable, for people (`epl-plan`); `notable_only`:
-    one line, how many variables each WeightSharding has (the rewrite's
+    """One line per variable and one per partitioned variable's gradient
+    route, for people (`epl-plan`); `notable_only`: one line, how many
+    variables each WeightSharding and GradientShards has (the rewrite's
     log)."""
     if notable_only:
+      counts = [(kind.value, len(self.names(kind))) for kind in
+                WeightSharding] + [
+                    (kind.value, sum(r.decision.value is kind
+                                     for _, r in self.routes))
+                    for kind in gradient_shards.GradientShards]
       return ["v3 weights: " + ", ".join(
-          "%s %d" % (kind.value, len(self.names(kind)))
-          for kind in WeightSharding if self.names(kind))]
-    return ["v3 weight %s: %s" % (name, decision.describe())
-            for name, decision in self.variables]
+          "%s %d" % (label, count) for label, count in counts if count)]
+    return (["v3 weight %s: %s" % (name, decision.describe())
+             for name, decision in self.variables] +
+            ["v3 gradient shards of %s: %s" % (
+                name, route.decision.describe())
+             for name, route in self.routes])
 
 
 def _not_elementwise(update, variable, gradients):
@@ -110,6 +131,11 @@ def _trained(state):
   return trained
 
 
+def _shape(variable):
+  return tf.TensorShape(variable.get_attr("shape") if variable.type ==
+                        "VarHandleOp" else variable.outputs[0].shape)
+
+
 def _sharding(variable, grads, update, minimum):
   """The Decision for `variable`, not split, whose gradients are `grads`
   and whose own update ops are `update`."""
@@ -117,8 +143,7 @@ def _sharding(variable, grads, update, minimum):
     return Decision(WeightSharding.SPARSE, "its gradient is sparse (an "
                     "embedding lookup); communication.sparse_as_dense "
                     "makes it dense")
-  shape = tf.TensorShape(variable.get_attr("shape") if variable.type ==
-                         "VarHandleOp" else variable.outputs[0].shape)
+  shape = _shape(variable)
   if not shape.is_fully_defined() or shape.rank == 0 or (
       variable_size(variable) < minimum):
     return Decision(WeightSharding.SMALL, "%s has fewer than "
@@ -145,7 +170,7 @@ def decide(graph, state, plan, minimum):
   updates = ir_variables.updates_of(
       apply_ops, [(g, v) for v, grads in trained.values() for g in grads],
       trained)
-  decided = []
+  decided, routes = [], []
   for name, (variable, grads) in trained.items():
     taskgraph = plan.taskgraphs[state.taskgraph_index(variable)]
     if taskgraph.kind == "split" or name in state.split.variables:
@@ -155,4 +180,7 @@ def decide(graph, state, plan, minimum):
       continue
     decided.append((name, _sharding(variable, grads, updates[name],
                                     minimum)))
-  return WeightPartition(tuple(decided), minimum)
+    if decided[-1][1].value is WeightSharding.PARTITIONED:
+      routes.append((name, gradient_shards.route(
+          _shape(variable), grads[-1], updates[name], plan)))
+  return WeightPartition(tuple(decided), minimum, tuple(routes))
