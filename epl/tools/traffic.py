@@ -377,7 +377,7 @@ def _activation_shards(result):
   gradients the plan makes from the replicas' activations
   (`gradient_shards`: its figure, (N-1)·R·(in/N + out) elements a
   replica)."""
-  weights = result.plan.decisions.weights
+  weights = result.plan.decisions.partition
   if weights is None or len(result.context.replicas) < 2:
     return {}
   n = len(result.context.replicas)

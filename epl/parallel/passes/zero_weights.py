@@ -261,7 +261,7 @@ def _summed_from_activations(ctx, tensors, info, leaving, devices, name):
   replicas' activations, [shard s's summed gradient on `devices[s]`] of
   its gradients `tensors` (`zero_gradient_shards.summed_shards`); else
   None."""
-  route = ctx.plan.decisions.weights.route_of(name).decision
+  route = ctx.plan.decisions.partition.route_of(name).decision
   if route.value is not GradientShards.FROM_ACTIVATIONS:
     return None
   summed = zero_gradient_shards.summed_shards(tensors, info, leaving,
