@@ -1,7 +1,8 @@
 """Traffic and persistent memory per device against their formulas, per
 layout: what `epl-plan` prints (epl.tools.traffic), for data parallelism
-(collectives and local sums), a pipeline, a split head, experts (MoE),
-ZeRO v1-v3 (v3 also over collective rings) and BERT as a pipeline.
+(collectives, local sums, and local sums with shared weights), a
+pipeline, a split head, experts (MoE), ZeRO v1-v3 (v3 also over
+collective rings) and BERT as a pipeline.
 
 Each layout is built and rewritten on 4 logical CPU devices and counted
 from the rewritten graph; nothing runs, so a standard size takes seconds.
@@ -124,7 +125,9 @@ def _zero(level, **config):
 LAYOUTS = collections.OrderedDict([
     ("data_collectives", (_regression, lambda size: {
         "communication.local_cpu_reduce": False})),
-    ("data_local_sums", (_regression, lambda size: {})),
+    ("data_local_sums", (_regression, lambda size: {
+        "communication.shared_weights": False})),
+    ("data_shared_weights", (_regression, lambda size: {})),
     ("pipeline", (lambda size: _regression(size, stages=2), lambda size: {
         "pipeline.num_micro_batch": size.micro_batches})),
     ("split", (_split_head, lambda size: {
@@ -181,12 +184,15 @@ def rows(layout, size_name, result):
                   "%.0f" % (row.measured / devices),
                   "%.0f" % (row.expected / devices) if row.expected else "-",
                   _ratio(row.ratio), _ratio(row.worst),
-                  _goal(row.ratio, TRAFFIC_GOAL)))
+                  # Handed over in memory: no bytes move.
+                  "no copy" if row.kind == traffic.SHARED_READ
+                  else _goal(row.ratio, TRAFFIC_GOAL)))
   held = traffic.persistent(result)
   measured = sum(m for _, m, _ in held)
   expected = sum(f for _, _, f in held)
   worst = max(m / f for _, m, f in held if f) if expected else None
   found.append((size_name, layout, "persistent",
+                "shared weights" if traffic.shares_weights(result) else
                 "ZeRO %s" % (result.plan.decisions.zero.value.value or "off"),
                 "%.0f" % (measured / len(held)),
                 "%.0f" % (expected / len(held)),

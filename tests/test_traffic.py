@@ -62,11 +62,13 @@ def _row(result, kind):
 @pytest.mark.parametrize("local_sums", [False, True])
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_data_parallel_sends_the_ring_formula(local_sums, micro_batches):
-  """Ring all-reduce: 2(N-1)/N * Ψ per replica, once per step (the
-  micro-batch loop sums first). Local sums: each of the four equal
-  gradients has its own root, which receives 3 and sends 3 copies; each
-  other member sends and receives one: per device the same."""
+  """A copy of the weights per replica, ring all-reduce: 2(N-1)/N * Ψ
+  per replica, once per step (the micro-batch loop sums first). Local
+  sums: each of the four equal gradients has its own root, which receives
+  3 and sends 3 copies; each other member sends and receives one: per
+  device the same."""
   result = _rewrite({"communication.local_cpu_reduce": local_sums,
+                     "communication.shared_weights": False,
                      "pipeline.num_micro_batch": micro_batches})
   ring = Fraction(2 * (DEVICES - 1), DEVICES) * PSI
   assert _sent(result, traffic.ALL_REDUCE) == [ring] * DEVICES
@@ -76,6 +78,33 @@ def test_data_parallel_sends_the_ring_formula(local_sums, micro_batches):
   # No other traffic but the other replicas' batches, read on device 0.
   kinds = {r.kind for r in traffic.compare(result)}
   assert kinds == {traffic.ALL_REDUCE, traffic.INPUT}
+
+
+def test_shared_weights_send_gradients_to_their_sums_and_means_once():
+  """One copy of the weights on CPU:0, read by the 3 other replicas
+  without a copy. Each of the four equal gradients (g = Ψ/4) is summed on
+  its own device (the local sums rotate): each replica sends its other 3
+  gradients there, and the 3 sums not on CPU:0 send their mean to the one
+  update on CPU:0: Ψ per device, 3g from CPU:0. Nothing goes back."""
+  result = _rewrite({})
+  gradient = PSI // DEVICES
+  assert _sent(result, traffic.ALL_REDUCE) == [3 * gradient] + [PSI] * 3
+  # A sum's device receives the 3 other replicas' gradient; CPU:0 also
+  # the 3 means.
+  assert _received(result, traffic.ALL_REDUCE) == [6 * gradient] + [
+      3 * gradient] * 3
+  row = _row(result, traffic.ALL_REDUCE)
+  assert (row.formula, row.ratio, row.worst) == (
+      "G; replica 0: G-G_0 (shared weights)", 1, 1)
+  assert _sent(result, traffic.SHARED_READ) == [3 * PSI, 0, 0, 0]
+  assert _received(result, traffic.SHARED_READ) == [0] + [PSI] * 3
+  row = _row(result, traffic.SHARED_READ)
+  assert (row.formula, row.ratio, row.worst) == (
+      "(N-1)*W from replica 0", 1, 1)
+  assert {r.kind for r in traffic.compare(result)} == {
+      traffic.ALL_REDUCE, traffic.SHARED_READ, traffic.INPUT}
+  assert "handed over without a copy: not traffic" in dry_run.describe(
+      result)
 
 
 def test_float16_communication_halves_the_all_reduce():
@@ -175,16 +204,24 @@ def test_v3_makes_shard_gradients_from_few_activation_rows(batch,
       % (moved // 4) in l for l in routes), routes
 
 
-@pytest.mark.parametrize("level", ["", "v1", "v2", "v3"])
-def test_persistent_bytes_equal_the_zero_formula(level):
+@pytest.mark.parametrize("level, shared", [
+    ("", False), ("", True), ("v1", False), ("v2", False), ("v3", False)])
+def test_persistent_bytes_equal_the_zero_formula(level, shared):
   """Weights, gradients and momentum per device: (W + G + K)Ψ without
-  ZeRO, WΨ + (G + K)Ψ/N for v1 and v2, (W + G + K)Ψ/N for v3."""
-  result = _rewrite({"zero.level": level, "zero.min_partition_size": 0})
-  per_device = {"": 3 * PSI, "v1": PSI + 2 * PSI // DEVICES,
-                "v2": PSI + 2 * PSI // DEVICES, "v3": 3 * PSI // DEVICES}
+  ZeRO, WΨ + (G + K)Ψ/N for v1 and v2, (W + G + K)Ψ/N for v3. Shared
+  weights: (W + G + K)Ψ on replica 0's device, which holds the weights
+  and their momentum once, and each other replica's own gradients GΨ."""
+  result = _rewrite({"zero.level": level, "zero.min_partition_size": 0,
+                     "communication.shared_weights": shared})
+  per_device = {"": [3 * PSI] * DEVICES,
+                "v1": [PSI + 2 * PSI // DEVICES] * DEVICES,
+                "v2": [PSI + 2 * PSI // DEVICES] * DEVICES,
+                "v3": [3 * PSI // DEVICES] * DEVICES}[level]
+  if shared:
+    per_device = [3 * PSI] + [PSI] * (DEVICES - 1)
   assert traffic.persistent(result) == [
-      ("/device:CPU:%d" % d, per_device[level], per_device[level])
-      for d in range(DEVICES)]
+      ("/device:CPU:%d" % d, held, held)
+      for d, held in enumerate(per_device)]
 
 
 def test_pipeline_of_two_replicas_sums_each_stage_over_its_replicas():
@@ -312,13 +349,16 @@ def test_zero_v2_reads_a_weight_of_another_stage_in_each_micro_batch():
           in dry_run.describe(result))
 
 
-def test_tensors_of_unknown_size_are_reported_not_guessed():
+@pytest.mark.parametrize("shared", [False, True])
+def test_tensors_of_unknown_size_are_reported_not_guessed(shared):
   """A fed batch of unknown size: its rows' transfers cannot be counted;
-  the gradients' all-reduce still is, and epl-plan says what it left
-  out."""
-  result = _rewrite({"cluster.num_cpu_devices": 2}, batch=None)
+  the gradients' sums still are (with a copy of the weights per replica
+  and with one they share), and epl-plan says what it left out."""
+  result = _rewrite({"cluster.num_cpu_devices": 2,
+                     "communication.shared_weights": shared}, batch=None)
   assert any(d.unknown for d in traffic.count(result))
   assert _row(result, traffic.ALL_REDUCE).ratio == 1
+  assert traffic.shares_weights(result) is shared
   assert "are not counted: the counts are low" in "\n".join(
       traffic.lines(result))
 
@@ -385,16 +425,19 @@ def _local(device):
 
 @pytest.mark.parametrize("config, model, default_strategy", [
     ({}, training.four_equal_layers, True),
+    ({"communication.shared_weights": False}, training.four_equal_layers,
+     True),
     ({"zero.level": "v1"}, training.four_equal_layers, True),
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
      training.staged_model(), False),
     ({"pipeline.num_micro_batch": 2, "cluster.num_cpu_devices": 2},
      training.tied_stages, False)],
-                         ids=["local_sums", "zero_v1", "pipeline", "tied"])
+                         ids=["shared_weights", "local_sums", "zero_v1",
+                              "pipeline", "tied"])
 def test_counts_are_what_tensorflow_sends(config, model, default_strategy):
   """Every transfer counted is one TensorFlow's partitioner makes when
   the step runs, byte for byte per device (these layouts use no
-  collective op)."""
+  collective op; a shared read is a _Send/_Recv pair too)."""
   sent, received, result = _partitioned_sends(config, model,
                                               default_strategy)
   counts = traffic.count(result)

@@ -24,7 +24,8 @@ micro-batch).
   reduce-scatter, its copy of a variable's value to the other replicas or
   of shards (or the weight joined from them) to their reader all-gather; the offload pass's are host; one
   between a replica's forward, backward and update ops of different
-  stages is pipeline; an input read's is input; the rest other.
+  stages is pipeline; an input read's is input; under shared weights, a
+  replica's read of replica 0's weights is a shared read; the rest other.
 
 The formulas (`formulas`), bytes a device sends per step (received
 alike), with N replicas, G and W the gradient and weight bytes of the
@@ -42,6 +43,12 @@ device's stage, M micro-batches:
   others). A kernel whose shard gradients v3's plan makes from the
   replicas' activations (`gradient_shards`) sends those instead of its
   rows: (N-1)·R·(in/N + out) elements, R a replica's rows a step.
+- shared weights (`decisions.Weights.SHARED`): each replica sends its
+  gradient G to the device that sums it, and each sum not on replica 0's
+  device sends the mean to the one update there: G per device, G - G_0
+  from replica 0's (G_0: the gradients summed there). Replica 0's device
+  sends its weights to the N-1 other replicas, (N-1)·W: a shared read,
+  which one process hands over without a copy (shown, not traffic).
 - pipeline: per micro-batch, a stage's boundary activations A forward
   and the gradients of those a gradient flows through back; a weight
   another stage reads, once a step each way: M·A + 2·W_shared (M times
@@ -85,8 +92,12 @@ PIPELINE = "pipeline"
 HOST = "host"
 INPUT = "input"
 OTHER = "other"
+# Under shared weights, the other replicas' reads of replica 0's weights:
+# a _Send/_Recv pair each, which within one process hands the reader the
+# same buffer (no bytes move): shown, and not traffic.
+SHARED_READ = "shared read (no copy)"
 KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST,
-         PIPELINE, HOST, INPUT, OTHER)
+         PIPELINE, HOST, INPUT, OTHER, SHARED_READ)
 
 # Collective op type -> (kind, bytes each member sends for a payload of 1
 # byte in a group of n, bytes it receives).
@@ -249,6 +260,18 @@ def _made_of_weights(op):
       _made_of_weights(i) for i in inputs)
 
 
+def shares_weights(result):
+  """Whether the replicas of `result` read one copy of every trained
+  variable (`decisions.Weights.SHARED`, as the rewrite built it: no
+  replica but replica 0 has a copy of its own)."""
+  if len(result.context.replicas) < 2:
+    return False
+  variables = [v for _, v in memory_estimate.trained_points(result)]
+  return bool(variables) and all(
+      result.copies.op(local, v) is v for v in variables
+      for local in range(1, len(result.context.replicas)))
+
+
 def transfer_kind(result, transfer):
   """The kind of cross-device Transfer `transfer` of the rewritten step."""
   state = result.context.state
@@ -263,6 +286,8 @@ def transfer_kind(result, transfer):
     return ALL_REDUCE
   if built & _OWNER_PASSES:
     return ALL_GATHER if _made_of_weights(producer) else REDUCE_SCATTER
+  if _reads_variable(producer) and shares_weights(result):
+    return SHARED_READ
   # From the forward or backward ops of one replica's stage to another
   # stage's (its update, for a weight two stages read): no pass of the
   # rewrite moves those between replicas.
@@ -393,6 +418,42 @@ def _activation_shards(result):
     delta[result.context.taskgraph_index(variable)] += (
         route.from_activations - rows * gradient)
   return delta
+
+
+def _summed_on(result, device):
+  """Bytes of the trained gradients whose local sum runs on `device` (the
+  local sums rotate the member that sums)."""
+  placement, sums = transfers.Placement(), 0
+  provenance = result.context.state.provenance
+  for grad, variable in memory_estimate.trained_points(result):
+    tensor = tensors_of(grad)[0]
+    adds = [op for op in tensor.consumers()
+            if provenance.pass_of(op) in _SUM_PASSES]
+    if adds and placement(adds[0]) == device:
+      sums += memory_estimate.unsharded_elements(result, variable) * (
+          tensor.dtype.base_dtype.size)
+  return sums
+
+
+def _shared_weights(result):
+  """({device: {kind: bytes sent per step}}, {kind: formula text}) of the
+  replicas' one copy of the weights (`shares_weights`): each replica sends
+  its gradient to the device that sums it, and each sum but those on
+  replica 0's device sends the mean to the one update there (no mean goes
+  back to the replicas): G per device, G - G_0 from replica 0's, where
+  G_0 is summed. Replica 0's device sends its weights to the N-1 others,
+  which read them without a copy: (N-1)*W there."""
+  ctx, plan = result.context, result.plan
+  stage = stage_bytes(result).get(0, StageBytes())
+  update = transfers.canonical_device(plan.device(ctx.replicas[0], 0))
+  expected = collections.defaultdict(collections.Counter)
+  for replica in ctx.replicas:
+    expected[transfers.canonical_device(plan.device(replica, 0))][
+        ALL_REDUCE] += stage.gradients
+  expected[update][ALL_REDUCE] -= _summed_on(result, update)
+  expected[update][SHARED_READ] += (len(ctx.replicas) - 1) * stage.weights
+  return expected, {ALL_REDUCE: "G; replica 0: G-G_0 (shared weights)",
+                    SHARED_READ: "(N-1)*W from replica 0"}
 
 
 @dataclasses.dataclass
@@ -543,7 +604,8 @@ def formulas(result, roots=None):
   """({device: {kind: bytes sent per step}}, {kind: formula text}) of
   the layout of RewriteResult `result` (see the module's formulas)."""
   plan, ctx = result.plan, result.context
-  synchronisation = _synchronisation(result)
+  shared = shares_weights(result)
+  synchronisation = {} if shared else _synchronisation(result)
   found = _boundaries(result)
   texts = dict(_pipeline_text(result, found),
                **{kind: text for kind, (_, _, text)
@@ -566,6 +628,11 @@ def formulas(result, roots=None):
         expected[device][kind] += gradients * sent + weights * sizes.weights
       expected[device][PIPELINE] += pipeline.get(stage, 0)
       expected[device][REDUCE_SCATTER] += activations.get(stage, 0)
+  if shared:
+    sums, sum_texts = _shared_weights(result)
+    texts.update(sum_texts)
+    for device, kinds in sums.items():
+      expected[device].update(kinds)
   ops = transfers.step_ops(roots or step_roots(result))
   split, unknown = _split_collectives(result, ops)
   term = "split" + (" (less %d of unknown size)" % unknown if unknown
@@ -625,11 +692,16 @@ def persistent(result, estimates=None):
       level, s.parameters, len(result.context.replicas), s.weight_bytes,
       s.gradient_bytes, s.optimizer_bytes, plan.num_micro_batch)
              for s in memory_estimate.zero_parameters(result)}
+  # Shared weights: replica 0's device holds the weights and the
+  # optimizer state once; every replica its own gradients.
+  gradients = {s.stage: s.gradient_bytes * s.parameters
+               for s in memory_estimate.zero_parameters(result)}
+  shared = shares_weights(result)
   expected = collections.Counter()
-  for replica in result.context.replicas:
+  for local, replica in enumerate(result.context.replicas):
     for stage in sorted(set(range(len(plan.taskgraphs))) & set(formula)):
       expected[transfers.canonical_device(plan.device(replica, stage))] += (
-          formula[stage])
+          gradients[stage] if shared and local else formula[stage])
   return [(e.device, e.parameters + e.gradients + e.optimizer_state,
            expected[e.device]) for e in estimates if e.device in expected]
 
@@ -659,6 +731,10 @@ def lines(result, estimates=None):
                 "the activation rows (R a replica's, a step) that make the "
                 "shard gradients of each kernel [in, out] v3 makes from "
                 "activations (the 'v3 gradient shards' lines)")
+  if any(c.sent.get(SHARED_READ) for c in counts):
+    text.append("    shared read (no copy): the replicas read replica 0's "
+                "weights in this process's memory, handed over without a "
+                "copy: not traffic.")
   unknown = sum(c.unknown for c in counts)
   if unknown:
     text.append("    WARNING: %d transfer(s) and collective(s) have no "
