@@ -46,22 +46,23 @@ def record(env, layer):
   if strategy is None:
     return
   known_env, known = _recorded.get(layer, (None, None))
-  if known_env is env and known is not None and known is not strategy:
+  # Scopes of one name are one TaskGraph (a subclassed model's call
+  # opens a new scope object of the same name at each call).
+  if known_env is env and known is not None and known.name != strategy.name:
     raise LayerInTwoScopes(
-        "Keras layer %r is called in %r and in %r before the step is "
-        "traced; its weights can belong to one scope only. Use one layer "
-        "per scope (a separate layer object in each stage), or open the "
-        "scopes inside a subclassed model's call." % (
+        "Keras layer %r is called in %r and in %r; its weights can "
+        "belong to one scope only. Make a separate layer object for each "
+        "scope." % (
             layer.name, known, strategy))
   _recorded[layer] = (env, strategy)
 
 
 def _strategies(env):
-  """The distinct strategies recorded under `env`, in no order."""
+  """The strategies of distinct names recorded under `env`."""
   found = {}
   for layer_env, strategy in list(_recorded.values()):
-    if layer_env is env and strategy is not None:
-      found[id(strategy)] = strategy
+    if layer_env is env:
+      found[strategy.name] = strategy
   return list(found.values())
 
 
@@ -71,8 +72,7 @@ def scope_for_traced_call(env, layer):
   one holds the call, as it holds any op) or the model was built in one
   replicate scope alone."""
   known_env, strategy = _recorded.get(layer, (None, None))
-  if (known_env is not env or strategy is None or
-      env.active_strategy is not None):
+  if known_env is not env or env.active_strategy is not None:
     return contextlib.nullcontext()
   strategies = _strategies(env)
   if len(strategies) == 1 and isinstance(strategy, Replicate):
