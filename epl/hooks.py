@@ -31,6 +31,11 @@ capture, planning, the rewrite, the runtime and the tools together.
   (`epl.runtime.traced_function`); Keras 2's `Model.make_train_function`
   makes `Model.fit` call such a step with each batch's tensors
   (`epl.runtime.keras_fit`).
+- Keras 2's `Layer.__call__` with eager execution on: a layer called
+  eagerly inside a strategy scope (as a functional model is built)
+  records the scope, and is called inside it again when a traced step
+  calls it
+  (`epl.capture.layer_scopes`).
 - Keras 2 in graph mode (TF1 scripts, `epl.runtime.keras_graph_fit`):
   `training_v1.Model.compile` and `_make_train_function` (behind `fit`
   and `train_on_batch`) build the loss, metrics and optimizer step count
@@ -111,6 +116,7 @@ from epl import user_warnings
 from epl.capture import capture
 from epl.capture import graph_mode
 from epl.capture import io_slicing
+from epl.capture import layer_scopes
 from epl.capture import traced_step
 from epl.env import active
 from epl.ir.phase import Phase
@@ -476,6 +482,21 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
 
 
+def _layer_call(original, layer, *args, **kwargs):
+  """Layer.__call__ of Keras 2 with eager execution on: records the scope
+  a layer is called in eagerly (a functional model is built so), and
+  calls the layer in a traced step inside that scope
+  (`epl.capture.layer_scopes`)."""
+  env = active()
+  if env is None or not tf.compat.v1.executing_eagerly_outside_functions():
+    return original(layer, *args, **kwargs)
+  if tf.executing_eagerly():
+    layer_scopes.record(env, layer)
+    return original(layer, *args, **kwargs)
+  with layer_scopes.scope_for_traced_call(env, layer):
+    return original(layer, *args, **kwargs)
+
+
 _HOOKS = (
     (targets.CREATE_OP, _create_op_helper),
     (targets.GRADIENTS, _gradients_helper),
@@ -532,6 +553,8 @@ def _keras_hooks():
     hooks.append((found.v1_dense, _split_lowering("dense")))
   if found.dense_call is not None:
     hooks.append((found.dense_call, _dense_layer_call))
+  if found.layer_call is not None:
+    hooks.append((found.layer_call, _layer_call))
   hooks.extend((target, _keras3_training) for target in found.keras3_training)
   if found.make_train_function is not None:
     hooks.append((found.make_train_function, _make_train_function))

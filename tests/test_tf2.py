@@ -58,6 +58,20 @@ def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    # Layers called in two stage scopes while the model is built: the
+    # traced step calls them in those stages (2 x 2 replicas x 4).
+    ("functional_pipeline", "TF2_FUNCTIONAL_PIPELINE_OK"),
+    ("sequential_pipeline", "TF2_FUNCTIONAL_PIPELINE_OK Sequential"),
+    # Built in one replicate(1) scope: data parallel, as before.
+    ("functional_in_one_scope", "TF2_FUNCTIONAL_DP_OK"),
+])
+def test_functional_model_built_in_scopes_matches_single_device(scenario,
+                                                                says):
+  assert says in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 
@@ -82,6 +96,12 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                                  "built for a traced TF2 step yet"),
     ("fit_pipeline_refused", "reads its whole batch outside the "
                              "micro-batches of its model"),
+    ("functional_fit_pipeline_refused", "reads its whole batch outside the "
+                                        "micro-batches of its model"),
+    ("functional_layer_in_two_stages_refused",
+     "Keras layer 'dense' is called in epl.replicate(device_count=1, "
+     "name='stage_0') and in epl.replicate(device_count=1, "
+     "name='stage_1')"),
     ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
     ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
                               "step that opens no strategy scope is "

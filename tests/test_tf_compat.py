@@ -825,6 +825,31 @@ def test_keras_graph_mode_targets_are_what_fit_runs(calls):
   assert len(compiled) == 1 and len(made) == 1
 
 
+@contract("keras.targets")
+def test_keras_layer_call_target_is_how_functional_models_call_layers():
+  # With eager execution on (a fresh process: this one runs in graph
+  # mode), a functional model is built by calling its layers through
+  # layer_call, and its call in a traced function calls them through it
+  # again.
+  done = _python(
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import keras\n"
+      "owner, name = keras.targets().layer_call\n"
+      "original, seen = getattr(owner, name), []\n"
+      "def spy(layer, *args, **kwargs):\n"
+      "  seen.append(type(layer).__name__)\n"
+      "  return original(layer, *args, **kwargs)\n"
+      "setattr(owner, name, spy)\n"
+      "inputs = tf.keras.Input((2,))\n"
+      "model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))\n"
+      "built, seen[:] = list(seen), []\n"
+      "tf.function(model)(tf.ones((1, 2)))\n"
+      "print('built', built, 'traced', sorted(set(seen)))\n")
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "built ['Dense'] traced ['Dense', 'Functional']" in done.stdout, (
+      done.stdout)
+
+
 @contract("keras.graph_function_step", "keras.set_graph_function_callable",
           "keras.is_keras_session", "keras.set_session")
 def test_keras_backend_function_runs_the_callable_it_is_given():

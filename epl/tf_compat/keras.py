@@ -73,6 +73,10 @@ class KerasTargets:
   # Keras 2's holder of the session its graph-mode functions run in (its
   # `.session`), or None.
   session_holder: object = None
+  # (Layer, "__call__") of Keras 2's v2 base layer, or None: how every
+  # layer of a model is called, when a functional model is built on Keras
+  # tensors and when its `call` calls the layers in a traced step.
+  layer_call: tuple = None
 
   @property
   def dense_class(self):
@@ -152,6 +156,7 @@ def targets():
           (v1_model, "_make_train_function") if v1_model else None),
       v1_compile=(v1_model, "compile") if v1_model else None,
       session_holder=session_holder,
+      layer_call=(layers[0], "__call__") if layers[0] else None,
       graph_function_callable=(
           (graph_function, "_make_callable") if graph_function else None),
       problem=problem)

@@ -26,7 +26,15 @@ conftest switched it off) and reads what they print.
 - recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
   with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
-- eager_tape_refused, fit_run_eagerly_refused, split_scope_refused,
+- functional_pipeline: a functional model whose layers are called in two
+  stage scopes while it is built (eagerly, before the step is traced)
+  trains as those 2 stages x 2 replicas x 4 micro-batches, equal to the
+  same script without EPL; sequential_pipeline: the same with a
+  Sequential model whose layers are added in them. functional_in_one_scope: one built inside a
+  single `epl.replicate(1)` scope trains data parallel, equal too.
+- functional_layer_in_two_stages_refused, functional_fit_pipeline_refused,
+  eager_tape_refused,
+  fit_run_eagerly_refused, split_scope_refused,
   zero_in_pipeline_refused, fit_pipeline_refused, uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import contextlib
@@ -285,6 +293,97 @@ def zero_in_pipeline():
   dealt = [line for line in logged if "variables dealt to 2 replicas" in line]
   assert len(dealt) == 2, logged
   print("TF2_ZERO_OK %s" % dealt[0])
+
+
+def _functional_model(scopes, sequential=False):
+  """A functional Keras model whose two layers are called in `scopes`
+  (stage scopes, one scope twice, or none) while it is built, with the
+  same seeded weights with and without EPL; or a Sequential model with
+  an input whose layers are added in them."""
+  seeded = tf.keras.initializers.GlorotUniform
+  layers = [tf.keras.layers.Dense(16, activation="tanh",
+                                  kernel_initializer=seeded(seed=1)),
+            tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=2))]
+  if sequential:
+    model = tf.keras.Sequential([tf.keras.Input((8,))])
+    for scope, layer in zip(scopes, layers):
+      with scope:
+        model.add(layer)
+    return model
+  outputs = inputs = tf.keras.Input((8,))
+  for scope, layer in zip(scopes, layers):
+    with scope:
+      outputs = layer(outputs)
+  return tf.keras.Model(inputs, outputs)
+
+
+def _no_scopes():
+  return [contextlib.nullcontext(), contextlib.nullcontext()]
+
+
+def functional_pipeline(sequential=False):
+  """A functional model whose layers were called in two stage scopes while
+  it was built: the traced step calls them in those stages (2 stages x 2
+  replicas x 4 micro-batches through the engine), equal to plain TF."""
+  _init(micro_batches=4, default_strategy=False)
+  logged = _Logged()
+  model, loss = _train("adam", _functional_model(
+      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")],
+      sequential))
+  epl.shutdown()
+  expected, expected_loss = _train("adam", _functional_model(_no_scopes(),
+                                                             sequential))
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  engine = [line for line in logged.lines if "EPL's engine" in line]
+  assert engine and "stage_1" in engine[0], logged.lines
+  print("TF2_FUNCTIONAL_PIPELINE_OK %s stages=2 replicas=2 "
+        "micro_batches=4 loss=%.6f %s" % (type(model).__name__, loss,
+                                          engine[0]))
+
+
+def sequential_pipeline():
+  """The same with a Sequential model whose layers are added in the
+  stage scopes."""
+  functional_pipeline(sequential=True)
+
+
+def functional_in_one_scope():
+  """A functional model built inside one `epl.replicate(1)` scope (and
+  the default strategy set, as the issue's scripts do) trains data
+  parallel (4 replicas, the data-parallel rewrite), equal to plain TF."""
+  _init()
+  logged = _Logged()
+  scope = epl.replicate(1)
+  model, loss = _train("adam", _functional_model([scope, scope]))
+  epl.shutdown()
+  expected, expected_loss = _train("adam", _functional_model(_no_scopes()))
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  assert not any("EPL's engine" in line for line in logged.lines)
+  print("TF2_FUNCTIONAL_DP_OK loss=%.6f" % loss)
+
+
+def functional_layer_in_two_stages_refused():
+  """One layer object called in two stage scopes while models are built."""
+  def run():
+    shared = tf.keras.layers.Dense(8)
+    inputs = tf.keras.Input((8,))
+    with epl.replicate(1, name="stage_0"):
+      hidden = shared(inputs)
+    with epl.replicate(1, name="stage_1"):
+      shared(hidden)
+  _refused(run, micro_batches=4, default_strategy=False)
+
+
+def functional_fit_pipeline_refused():
+  """Keras fit of a functional model built in stage scopes: refused as the
+  subclassed one is (not trained data parallel)."""
+  _refused(lambda: _fit(_functional_model(
+      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
+           micro_batches=4, default_strategy=False)
 
 
 def fit_pipeline_refused():
