@@ -141,6 +141,13 @@ def test_zero_v1_with_one_trained_variable(optimizer, micro_batches):
                                    ["w/Adam", "w/Adam_1"])
 
 
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2"])
+@pytest.mark.parametrize("level", ["v0", "v1", "v2", "v3"])
+def test_zero_with_one_trained_variable_and_data_parallel(layout, level):
+  _check(layout, "adam", {"zero.level": level, "zero.min_partition_size": 0},
+         model=training.one_variable_model)
+
+
 # zero.level v3 partitioning every variable of the small test models.
 V3 = {"zero.level": "v3", "zero.min_partition_size": 0}
 

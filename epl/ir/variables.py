@@ -10,7 +10,8 @@ TensorFlow's own structure, never by their names.
   `apply_gradients` ran (recorded by capture in `GraphState.slot_owners`).
 - Its gradients are the captured gradient records (`GraphState`).
 - Its update is the ops `apply_gradients` built for it alone: the apply
-  ops whose data flow touches that variable and no other (`updates_of`).
+  ops whose data flow touches that variable and no other, and of the
+  variables among them its slots only (`updates_of`).
 """
 import tensorflow as tf
 
