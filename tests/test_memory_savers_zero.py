@@ -115,6 +115,39 @@ def test_zero_v2_matches_single_device(layout, optimizer):
   _check(layout, optimizer, {"zero.level": "v2"})
 
 
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_zero_v1_with_one_trained_variable(optimizer, micro_batches):
+  # tied_stages trains one variable, w, on stage 0; the optimizer joins
+  # stage 1. Adam's beta1_power and beta2_power are then read by w's update
+  # alone, yet each replica's finish multiplies them: they stay one per
+  # replica (not w's state, on w's owner, stepped by both replicas).
+  config = {"cluster.num_cpu_devices": 4,
+            "pipeline.num_micro_batch": micro_batches, "zero.level": "v1"}
+  expected, _, _ = training.train(
+      training.tied_stages, optimizer,
+      batch_size=MICRO * micro_batches * 2, with_epl=False)
+  actual, _, graph = training.train(
+      training.tied_stages, optimizer, batch_size=MICRO,
+      default_strategy=False, config=config)
+  training.assert_close(actual, expected)
+  powers = sorted(op.name for op in graph.get_operations()
+                  if op.type in VARIABLE_TYPES and "_power" in op.name)
+  assert powers == ([] if optimizer == "momentum" else [
+      "EPL_REPLICA_1/beta1_power", "EPL_REPLICA_1/beta2_power",
+      "beta1_power", "beta2_power"])
+  # w's own slots still exist once, on its owner.
+  assert sorted(_slots(graph)) == ([] if optimizer == "momentum" else
+                                   ["w/Adam", "w/Adam_1"])
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp4_micro2"])
+@pytest.mark.parametrize("level", ["v0", "v1", "v2", "v3"])
+def test_zero_with_one_trained_variable_and_data_parallel(layout, level):
+  _check(layout, "adam", {"zero.level": level, "zero.min_partition_size": 0},
+         model=training.one_variable_model)
+
+
 # zero.level v3 partitioning every variable of the small test models.
 V3 = {"zero.level": "v3", "zero.min_partition_size": 0}
 

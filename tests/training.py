@@ -66,6 +66,15 @@ def get_variable_model(x):
   return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2)
 
 
+def one_variable_model(x):
+  """x W, W [8, 1]: one trained variable, so the optimizer's shared values
+  (Adam's beta powers) are read by W's update alone."""
+  weight = tf.compat.v1.get_variable(
+      "w", [FEATURES, 1],
+      initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+  return tf.matmul(x, weight)
+
+
 def four_equal_layers(x):
   """Four 8x8 weights: a size-balanced partition gives each of 4 replicas
   exactly one."""

@@ -10,7 +10,8 @@ TensorFlow's own structure, never by their names.
   `apply_gradients` ran (recorded by capture in `GraphState.slot_owners`).
 - Its gradients are the captured gradient records (`GraphState`).
 - Its update is the ops `apply_gradients` built for it alone: the apply
-  ops whose data flow touches that variable and no other (`updates_of`).
+  ops whose data flow touches that variable and no other, and of the
+  variables among them its slots only (`updates_of`).
 """
 import tensorflow as tf
 
@@ -113,5 +114,20 @@ def updates_of(apply_ops, gradient_pairs, trained):
     for tensor in tensors:
       gradient_owner[tensor.name] = variable.name
   labels = _touched(apply_ops, gradient_owner, trained)
-  return {name: [op for op in apply_ops if labels[op.name] == {name}]
+  return {name: [op for op in apply_ops if labels[op.name] == {name} and
+                 _part_of_update(op, name)]
           for name in trained}
+
+
+def _part_of_update(op, name):
+  """Whether `op`, an apply op touching trained variable `name` alone,
+  belongs to its update: any op but a variable that is not one of its
+  slots. A variable the optimizer keeps for everything it applies (Adam's
+  beta1_power, beta2_power) is read by one update only when one variable
+  is trained, but the optimizer's finish (beta1_power *= beta1) writes it
+  outside every update: the variable stays with that finish, one per
+  replica, as when several updates read it."""
+  if op.type not in VARIABLE_TYPES:
+    return True
+  owner = slot_owner(op)
+  return owner is not None and owner.name == name
