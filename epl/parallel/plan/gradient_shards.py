@@ -95,7 +95,8 @@ def route(shape, grad, update, plan):
     return GradientRoute(Decision(GradientShards.FROM_GRADIENTS, recast),
                          from_gradients, None)
   x, dy = product[0].inputs
-  rows = x.shape[0] if x.shape.rank == 2 else None
+  # as_list: a plain int or None also under TF1 behaviour (Dimension).
+  rows = x.shape.as_list()[0] if x.shape.rank == 2 else None
   if rows is None:
     return GradientRoute(Decision(
         GradientShards.FROM_ACTIVATIONS, "its batch size is not static, so "
