@@ -55,9 +55,17 @@ def measure(graph):
         "(from %r), whose bytes are not known (shape %s, dtype %s)%s. Give "
         "it a static shape (batch the input with drop_remainder=True), or "
         "give the budget as a fraction of 1F1B's (e.g. 0.5)." % (
-            unknown[0].name, unknown[0].op.type, unknown[0].shape,
+            unknown[0].name, unknown[0].op.type, _shape_text(unknown[0]),
             unknown[0].dtype.name,
             ", and %d more such tensor(s)" % (len(unknown) - 1)
             if len(unknown) > 1 else ""))
   return [KeptTensor(t.name, sizes[t], frozenset(stages))
           for t, stages in readers.items()]
+
+
+def _shape_text(tensor):
+  """`tensor`'s shape as people read it, "(None, 1)" also under TF1
+  behaviour (whose shapes print "(?, 1)")."""
+  if tensor.shape.rank is None:
+    return "unknown"
+  return str(tuple(tensor.shape.as_list()))
