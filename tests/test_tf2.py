@@ -77,6 +77,12 @@ def test_keras_fit_data_parallel_matches_plain_fit():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["fit_pipeline", "functional_fit_pipeline"])
+def test_keras_fit_pipeline_matches_plain_fit(scenario):
+  assert "TF2_FIT_PIPELINE_OK" in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 def test_functions_that_do_not_train_run_as_traced():
   assert "TF2_EVALUATION_OK" in _run("evaluation_untouched")
 
@@ -94,10 +100,8 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                             "name='head') inside the step"),
     ("zero_in_pipeline_refused", "zero.level 'v3' asked, but they are not "
                                  "built for a traced TF2 step yet"),
-    ("fit_pipeline_refused", "reads its whole batch outside the "
-                             "micro-batches of its model"),
-    ("functional_fit_pipeline_refused", "reads its whole batch outside the "
-                                        "micro-batches of its model"),
+    ("fit_custom_step_pipeline_refused", "reads its whole batch outside "
+                                         "the micro-batches of its model"),
     ("functional_layer_in_two_stages_refused",
      "Keras layer 'dense' is called in epl.replicate(device_count=1, "
      "name='stage_0') and in epl.replicate(device_count=1, "

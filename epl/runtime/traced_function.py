@@ -588,6 +588,17 @@ def call(env, function, original, args, kwargs):
   return step(_flat_tensor_arguments(concrete, args, kwargs))
 
 
+def opens_strategy_scopes(function, args):
+  """Whether tf.function `function`, traced for `args` (a whole batch: the
+  trace `_engine_call` makes, kept for the call), is a training step that
+  opens strategy scopes, which EPL's engine runs."""
+  whole_args = tf.nest.map_structure(
+      lambda value: _replica_spec(value, None), args)
+  traced = traced_step.step_of(
+      function.get_concrete_function(*whole_args).graph)
+  return traced is not None and bool(traced.strategies)
+
+
 def _engine_call(env, function, name, args, kwargs):
   """Calls `function`, a training step that opens strategy scopes, as
   EPL's engine rewrites it (epl.runtime.traced_engine)."""
@@ -604,10 +615,11 @@ def _engine_call(env, function, name, args, kwargs):
       raise NotSupportedInTracedStep(
           "tf.function %s opens strategy scopes and reads its whole batch "
           "outside the micro-batches of its model (%s: a metric's update, "
-          "as Keras Model.fit's train step makes); EPL's engine divides the "
-          "batch among the stages' micro-batches only. Compute what reads "
-          "the batch (the loss) in the step itself, or train with a "
-          "tf.function step in an eager loop (docs/tf2.md)." % (
+          "as a Keras train_step of the model's own makes); EPL's engine "
+          "divides the batch among the stages' micro-batches only. Compute "
+          "what reads the batch (the loss) in the step itself, keep Keras' "
+          "own Model.train_step, or train with a tf.function step in an "
+          "eager loop (docs/tf2.md)." % (
               name, ", ".join(step.whole_batch_readers[:3])))
     _rewritten[concrete.graph] = step
   return step(_flat_tensor_arguments(concrete, args, kwargs))

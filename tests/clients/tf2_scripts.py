@@ -32,10 +32,14 @@ conftest switched it off) and reads what they print.
   same script without EPL; sequential_pipeline: the same with a
   Sequential model whose layers are added in them. functional_in_one_scope: one built inside a
   single `epl.replicate(1)` scope trains data parallel, equal too.
-- functional_layer_in_two_stages_refused, functional_fit_pipeline_refused,
-  eager_tape_refused,
+- fit_pipeline, functional_fit_pipeline: Keras fit (Adam, mse, mae) of a
+  model in 2 stages x 2 replicas x 4 micro-batches (subclassed, whose call
+  opens the stages; functional, built in them) equals plain fit: weights,
+  each epoch's loss and mae.
+- functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_scope_refused,
-  zero_in_pipeline_refused, fit_pipeline_refused, uneven_batch_refused: each raises EPL's error, which is printed.
+  zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
+  uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import contextlib
 import logging
@@ -378,21 +382,52 @@ def functional_layer_in_two_stages_refused():
   _refused(run, micro_batches=4, default_strategy=False)
 
 
-def functional_fit_pipeline_refused():
-  """Keras fit of a functional model built in stage scopes: refused as the
-  subclassed one is (not trained data parallel)."""
-  _refused(lambda: _fit(_functional_model(
+def fit_pipeline(functional=False):
+  """Keras fit (Adam, mse, an mae metric, 2 epochs of 5 steps) of a model
+  in 2 stages x 2 replicas x 4 micro-batches, subclassed (its call opens
+  the stages) or functional (built in them), equals plain fit: weights,
+  and the loss and mae of each epoch (the whole batch's)."""
+  _init(micro_batches=4, default_strategy=False)
+  logged = _Logged()
+  stages = [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")]
+  weights, history = _fit(_functional_model(stages) if functional
+                          else _TwoStageModel(stages))
+  epl.shutdown()
+  expected_weights, expected_history = _fit(
+      _functional_model(_no_scopes()) if functional else _TwoStageModel())
+  for actual, expected in zip(weights, expected_weights):
+    tolerance.assert_equivalent(actual, expected)
+  for key in ("loss", "mae"):
+    tolerance.assert_equivalent(np.array(history[key]),
+                                np.array(expected_history[key]))
+  engine = [line for line in logged.lines if "EPL's engine" in line]
+  assert engine and "stage_1" in engine[0], logged.lines
+  print("TF2_FIT_PIPELINE_OK functional=%s stages=2 replicas=2 "
+        "micro_batches=4 loss=%s mae=%s" % (functional, history["loss"],
+                                            history["mae"]))
+
+
+class _CustomStepModel(_TwoStageModel):
+  """A model in two stages whose train_step is its own."""
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = self.compute_loss(x, y, self(x, training=True))
+    self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+    return {"loss": loss}
+
+
+def functional_fit_pipeline():
+  fit_pipeline(functional=True)
+
+
+def fit_custom_step_pipeline_refused():
+  """Keras fit of a model in stages whose own train_step updates the
+  metrics with the whole batch, outside the micro-batches."""
+  _refused(lambda: _fit(_CustomStepModel(
       [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
            micro_batches=4, default_strategy=False)
-
-
-def fit_pipeline_refused():
-  """Keras fit of a model whose call opens stages: its train step updates
-  metrics on the whole batch, outside the micro-batches."""
-  def run():
-    _fit(_TwoStageModel([epl.replicate(1, name="stage_0"),
-                         epl.replicate(1, name="stage_1")]))
-  _refused(run, micro_batches=4, default_strategy=False)
 
 
 def zero_in_pipeline_refused():
