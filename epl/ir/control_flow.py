@@ -61,6 +61,14 @@ def in_loop(op):
   return while_context(op) is not None
 
 
+def in_cond_branch(op):
+  """Whether `op` runs in a branch of a v1 cond (the innermost context
+  around it is a cond's, not a loop's): a step runs it only when its
+  branch is taken."""
+  context = context_of(op)
+  return context is not None and while_context(op) is not context
+
+
 def value_in_loop(tensor):
   """Whether `tensor` is a value of a v1 while-loop's iterations (a loop's
   Exit hands its value out of the loop)."""

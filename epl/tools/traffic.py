@@ -16,7 +16,9 @@ micro-batch).
   algorithm's, sent and received alike by each member: ring all-reduce
   2(N-1)/N·P, all-gather (N-1)·P, all-to-all and reduce-scatter
   (N-1)/N·P; a broadcast's root sends (N-1)·P, each other member receives
-  P. A collective inside a condition counts as if it ran.
+  P. A collective in a condition's branch (the float16 all-reduce's
+  float32 resend, on a step whose float16 sum overflowed) is not counted:
+  a step runs it only when the branch is taken.
 - Every other transfer is a cross-device edge (`epl.ir.transfers`: one
   per tensor and receiving device, devices as TensorFlow's placer sets
   them), its kind from the provenance of its ends: a local sum's is
@@ -310,7 +312,8 @@ def count(result, roots=None):
   sizes, placement = _Sizes(result), transfers.Placement(devices.host)
   ops = transfers.step_ops(roots or step_roots(result))
   for op in ops:
-    if op.type in COLLECTIVE_TYPES or op.type in _HOROVOD_TYPES:
+    if ((op.type in COLLECTIVE_TYPES or op.type in _HOROVOD_TYPES) and
+        not control_flow.in_cond_branch(op)):
       _count_collective(result, op, devices, sizes)
   for transfer in transfers.cross_device_transfers(ops, placement):
     size = sizes(transfer.tensor)

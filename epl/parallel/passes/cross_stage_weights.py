@@ -28,15 +28,29 @@ def _applies(ctx):
       CrossStageWeights.ONCE_A_STEP)
 
 
+def _used_on_another_device(read, names):
+  """Whether the value of variable read `read` is used on another device
+  than the variable's: the read is there (a resource variable's
+  ReadVariableOp, made where its reader is), or one of its consumers
+  among `names` is (a reference variable's Identity, which TensorFlow
+  colocates with the variable and every reader shares)."""
+  where = _device(read.inputs[0].op)
+  return _device(read) != where or any(
+      _device(consumer) != where for consumer in read.outputs[0].consumers()
+      if consumer.name in names)
+
+
 def reads_of_other_devices(ctx, ops):
   """{name: op} of the reads among `ops` (replica 0's, placed) of a
-  variable on another device: every micro-batch reads them as they are."""
+  variable whose value is used on another device: every micro-batch
+  reads them as they are, so the value crosses once a step."""
   if not _applies(ctx):
     return {}
+  names = {op.name for op in ops}
   return {op.name: op for op in ops
           if op.type in VARIABLE_READ_TYPES and op.inputs and
           op.inputs[0].op.type in VARIABLE_TYPES and
-          _device(op) != _device(op.inputs[0].op)}
+          _used_on_another_device(op, names)}
 
 
 def _sum_device(grad, readers):
