@@ -31,9 +31,13 @@ def _normalized_blocks(x, blocks=4, width=16):
 
 def _rewritten_graph(micro_batches=MICRO_BATCHES, accumulation="copies",
                      model=training.layers_model):
+  # A copy of the weights per replica in every run: shared weights (one
+  # host's CPUs) apply with one micro-batch only, and would make the 8x1
+  # graph a different layout from the 8x4 one it is compared with.
   epl.init(epl.Config({"cluster.num_cpu_devices": REPLICAS,
                        "pipeline.num_micro_batch": micro_batches,
-                       "pipeline.accumulation": accumulation}))
+                       "pipeline.accumulation": accumulation,
+                       "communication.shared_weights": False}))
   epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
   with graph.as_default():
