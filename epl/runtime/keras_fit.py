@@ -35,18 +35,7 @@ def make_train_function(original, model, force=False):
   if model.train_function is not None and not force:
     return model.train_function
   what = "Model.fit of %s" % model.name
-  if model.run_eagerly:
-    raise NotSupportedInTracedStep(
-        "%s runs eagerly (run_eagerly=True): EPL parallelises the traced "
-        "step only; compile the model without run_eagerly." % what)
-  if keras.steps_per_execution(model) != 1:
-    raise NotSupportedInTracedStep(
-        "%s: steps_per_execution %d is not supported under EPL yet; leave "
-        "it 1 (docs/tf2.md)." % (what, keras.steps_per_execution(model)))
-  if tf.distribute.has_strategy():
-    raise NotSupportedInTracedStep(
-        "%s is built in a tf.distribute strategy scope: EPL is the "
-        "strategy; build the model without it." % what)
+  _refuse_unsupported_fit(model, what)
   del original
 
   @tf.function
@@ -92,6 +81,22 @@ def make_train_function(original, model, force=False):
 
   model.train_function = train_function
   return train_function
+
+
+def _refuse_unsupported_fit(model, what):
+  """Raises for the settings of `model`'s fit that EPL does not rewrite."""
+  if model.run_eagerly:
+    raise NotSupportedInTracedStep(
+        "%s runs eagerly (run_eagerly=True): EPL parallelises the traced "
+        "step only; compile the model without run_eagerly." % what)
+  if keras.steps_per_execution(model) != 1:
+    raise NotSupportedInTracedStep(
+        "%s: steps_per_execution %d is not supported under EPL yet; leave "
+        "it 1 (docs/tf2.md)." % (what, keras.steps_per_execution(model)))
+  if tf.distribute.has_strategy():
+    raise NotSupportedInTracedStep(
+        "%s is built in a tf.distribute strategy scope: EPL is the "
+        "strategy; build the model without it." % what)
 
 
 def _unpacked(data):
