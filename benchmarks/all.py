@@ -239,6 +239,17 @@ flat is each process's graph, not its seconds), and BERT-Large 8 x 4
 built and rewritten only. **to step 1 ... x plain** and **x Mirrored:
 lower is better**.""", both_versions=True),
     _section(
+        "tf2_eager_dp", "TF2 eager loop: EPL against MirroredStrategy",
+        ["--steps", "50", "--rounds", "3"], "to step 1", """
+The TF2 script as people write it: an eager loop over a `@tf.function`
+step (GradientTape, a Keras MLP, Keras Adam), the same script under plain
+TF on one device, under `tf.distribute.MirroredStrategy` (its TF2
+anchor) and under EPL data parallel (`epl.init` and
+`epl.set_default_strategy(epl.replicate(1))` added), over 4 logical CPU
+devices, each run a fresh process, rounds alternating. **to step 1: lower
+is better; steps/s, examples/s and the ratios: higher is better**.""",
+        both_versions=True),
+    _section(
         "copies_as_functions", "Copies as function calls", [], "first step",
         """
 Plain TF, no EPL: tiny BERT's forward and backward built once as a
@@ -259,6 +270,7 @@ ANCHORS = """
 | MoE split vs replicated | [Mixture of experts](#mixture-of-experts) | tokens/s (higher), expert bytes (lower) |
 | each memory saver vs none | [Memory savers](#memory-savers), [ZeRO](#zero-offload-grouped-apply) | peak x none (lower) |
 | time to first step vs MirroredStrategy (8 replicas) and plain TF | [Start-up time](#start-up-time) | to step 1 x plain, x Mirrored (lower) |
+| TF2 eager loop under MirroredStrategy and plain TF | [TF2 eager loop](#tf2-eager-loop-epl-against-mirroredstrategy) | steps/s over Mirrored's, plain's (higher); to step 1 (lower) |
 | NVIDIA's TF2 BERT-Large pre-training, AMP, one A100-80GB: 485.6 sequences/s at sequence 128, ~40% MFU | `benchmarks/gpu_check.sh` on one GPU (not on this page's CPUs; about 8 minutes) | examples/s over 485.6, and MFU (higher) |
 """
 

@@ -9,7 +9,7 @@ step (GradientTape, Keras Adam) on a global batch of `--batch` rows. The
 time to the first step runs from building the model to the first step's
 loss; steps/s is over `--steps` steps after it.
 
-    PYTHONPATH=. python benchmarks/tf2_eager_dp.py [--steps 50]
+    python benchmarks/tf2_eager_dp.py [--steps 50] [--smoke]
 """
 import argparse
 import json
@@ -19,6 +19,9 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
 
 MODES = ("epl", "mirrored", "plain")
 
@@ -93,6 +96,42 @@ def _child(args):
                     "steps_per_s": args.steps / (time.perf_counter() - start)}))
 
 
+def _table(args, results):
+  """One row per mode: medians over the rounds (with their range),
+  examples/s, and EPL's ratios against plain TF and MirroredStrategy."""
+  import statistics  # pylint: disable=import-outside-toplevel
+  from benchmarks import verdict  # pylint: disable=import-outside-toplevel
+  median = {mode: {key: statistics.median(r[key] for r in runs)
+                   for key in ("first_step_s", "steps_per_s")}
+            for mode, runs in results.items()}
+  lines = ["MLP %d-%d-10, Keras Adam, global batch %d, %d logical CPU "
+           "devices, %d timed steps after the first, %d rounds (each mode "
+           "a fresh process per round; medians, range in brackets)" % (
+               args.width, args.width, args.batch, args.devices, args.steps,
+               args.rounds),
+           "%-30s %22s %22s %11s %9s %9s  %s" % (
+               "run", "to step 1 (s)", "steps/s", "examples/s",
+               "vs plain", "vs Mirr.", "EPL against Mirrored")]
+  names = {"plain": "TF 1 device", "mirrored": "TF MirroredStrategy",
+           "epl": "EPL DP, %d replicas" % args.devices}
+  for mode in ("plain", "mirrored", "epl"):
+    runs, row = results[mode], median[mode]
+    spans = ["%.2f [%.2f-%.2f]" % (row[key], min(r[key] for r in runs),
+                                   max(r[key] for r in runs))
+             for key in ("first_step_s", "steps_per_s")]
+    speed = row["steps_per_s"]
+    against = verdict.ratio(speed, median["mirrored"]["steps_per_s"])
+    lines.append("%-30s %22s %22s %11.1f %8.2fx %8.2fx  %s" % (
+        names[mode], spans[0], spans[1], speed * args.batch,
+        verdict.ratio(speed, median["plain"]["steps_per_s"]), against,
+        verdict.verdict(against) if mode == "epl" else "-"))
+  first = verdict.ratio(median["epl"]["first_step_s"],
+                        median["mirrored"]["first_step_s"])
+  lines.append("EPL's time to step 1 is %.2fx Mirrored's (lower is better: "
+               "%s)" % (first, verdict.verdict(first, higher_is_better=False)))
+  return "\n".join(lines)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--mode", choices=MODES)
@@ -100,8 +139,12 @@ def main(argv=None):
   parser.add_argument("--batch", type=int, default=512)
   parser.add_argument("--width", type=int, default=512)
   parser.add_argument("--steps", type=int, default=50)
-  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--smoke", action="store_true",
+                      help="2 steps of a 32-wide MLP, one round (seconds)")
   args = parser.parse_args(argv)
+  if args.smoke:
+    args.batch, args.width, args.steps, args.rounds = 32, 32, 2, 1
   if args.mode:
     _child(args)
     return
@@ -109,15 +152,13 @@ def main(argv=None):
   for _ in range(args.rounds):
     for mode in MODES:
       out = subprocess.run(
-          [sys.executable, __file__, "--mode", mode] + [
+          [sys.executable, os.path.abspath(__file__), "--mode", mode] + [
               "--%s=%s" % (k, getattr(args, k))
               for k in ("devices", "batch", "width", "steps")],
-          check=True, capture_output=True, text=True, timeout=600).stdout
+          check=True, capture_output=True, text=True, timeout=600,
+          env=dict(os.environ, PYTHONPATH=ROOT)).stdout
       results[mode].append(json.loads(out.strip().splitlines()[-1]))
-  for mode, runs in results.items():
-    print("%-9s first step %s s   steps/s %s" % (
-        mode, " ".join("%.2f" % r["first_step_s"] for r in runs),
-        " ".join("%.1f" % r["steps_per_s"] for r in runs)))
+  print(_table(args, results))
 
 
 if __name__ == "__main__":
