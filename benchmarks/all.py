@@ -4,6 +4,7 @@ regenerates every figure the documentation shows.
     python -m benchmarks.all                   # the standard sizes
     python -m benchmarks.all --smoke           # every benchmark, seconds each (CI)
     python -m benchmarks.all --only split_head,moe_throughput
+    python -m benchmarks.all --resume run.json # keeps what run.json has done
     make benchmarks                            # both TensorFlow versions
 
 The standard size of each benchmark (`args`) is chosen to say something
@@ -367,17 +368,25 @@ def _cpu_seconds():
       resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def run_sections(sections, pythons, smoke, in_process, timeout):
-  """[{name, python, tf, status, seconds, cpu_seconds, command, output}]
-  of every section on its interpreters."""
+def run_sections(sections, pythons, smoke, in_process, timeout,
+                 done=(), save=lambda results: None):
+  """[{name, python, tf, status, seconds, cpu_seconds, load, command,
+  output}] of every section on its interpreters. Results of `done` (an
+  earlier run's) that succeeded are kept, not run again; `save` gets the
+  results after each benchmark, so that a run cut short can resume."""
   versions = {python: _python_version(python) for python in pythons}
   horovod = {python: _has_horovod(python, versions[python])
              for python in pythons}
+  kept = {(r["name"], r["tf"]): r for r in done
+          if r["status"] in ("ok", "skipped")}
   results = []
   for section in sections:
     for python in pythons if section.both_versions else pythons[:1]:
+      if (section.name, versions[python]) in kept:
+        results.append(kept[section.name, versions[python]])
+        continue
       result = {"name": section.name, "python": python,
-                "tf": versions[python],
+                "tf": versions[python], "load": os.getloadavg()[0],
                 "command": "python " + " ".join(_command(section, smoke))}
       start, cpu_start = time.perf_counter(), _cpu_seconds()
       if section.needs_horovod and not horovod[python]:
@@ -396,6 +405,7 @@ def run_sections(sections, pythons, smoke, in_process, timeout):
           section.name, result["tf"], result["status"], result["seconds"],
           result["cpu_seconds"]), flush=True)
       results.append(result)
+      save(results)
   return results
 
 
@@ -404,9 +414,11 @@ def _machine_line(results):
   return machine.describe(" and ".join(versions))
 
 
-def page(sections, results, smoke, seconds, load):
-  """docs/benchmarks.md's text; `load`: the load averages (1 minute) at
-  the start and the end of the run."""
+def page(sections, results, smoke, load):
+  """docs/benchmarks.md's text; `load`: the load average (1 minute) at
+  the end of the run (each result has the one at its start)."""
+  seconds = sum(r["seconds"] for r in results)
+  load = [results[0].get("load", load) if results else load, load]
   lines = ["# Benchmarks", ""]
   if smoke:
     lines += ["**SMOKE SIZE: these outputs come from `python -m "
@@ -424,7 +436,8 @@ def page(sections, results, smoke, seconds, load):
       % (" --smoke" if smoke else ""), "",
       "- date: %s" % datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
       "- machine: %s" % _machine_line(results),
-      "- whole run: %.0f minutes; load average %.1f at its start and %.1f "
+      "- whole run: %.0f minutes (the benchmarks' times summed); load "
+      "average %.1f at its start and %.1f "
       "at its end on %d cores: above the core count, other jobs shared "
       "the machine, and step times move between runs (by 10-50%% on 2 "
       "shared cores): compare the rows of one table, which ran together, "
@@ -471,6 +484,10 @@ def main(argv=None):
                                                     "benchmarks.md"))
   parser.add_argument("--json", default="",
                       help="also write the results as JSON here")
+  parser.add_argument("--resume", default="",
+                      help="a --json file of an earlier run (cut short, or "
+                      "with failures): its successful results are kept and "
+                      "the rest run; implies --json to the same file")
   parser.add_argument("--timeout", type=int, default=4 * 3600,
                       help="seconds per benchmark")
   args = parser.parse_args(argv)
@@ -490,16 +507,21 @@ def main(argv=None):
     raise SystemExit("--only: unknown benchmarks %s (known: %s)" % (
         sorted(unknown), ", ".join(s.name for s in SECTIONS)))
   sections = [s for s in SECTIONS if not names or s.name in names]
-  start, load = time.perf_counter(), [os.getloadavg()[0]]
+  done = []
+  if args.resume:
+    args.json = args.resume
+    if os.path.exists(args.resume):
+      with open(args.resume) as f:
+        done = json.load(f)
+
+  def save(results):
+    if args.json:
+      with open(args.json, "w") as out:
+        json.dump(results, out, indent=1)
   results = run_sections(sections, pythons, args.smoke, args.in_process,
-                         args.timeout)
-  load.append(os.getloadavg()[0])
+                         args.timeout, done, save)
   with open(args.out, "w") as out:
-    out.write(page(sections, results, args.smoke,
-                   time.perf_counter() - start, load))
-  if args.json:
-    with open(args.json, "w") as out:
-      json.dump(results, out, indent=1)
+    out.write(page(sections, results, args.smoke, os.getloadavg()[0]))
   print("wrote %s" % args.out)
   failed = [r["name"] for r in results if r["status"] == "failed"]
   if failed:

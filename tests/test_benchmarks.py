@@ -87,6 +87,22 @@ def test_page_says_when_where_and_how(smoke):
         section.name, " ".join(section.smoke_args)) in page
 
 
+def test_resume_keeps_what_succeeded_and_runs_again_what_failed():
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  first, second = SECTIONS[0], SECTIONS[1]
+  done = [{"name": first.name, "tf": tf.__version__, "status": "ok",
+           "seconds": 1.0, "output": "kept", "command": "python x.py"},
+          {"name": second.name, "tf": tf.__version__, "status": "failed",
+           "seconds": 1.0, "output": "not kept", "command": "python x.py"}]
+  saved = []
+  results = all_benchmarks.run_sections(
+      [first], [sys.executable], smoke=True, in_process=True, timeout=60,
+      done=done, save=saved.append)
+  assert results == done[:1] and not saved  # nothing ran
+  page = all_benchmarks.page([first], results, smoke=True, load=0.5)
+  assert "kept" in page and "whole run: 0 minutes" in page
+
+
 def test_verdict_says_who_wins():
   assert verdict.verdict(1.2) == "EPL wins"
   assert verdict.verdict(0.8) == "EPL loses"
