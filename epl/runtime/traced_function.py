@@ -460,13 +460,6 @@ def _refuse_in_engine(step, name, env):
   """Raises for what EPL's engine does not do yet for a traced step that
   opens strategy scopes."""
   _refuse_unsupported_gradients(step, name)
-  split = [s for s in step.strategies if s.kind == "split"]
-  if split:
-    raise NotSupportedInTracedStep(
-        "tf.function %s opens %r inside the step: split layers (tensor "
-        "and expert parallelism) in a traced TF2 step are not supported "
-        "yet, only epl.replicate stages. Build the model TF1 style for "
-        "them (docs/tf2.md)." % (name, split[0]))
   _refuse_multi_worker(name, env)
   # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
   # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
