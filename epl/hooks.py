@@ -463,15 +463,18 @@ _GRAPH_ONLY_LOWERINGS = {
 def _refuse_in_traced_split(name, args):
   """Raises for lowering `name` of a TF1 graph called inside a split scope
   of a traced TF2 step, naming what works there."""
-  if tf.executing_eagerly() or name not in _GRAPH_ONLY_LOWERINGS or (
+  if name not in _GRAPH_ONLY_LOWERINGS or (
       split_lowering.split_strategy() is None):
     return
-  if name == "add_weight" and isinstance(args[0],
-                                         keras.targets().dense_class):
-    return  # a split Dense layer's whole weights (`_dense_layer_call`)
+  if name == "add_weight":
+    # Keras makes a layer's weights eagerly (init_scope), traced or not.
+    if isinstance(args[0], keras.targets().dense_class):
+      return  # a split Dense layer's whole weights (`_dense_layer_call`)
+  elif tf.executing_eagerly():
+    return
   raise traced_function.NotSupportedInTracedStep(
-      "%s inside %r in a traced TF2 step (a tf.function with eager "
-      "execution on): EPL splits only Keras Dense layers there (a split "
+      "%s inside %r with eager execution on (a TF2 step, traced by "
+      "tf.function): EPL splits only Keras Dense layers there (a split "
       "classification head, with tf.nn.sparse_softmax_cross_entropy_with_"
       "logits, tf.argmax, tf.math.top_k on its logits). Build expert "
       "layers and tf.compat.v1.layers TF1 style, in a graph run by a "

@@ -86,7 +86,7 @@ def _graph_copy(concrete, traced, default_strategy):
   names of its variable ops that stand for the user's variables."""
   func_graph = concrete.graph
   variables = _variables_by_placeholder(func_graph)
-  graph_def = func_graph.as_graph_def()
+  graph_def = collective_order.drop_chain(func_graph.as_graph_def())
   outputs = {t.op.name for t in func_graph.outputs}
   for node in graph_def.node:
     if node.name in variables:
@@ -265,9 +265,9 @@ class EngineStep:
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self.whole_batch_readers = self._whole_batch_readers(graph)
-    # Imported into one tf.function, each device's collectives keep their
-    # order, beside the other devices'.
-    self._step_def = collective_order.order_per_device(graph.as_graph_def())
+    # Imported into one tf.function, the collectives stay unchained, as in
+    # a TF1 graph.
+    self._step_def = collective_order.unchain(graph.as_graph_def())
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
     # optimizer's slots) are then the replicas' own: under ZeRO each

@@ -372,6 +372,15 @@ def _sharded_logits(inputs, kernel, bias, activation, units, start,
   return logits
 
 
+def _refuse_call_arguments(layer, strategy, args, kwargs):
+  if args or kwargs:
+    raise ValueError(
+        "%s(name=%r) inside %r: call arguments %s are not supported on a "
+        "split dense layer; call it with the inputs only." % (
+            type(layer).__name__, layer.name, strategy,
+            sorted(kwargs) or "given by position"))
+
+
 def dense_layer_call(call, layer, inputs, *args, **kwargs):
   """Calling a Dense layer object (Keras' or tf.compat.v1.layers'): inside
   a split scope, the sharded `dense` above with the layer's settings; its
@@ -380,12 +389,7 @@ def dense_layer_call(call, layer, inputs, *args, **kwargs):
   strategy = split_strategy()
   if strategy is None:
     return call(inputs, *args, **kwargs)
-  if args or kwargs:
-    raise ValueError(
-        "%s(name=%r) inside %r: call arguments %s are not supported on a "
-        "split dense layer; call it with the inputs only." % (
-            type(layer).__name__, layer.name, strategy,
-            sorted(kwargs) or "given by position"))
+  _refuse_call_arguments(layer, strategy, args, kwargs)
   if layer.built or getattr(layer, "_epl_split_lowered", False):
     raise ValueError(
         "%s(name=%r) inside %r: a split dense layer cannot be reused or "
@@ -424,12 +428,7 @@ def traced_dense_layer_call(layer, inputs, *args, **kwargs):
   over the group), so the mean over all replicas is the global batch
   loss's gradient."""
   strategy = split_strategy()
-  if args or kwargs:
-    raise ValueError(
-        "%s(name=%r) inside %r: call arguments %s are not supported on a "
-        "split dense layer; call it with the inputs only." % (
-            type(layer).__name__, layer.name, strategy,
-            sorted(kwargs) or "given by position"))
+  _refuse_call_arguments(layer, strategy, args, kwargs)
   given = sorted(k for k in _DENSE_UNSUPPORTED
                  if getattr(layer, k, None) is not None)
   if given:
