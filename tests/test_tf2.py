@@ -116,6 +116,9 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
     ("split_softmax_refused", "Op 'Softmax' (Softmax) reads the sharded "
                               "logits"),
+    ("split_evaluation_refused", "computes the split layer output "
+                                 "private__split_head_model/dense_1/BiasAdd:0 "
+                                 "but trains nothing"),
     ("moe_weights_refused", "a layer's weights made in the split scope "
                             "(MoE experts) inside epl.split(device_count=2, "
                             "name='experts')"),

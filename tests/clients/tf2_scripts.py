@@ -44,7 +44,8 @@ conftest switched it off) and reads what they print.
   classifier as a functional model whose layers were called in the scopes
   while it was built.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
-  fit_run_eagerly_refused, split_softmax_refused, moe_weights_refused,
+  fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
+  moe_weights_refused,
   moe_einsum_refused,
   zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
   uneven_batch_refused: each raises EPL's error, which is printed.
@@ -294,14 +295,19 @@ def split_head(shards, micro_batches=1, functional=False):
   replicas and whose 10-class head is split over `shards` devices (4: one
   shard group, the last shards padded; 2: two groups), trained 5 steps:
   weights, loss and the accuracy of the split logits (tf.argmax,
-  tf.equal) equal the same script without EPL."""
+  tf.equal) equal the same script without EPL, and so do the logits of
+  an eager call after training."""
   _init(micro_batches, default_strategy=False, config=SPLIT_CONFIG)
   build = _functional_classifier if functional else _SplitHeadModel
   model = build(epl.replicate(1, name="body"), epl.split(shards, name="head"))
   loss, accuracy = _train_classifier(model)
+  x = _data(GLOBAL_BATCH)[0]
+  # Eagerly, the split head computes whole, on the trained weights.
+  logits = model(x).numpy()
   epl.shutdown()
   expected = build()
   expected_loss, expected_accuracy = _train_classifier(expected)
+  tolerance.assert_equivalent(logits, expected(x).numpy())
   differences = [float(np.max(np.abs(a - b))) for a, b in zip(
       model.get_weights(), expected.get_weights())]
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
@@ -337,6 +343,18 @@ def split_softmax_refused():
       return loss
 
     train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_evaluation_refused():
+  """A tf.function that calls a model with a split head but trains
+  nothing: EPL's error (its collectives would wait for shards that only
+  a training step's rewrite makes)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(4, name="head"))
+    predict = tf.function(lambda x: tf.argmax(model(x), 1))
+    predict(tf.constant(_data(GLOBAL_BATCH)[0]))
   _refused(run, default_strategy=False, config=SPLIT_CONFIG)
 
 
