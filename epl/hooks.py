@@ -444,11 +444,42 @@ def _install_estimator_hooks():
 
 
 def _tracing_eagerly():
-  """Whether ops are built for a tf.function traced with eager execution
-  on: split lowering builds for a TF1 graph only; a split scope opened in
-  such a step is refused once it is traced
-  (`epl.runtime.traced_function`)."""
+  """Whether ops are built with eager execution on (eagerly, or for a
+  tf.function traced so): a TF2 step, whose split layers are lowered on
+  the user's whole eager weights (`_dense_layer_call`); the lowerings that
+  build variables of their own are TF1 graph only."""
   return tf.compat.v1.executing_eagerly_outside_functions()
+
+
+# Lowerings that make variables of their own (a TF1 graph's): refused in a
+# split scope of a traced TF2 step, with what they are.
+_GRAPH_ONLY_LOWERINGS = {
+    "dense": "tf.compat.v1.layers.dense",
+    "add_weight": "a layer's weights made in the split scope (MoE experts)",
+    "einsum": "tf.einsum (MoE experts)",
+}
+
+
+def _refuse_in_traced_split(name, args):
+  """Raises for lowering `name` of a TF1 graph called inside a split scope
+  of a traced TF2 step, naming what works there."""
+  if name not in _GRAPH_ONLY_LOWERINGS or (
+      split_lowering.split_strategy() is None):
+    return
+  if name == "add_weight":
+    # Keras makes a layer's weights eagerly (init_scope), traced or not.
+    if isinstance(args[0], keras.targets().dense_class):
+      return  # a split Dense layer's whole weights (`_dense_layer_call`)
+  elif tf.executing_eagerly():
+    return
+  raise traced_function.NotSupportedInTracedStep(
+      "%s inside %r with eager execution on (a TF2 step, traced by "
+      "tf.function): EPL splits only Keras Dense layers there (a split "
+      "classification head, with tf.nn.sparse_softmax_cross_entropy_with_"
+      "logits, tf.argmax, tf.math.top_k on its logits). Build expert "
+      "layers and tf.compat.v1.layers TF1 style, in a graph run by a "
+      "Session (docs/tf2.md)." % (_GRAPH_ONLY_LOWERINGS[name],
+                                  split_lowering.split_strategy()))
 
 
 def _split_lowering(name, module=split_lowering):
@@ -461,7 +492,11 @@ def _split_lowering(name, module=split_lowering):
     # TensorFlow's own warnings (tf.layers.dense is deprecated) then name
     # the user's line, not this wrapper's.
     original = user_warnings.as_user(original)
-    if active() is None or _tracing_eagerly():
+    if active() is None:
+      return original(*args, **kwargs)
+    if _tracing_eagerly() and (tf.executing_eagerly() or
+                               name in _GRAPH_ONLY_LOWERINGS):
+      _refuse_in_traced_split(name, args)
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)
   return wrapper
@@ -471,15 +506,25 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   """Dense.__call__: forwards to epl.parallel.ops.split_lowering.dense_layer_call.
   Dense inherits __call__, and tf.compat.v1.layers.Dense from another base
   than Keras' Dense: `original` is the wrong one for it, so the instance's
-  next __call__ in its own class order is called instead."""
+  next __call__ in its own class order is called instead. In a traced TF2
+  step, a Dense layer in a split scope (its own, or the one it was called
+  in while a functional model was built) computes its shard of its whole
+  weights (`split_lowering.traced_dense_layer_call`)."""
   del original
+  env = active()
 
   def call(*call_args, **call_kwargs):
     return super(keras.targets().dense_class, layer).__call__(*call_args,
                                                               **call_kwargs)
-  if active() is None or _tracing_eagerly():
+  if env is None or (_tracing_eagerly() and tf.executing_eagerly()):
     return call(*args, **kwargs)
-  return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
+  if not _tracing_eagerly():
+    return split_lowering.dense_layer_call(call, layer, *args, **kwargs)
+  with layer_scopes.scope_for_traced_call(env, layer):
+    if split_lowering.split_strategy() is None:
+      return call(*args, **kwargs)
+    keras.build_layer(layer, args[0] if args else kwargs.get("inputs"))
+    return split_lowering.traced_dense_layer_call(layer, *args, **kwargs)
 
 
 def _layer_call(original, layer, *args, **kwargs):

@@ -72,6 +72,24 @@ def test_functional_model_built_in_scopes_matches_single_device(scenario,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("shards, micro_batches", [
+    (4, 1),  # one shard group, 10 classes in 4 shards of 3 (padded)
+    (2, 1),  # two shard groups, data parallel with each other
+    (4, 4),  # with a loop over 4 micro-batches
+])
+def test_split_head_in_a_traced_step_matches_single_device(shards,
+                                                           micro_batches):
+  printed = _run("split_head_%dx%d" % (shards, micro_batches))
+  assert "TF2_SPLIT_OK" in printed and "shards=%d" % shards in printed
+
+
+@pytest.mark.timeout(300)
+def test_functional_model_built_with_a_split_head_matches_single_device():
+  printed = _run("functional_split_head")
+  assert "TF2_SPLIT_OK" in printed and "Functional shards=4" in printed
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 
@@ -96,8 +114,16 @@ def test_checkpoint_after_eager_training_holds_one_copy():
 @pytest.mark.parametrize("scenario, says", [
     ("eager_tape_refused", "Decorate the train step with @tf.function"),
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
-    ("split_scope_refused", "opens epl.split(device_count=2, "
-                            "name='head') inside the step"),
+    ("split_softmax_refused", "Op 'Softmax' (Softmax) reads the sharded "
+                              "logits"),
+    ("split_evaluation_refused", "computes the split layer output "
+                                 "private__split_head_model/dense_1/BiasAdd:0 "
+                                 "but trains nothing"),
+    ("moe_weights_refused", "a layer's weights made in the split scope "
+                            "(MoE experts) inside epl.split(device_count=2, "
+                            "name='experts')"),
+    ("moe_einsum_refused", "tf.einsum (MoE experts) inside "
+                           "epl.split(device_count=2, name='experts')"),
     ("zero_in_pipeline_refused", "zero.level 'v3' asked, but they are not "
                                  "built for a traced TF2 step yet"),
     ("fit_custom_step_pipeline_refused", "reads its whole batch outside "

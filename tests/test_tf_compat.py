@@ -1038,6 +1038,56 @@ def test_an_unsupported_tensorflow_fails_at_import():
       result.stdout + result.stderr[-3000:])
 
 
+@contract("keras.build_layer")
+def test_keras_layer_built_in_a_trace_has_eager_weights():
+  # A split Dense head builds its weights while the step is traced: they
+  # must be eager variables, as at its first call.
+  done = _python(
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import keras\n"
+      "layer = tf.keras.layers.Dense(5)\n"
+      "@tf.function\n"
+      "def step(x):\n"
+      "  keras.build_layer(layer, x)\n"
+      "  return tf.matmul(x, layer.kernel)\n"
+      "step(tf.ones([2, 3]))\n"
+      "assert layer.built and layer.kernel.shape == (3, 5)\n"
+      "print('built', layer.kernel.numpy().shape)\n")
+  assert done.returncode == 0 and "built" in done.stdout, done.stderr[-2000:]
+
+
+@contract("collective_order.unchain", "collective_order.drop_chain")
+def test_collectives_in_a_function_are_chained_unless_each_has_a_token():
+  done = _python(
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import collective_order\n"
+      "from epl.tf_compat.ops import collective_ops\n"
+      "spec = tf.TensorSpec([], tf.float32)\n"
+      "@tf.function\n"
+      "def two(x):\n"
+      "  return (collective_ops.all_reduce_v2(x, 1, 7, 1) +\n"
+      "          collective_ops.all_reduce_v2(x, 1, 7, 2))\n"
+      "def chained(graph):\n"
+      "  ops = [op for op in graph.get_operations()\n"
+      "         if op.type == 'CollectiveReduceV2']\n"
+      "  assert len(ops) == 2\n"
+      "  return any(c in ops for op in ops for c in op.control_inputs)\n"
+      "graph = two.get_concrete_function(spec).graph\n"
+      "assert chained(graph)\n"
+      "graph_def = collective_order.drop_chain(graph.as_graph_def())\n"
+      "collective_order.unchain(graph_def)\n"
+      "out = [t.name for t in graph.outputs][0]\n"
+      "@tf.function\n"
+      "def imported(x):\n"
+      "  return tf.graph_util.import_graph_def(\n"
+      "      graph_def, input_map={'x:0': x}, return_elements=[out],\n"
+      "      name='')[0]\n"
+      "assert not chained(imported.get_concrete_function(spec).graph)\n"
+      "print('unchained', float(imported(tf.constant(3.0))))\n")
+  assert done.returncode == 0 and "unchained 6.0" in done.stdout, (
+      done.stderr[-2000:])
+
+
 @contract("keras.count_train_step", "keras.steps_per_execution")
 def test_keras_fit_counters_are_what_fit_keeps():
   # Eagerly, as Model.fit keeps them (this process runs in graph mode).

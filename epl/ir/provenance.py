@@ -94,6 +94,10 @@ class Provenance:
   def record_role(self, op, role):
     self._roles[op.name] = role
 
+  def roles(self):
+    """{op name: role} of the ops recorded with one (copies left out)."""
+    return dict(self._roles)
+
   def pass_of(self, op):
     """The pass that built `op`; None for an op no pass built."""
     op_id = graph_edit.creation_index(op)

@@ -36,6 +36,7 @@ optimizer hook tags them; its slots go to the stage of their variable.
 (A Keras optimizer's IdentityN of all gradients stays: ZeRO follows each
 gradient through it, `epl.ir.pass_through`.)
 """
+import dataclasses
 import logging
 
 import tensorflow as tf
@@ -48,6 +49,7 @@ from epl.ir.phase import Phase
 from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
 from epl.parallel.passes import variable_sync
+from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
 
 logger = logging.getLogger("epl")
@@ -84,7 +86,7 @@ def _graph_copy(concrete, traced, default_strategy):
   names of its variable ops that stand for the user's variables."""
   func_graph = concrete.graph
   variables = _variables_by_placeholder(func_graph)
-  graph_def = func_graph.as_graph_def()
+  graph_def = collective_order.drop_chain(func_graph.as_graph_def())
   outputs = {t.op.name for t in func_graph.outputs}
   for node in graph_def.node:
     if node.name in variables:
@@ -127,6 +129,14 @@ def _tag_copy(graph, source, default_strategy):
       taskgraph = state.taskgraph_for(taskgraph.strategy)
     state.tag(op, taskgraph,
               Phase.FORWARD if phase is Phase.OTHER else phase)
+  # A split head's lowering, for the rewrite's `lower_split`: the roles of
+  # its shard index and collectives, and its sharded logits (by name).
+  for name, role in source.provenance.roles().items():
+    state.provenance.record_role(graph.get_operation_by_name(name), role)
+  state.split = dataclasses.replace(
+      source.split, logits=dict(source.split.logits),
+      predictions=dict(source.split.predictions),
+      variables=dict(source.split.variables))
   return state
 
 
@@ -255,7 +265,9 @@ class EngineStep:
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self.whole_batch_readers = self._whole_batch_readers(graph)
-    self._step_def = graph.as_graph_def()
+    # Imported into one tf.function, the collectives stay unchained, as in
+    # a TF1 graph.
+    self._step_def = collective_order.unchain(graph.as_graph_def())
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
     # optimizer's slots) are then the replicas' own: under ZeRO each

@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from epl.capture import traced_step
+from epl.parallel.ops import split_lowering
 from epl.runtime import traced_engine
 
 logger = logging.getLogger("epl")
@@ -456,17 +457,25 @@ def _refuse_unsupported(step, name, env):
             name, ", ".join(savers)))
 
 
+def _refuse_untrained_split(graph, name):
+  """Raises for a traced function that trains nothing but computes a
+  split layer: its collectives wait for shards that only the engine's
+  rewrite of a training step makes (it would hang until the collective
+  timeout)."""
+  logits = sorted(split_lowering.sharded_logits_in(graph))
+  if logits:
+    raise NotSupportedInTracedStep(
+        "tf.function %s computes the split layer output %s but trains "
+        "nothing: EPL shards a split layer only in a training step (one "
+        "that applies gradients). Evaluate outside a tf.function (an eager "
+        "model(x) computes the whole layer), or in the training step's own "
+        "outputs (docs/tf2.md)." % (name, logits[0]))
+
+
 def _refuse_in_engine(step, name, env):
   """Raises for what EPL's engine does not do yet for a traced step that
   opens strategy scopes."""
   _refuse_unsupported_gradients(step, name)
-  split = [s for s in step.strategies if s.kind == "split"]
-  if split:
-    raise NotSupportedInTracedStep(
-        "tf.function %s opens %r inside the step: split layers (tensor "
-        "and expert parallelism) in a traced TF2 step are not supported "
-        "yet, only epl.replicate stages. Build the model TF1 style for "
-        "them (docs/tf2.md)." % (name, split[0]))
   _refuse_multi_worker(name, env)
   # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
   # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
@@ -560,6 +569,7 @@ def call(env, function, original, args, kwargs):
     whole = function.get_concrete_function(*args, **kwargs)
     traced = traced_step.step_of(whole.graph)
     if traced is None:
+      _refuse_untrained_split(whole.graph, name)
       return original(function, *args, **kwargs)
     if traced.strategies:
       # The engine divides the batch over its own replicas, and says so
@@ -577,6 +587,7 @@ def call(env, function, original, args, kwargs):
   if step is None:
     traced = traced_step.step_of(concrete.graph)
     if traced is None:
+      _refuse_untrained_split(concrete.graph, name)
       return original(function, *args, **kwargs)
     if traced.strategies:
       return _engine_call(env, function, name, args, kwargs)

@@ -12,6 +12,7 @@ of this package, and only from here (tests/test_layers.py checks it):
 - `stats`: the per-op statistics registry (FLOPs).
 - `targets`: the TensorFlow entry points `epl.hooks` wraps.
 - `keras`: the Keras layer classes it wraps, found per Keras version.
+- `collective_order`: V2 collectives left unchained in a `tf.function`.
 - `estimator`: tf.estimator's entry points, when it is installed.
 - `training`: TF1 optimizer internals.
 - `horovod`: Horovod, imported on first use.
@@ -98,6 +99,12 @@ VERSIONS = {
         "original_op_scope")},
     # training: TF1 optimizer internals.
     "training.base_finish": _TESTED,
+    # collective_order: the ordering tokens of V2 collectives and the
+    # chain a tf.function makes of them.
+    "collective_order.unchain": _TESTED,
+    "collective_order.drop_chain": _TESTED,
+    # Keras 2's build of a layer's weights (a split Dense in a TF2 step).
+    "keras.build_layer": _KERAS_2,
     # keras: the Keras 2 layers epl.split hooks (and TensorFlow's frozen
     # copy of them); under Keras 3 its training entry points, refused.
     "keras.targets": _KERAS_2,

@@ -163,6 +163,13 @@ def targets():
       problem=problem)
 
 
+def build_layer(layer, inputs):
+  """Makes Keras 2 `layer` create its weights for `inputs`, as its first
+  call would (eager variables, also while a step is traced), without
+  calling it."""
+  layer._maybe_build(inputs)  # pylint: disable=protected-access
+
+
 def count_train_step(model):
   """Adds one to the step count Keras keeps for `Model.fit` (what its own
   train function does after each step)."""

@@ -36,8 +36,17 @@ conftest switched it off) and reads what they print.
   model in 2 stages x 2 replicas x 4 micro-batches (subclassed, whose call
   opens the stages; functional, built in them) equals plain fit: weights,
   each epoch's loss and mae.
+- split_head_<shards>x<micro batches>: a subclassed Keras classifier whose
+  `call` opens `epl.replicate` around its hidden layer and `epl.split`
+  around its Dense head, trained with a sparse softmax cross-entropy on 4
+  CPU replicas: weights, loss and the accuracy of the split logits equal
+  the same script without EPL. functional_split_head: the same
+  classifier as a functional model whose layers were called in the scopes
+  while it was built.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
-  fit_run_eagerly_refused, split_scope_refused,
+  fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
+  moe_weights_refused,
+  moe_einsum_refused,
   zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
   uneven_batch_refused: each raises EPL's error, which is printed.
 """
@@ -168,7 +177,9 @@ def _refused(run, **init):
   _init(**init)
   try:
     run()
-  except (NotImplementedError, ValueError) as error:
+  # Raised in a Keras layer's call, which autograph converts, EPL's
+  # NotSupportedInTracedStep comes as autograph's StagingError.
+  except Exception as error:  # pylint: disable=broad-except
     print("TF2_ERROR %s: %s" % (type(error).__name__, error))
     return
   print("TF2_NO_ERROR")
@@ -206,11 +217,187 @@ class _TwoStageModel(tf.keras.Model):
       return self.head(hidden)
 
 
-def split_scope_refused():
-  """A split head opened in the step: not built for a traced step yet."""
-  _refused(lambda: _train("adam", _TwoStageModel([
-      epl.replicate(1, name="stage_0"), epl.split(2, name="head")])),
-           default_strategy=False)
+CLASSES = 10
+SPLIT_CONFIG = {"cluster.colocate_split_and_replicate": True}
+
+
+def _classifier_layers():
+  """A hidden layer and a 10-class head, seeded."""
+  seeded = tf.keras.initializers.GlorotUniform
+  return (tf.keras.layers.Dense(16, activation="tanh",
+                                kernel_initializer=seeded(seed=1)),
+          tf.keras.layers.Dense(
+              CLASSES, kernel_initializer=seeded(seed=2),
+              bias_initializer=tf.keras.initializers.RandomNormal(seed=3)))
+
+
+def _functional_classifier(body=None, head=None):
+  """The classifier as a functional model whose layers are called in
+  `body` and `head` while it is built."""
+  hidden, head_layer = _classifier_layers()
+  inputs = tf.keras.Input((8,))
+  with body or contextlib.nullcontext():
+    features = hidden(inputs)
+  with head or contextlib.nullcontext():
+    logits = head_layer(features)
+  return tf.keras.Model(inputs, logits)
+
+
+class _SplitHeadModel(tf.keras.Model):
+  """A subclassed Keras classifier whose `call` opens `body` around its
+  hidden layer and `head` around its 10-class Dense head (none without
+  EPL); its layers build their weights lazily, in the step (seeded)."""
+
+  def __init__(self, body=None, head=None):
+    super().__init__()
+    self.hidden, self.head = _classifier_layers()
+    self.body_scope = body or contextlib.nullcontext()
+    self.head_scope = head or contextlib.nullcontext()
+
+  def call(self, x, training=None):
+    del training  # no layer differs in training
+    with self.body_scope:
+      hidden = self.hidden(x)
+    with self.head_scope:
+      return self.head(hidden)
+
+
+def _train_classifier(model):
+  """An eager loop over a tf.function step that trains `model` with a
+  sparse softmax cross-entropy (Keras Adam); returns the last loss and
+  the accuracy of the last step's predictions."""
+  optimizer = _optimizer("adam")
+  x, _ = _data()
+  labels = (np.abs(x[:, 0] * 7).astype(np.int64)) % CLASSES
+
+  @tf.function
+  def train_step(x, y):
+    with tf.GradientTape() as tape:
+      logits = model(x, training=True)
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=y, logits=logits))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y),
+                                      tf.float32))
+    return loss, accuracy
+
+  result = None
+  batches = tf.data.Dataset.from_tensor_slices((x, labels)).batch(
+      GLOBAL_BATCH)
+  for x_batch, y_batch in batches:
+    result = train_step(x_batch, y_batch)
+  return [float(value) for value in result]
+
+
+def split_head(shards, micro_batches=1, functional=False):
+  """A Keras classifier whose hidden layer is data parallel over 4
+  replicas and whose 10-class head is split over `shards` devices (4: one
+  shard group, the last shards padded; 2: two groups), trained 5 steps:
+  weights, loss and the accuracy of the split logits (tf.argmax,
+  tf.equal) equal the same script without EPL, and so do the logits of
+  an eager call after training."""
+  _init(micro_batches, default_strategy=False, config=SPLIT_CONFIG)
+  build = _functional_classifier if functional else _SplitHeadModel
+  model = build(epl.replicate(1, name="body"), epl.split(shards, name="head"))
+  loss, accuracy = _train_classifier(model)
+  x = _data(GLOBAL_BATCH)[0]
+  # Eagerly, the split head computes whole, on the trained weights.
+  logits = model(x).numpy()
+  epl.shutdown()
+  expected = build()
+  expected_loss, expected_accuracy = _train_classifier(expected)
+  tolerance.assert_equivalent(logits, expected(x).numpy())
+  differences = [float(np.max(np.abs(a - b))) for a, b in zip(
+      model.get_weights(), expected.get_weights())]
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  tolerance.assert_equivalent(accuracy, expected_accuracy)
+  print("TF2_SPLIT_OK tf=%s %s shards=%d replicas=%d micro_batches=%d "
+        "loss=%.6f accuracy=%.4f max_abs_diff=%.3g" % (
+            tf.__version__, type(model).__name__, shards, REPLICAS,
+            micro_batches, loss, accuracy, max(differences)))
+
+
+def functional_split_head():
+  """The classifier as a functional model whose head was called in
+  epl.split(4) while it was built: split in the traced step too."""
+  split_head(4, functional=True)
+
+
+def split_softmax_refused():
+  """tf.nn.softmax of a split head's sharded logits (no sharded version):
+  EPL's error naming the op, before the step runs."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(2, name="head"))
+    optimizer = _optimizer("adam")
+
+    @tf.function
+    def train_step(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.softmax(model(x))[:, 0])
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+
+    train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_evaluation_refused():
+  """A tf.function that calls a model with a split head but trains
+  nothing: EPL's error (its collectives would wait for shards that only
+  a training step's rewrite makes)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(4, name="head"))
+    predict = tf.function(lambda x: tf.argmax(model(x), 1))
+    predict(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+class _Experts(tf.keras.layers.Layer):
+  """Expert weights [experts, in, out] and their einsum, as an MoE layer
+  has."""
+
+  def build(self, input_shape):
+    self.inner = self.add_weight("inner", [2, 8, 4])
+
+  def call(self, tokens):
+    return tf.einsum("egm,emh->egh", tokens, self.inner)
+
+
+def _moe_refused(built):
+  """An expert layer called in epl.split in a traced step: EPL's error
+  naming what works there (`built`: its weights made eagerly before, so
+  the einsum is what is refused)."""
+  def run():
+    experts = _Experts()
+    if built:
+      experts(tf.zeros([2, 1, 8]))
+    optimizer = _optimizer("adam")
+
+    @tf.function
+    def train_step(x):
+      with tf.GradientTape() as tape:
+        with epl.split(2, name="experts"):
+          loss = tf.reduce_mean(experts(tf.reshape(x, [2, -1, 8])))
+      grads = tape.gradient(loss, experts.trainable_variables)
+      optimizer.apply_gradients(zip(grads, experts.trainable_variables))
+      return loss
+
+    train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def moe_weights_refused():
+  _moe_refused(built=False)
+
+
+def moe_einsum_refused():
+  _moe_refused(built=True)
 
 
 def _pipeline_run(kind, config=None):
@@ -488,6 +675,8 @@ if __name__ == "__main__":
     eager_dp(scenario[len("eager_dp_"):])
   elif scenario.startswith("pipeline_"):
     pipeline(scenario[len("pipeline_"):])
+  elif scenario.startswith("split_head_"):
+    split_head(*[int(n) for n in scenario[len("split_head_"):].split("x")])
   elif scenario.startswith("accumulation_"):
     eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:

@@ -31,6 +31,7 @@ import tensorflow as tf
 from epl.tf_compat.ops import collective_ops
 from epl.tf_compat.ops import gradient_registered
 from epl.tf_compat.ops import tensor_util
+from epl.tf_compat import tape as tf_tape
 
 from epl.capture import capture
 from epl.ir import graph_state
@@ -121,11 +122,13 @@ def _all_to_all_grad(op, grad):
 
 def _with_role_of_forward(gradient):
   """`gradient`, building its ops with the provenance role of the op it
-  differentiates."""
+  differentiates (a graph op, or the GradientTape's stand-in for one in a
+  traced TF2 step)."""
   @functools.wraps(gradient)
   def build(op, grad):
-    state = graph_state.state_of(op.graph)
-    role = state.provenance.role_of(op) if state is not None else None
+    forward = tf_tape.forward_op(op)
+    state = graph_state.state_of(forward.graph) if forward else None
+    role = state.provenance.role_of(forward) if state is not None else None
     if role is None:
       return gradient(op, grad)
     with capture.role_scope(role):

@@ -346,18 +346,39 @@ def dense(original, inputs, units, activation=None, use_bias=True,
       record_variable(kernel, 1, units, columns, group_size)
       if bias is not None:
         record_variable(bias, 0, units, columns, group_size)
-      gathered = all_gather(inputs, group_size)
-      logits = tf.matmul(gathered, kernel)
-      if bias is not None:
-        logits = tf.nn.bias_add(logits, bias)
-      if activation is not None:
-        logits = activation(logits)
-      valid = tf.range(columns) + start < units
+      logits = _sharded_logits(inputs, kernel, bias, activation, units,
+                               start, strategy)
   logger.debug("split dense %s: %d classes over %d shards of %d columns",
                scope.name, units, group_size, columns)
+  return logits
+
+
+def _sharded_logits(inputs, kernel, bias, activation, units, start,
+                    strategy):
+  """The shard's logits `[k * batch, columns]` of the group's gathered
+  `inputs` by its `kernel` (and `bias`) shard, recorded for the lowerings
+  that read them."""
+  group_size = group_size_of(strategy)
+  columns = -(-units // group_size)
+  gathered = all_gather(inputs, group_size)
+  logits = tf.matmul(gathered, kernel)
+  if bias is not None:
+    logits = tf.nn.bias_add(logits, bias)
+  if activation is not None:
+    logits = activation(logits)
+  valid = tf.range(columns) + start < units
   info = ShardedLogits(units, columns, group_size, start, valid, strategy)
   _records(create=True).logits[logits.name] = info
   return logits
+
+
+def _refuse_call_arguments(layer, strategy, args, kwargs):
+  if args or kwargs:
+    raise ValueError(
+        "%s(name=%r) inside %r: call arguments %s are not supported on a "
+        "split dense layer; call it with the inputs only." % (
+            type(layer).__name__, layer.name, strategy,
+            sorted(kwargs) or "given by position"))
 
 
 def dense_layer_call(call, layer, inputs, *args, **kwargs):
@@ -368,12 +389,7 @@ def dense_layer_call(call, layer, inputs, *args, **kwargs):
   strategy = split_strategy()
   if strategy is None:
     return call(inputs, *args, **kwargs)
-  if args or kwargs:
-    raise ValueError(
-        "%s(name=%r) inside %r: call arguments %s are not supported on a "
-        "split dense layer; call it with the inputs only." % (
-            type(layer).__name__, layer.name, strategy,
-            sorted(kwargs) or "given by position"))
+  _refuse_call_arguments(layer, strategy, args, kwargs)
   if layer.built or getattr(layer, "_epl_split_lowered", False):
     raise ValueError(
         "%s(name=%r) inside %r: a split dense layer cannot be reused or "
@@ -386,6 +402,62 @@ def dense_layer_call(call, layer, inputs, *args, **kwargs):
                bias_initializer=layer.bias_initializer,
                trainable=layer.trainable, name=layer.name,
                **{k: getattr(layer, k, None) for k in _DENSE_UNSUPPORTED})
+
+
+def _columns_of_whole(weight, axis, units, columns, start, group_size):
+  """The shard `[start, start + columns)` along `axis` of a whole weight
+  read (zero past its end, as a padded shard)."""
+  padding = [[0, 0] for _ in weight.shape]
+  padding[axis][1] = columns * group_size - units
+  begin = [0] * weight.shape.rank
+  begin[axis] = start
+  size = weight.shape.as_list()
+  size[axis] = columns
+  return tf.slice(tf.pad(weight, padding), tf.stack(begin), size)
+
+
+def traced_dense_layer_call(layer, inputs, *args, **kwargs):
+  """Calling a built Keras Dense layer inside a split scope while a TF2
+  step is traced (eager execution on): the layer's weights are the user's
+  eager variables, whole, which the traced step reads; each shard
+  computes with its columns of them (its slice, whose gradient is zero
+  elsewhere). The logits, their softmax and the loss are sharded as in a
+  TF1 graph; the weights are not, and their gradients are averaged over
+  every replica as data-parallel ones: each holds k times the group
+  loss's gradient on its own columns (the collectives' gradients sum
+  over the group), so the mean over all replicas is the global batch
+  loss's gradient."""
+  strategy = split_strategy()
+  _refuse_call_arguments(layer, strategy, args, kwargs)
+  given = sorted(k for k in _DENSE_UNSUPPORTED
+                 if getattr(layer, k, None) is not None)
+  if given:
+    raise ValueError(
+        "%s(name=%r) inside %r: %s not supported on a split dense layer; "
+        "build it outside the split scope or drop them." % (
+            type(layer).__name__, layer.name, strategy, ", ".join(given)))
+  inputs = tf.convert_to_tensor(inputs)
+  if inputs.shape.rank != 2 or inputs.shape[-1] is None:
+    raise ValueError(
+        "%s(name=%r) inside %r needs inputs of shape [batch, features] with "
+        "known features, got %s." % (type(layer).__name__, layer.name,
+                                     strategy, inputs.shape))
+  group_size = group_size_of(strategy)
+  units = layer.units
+  columns = -(-units // group_size)
+  with tf.name_scope(layer.name):
+    start = shard_index() * columns
+    kernel = _columns_of_whole(tf.convert_to_tensor(layer.kernel), 1, units,
+                               columns, start, group_size)
+    bias = _columns_of_whole(
+        tf.convert_to_tensor(layer.bias), 0, units, columns, start,
+        group_size) if layer.use_bias else None
+    logits = _sharded_logits(tf.cast(inputs, kernel.dtype), kernel, bias,
+                             layer.activation, units, start, strategy)
+  logger.debug("split dense %s in a traced step: %d classes over %d shards "
+               "of %d columns of its whole weights", layer.name, units,
+               group_size, columns)
+  return logits
 
 
 def _sharded_or_raise(logits, what):
