@@ -24,7 +24,7 @@ def _run(*arguments):
 @pytest.mark.parametrize("scenario", [
     "dp", "dp_in_scope", "dp_v1_behavior", "pipeline", "pipeline_sequential",
     "checkpoints", "dp_metrics", "dp_accuracy", "pipeline_metrics",
-    "pipeline_accuracy"])
+    "pipeline_accuracy", "pipeline_v1_behavior_metrics"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)
   assert "KERAS_GRAPH_FIT_OK" in printed, printed

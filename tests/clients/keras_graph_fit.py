@@ -12,8 +12,9 @@ after 5 steps (2 epochs of 5 steps where it says so).
   raises EPL's error, printed).
 - dp_in_scope: the Sequential model built inside `with epl.replicate(1):`
   (no default strategy; the issue's third script, in graph mode).
-- dp_v1_behavior: `disable_v2_behavior()` (reference variables) and a
-  `tf.compat.v1.train` optimizer.
+- dp_v1_behavior: `disable_v2_behavior()` (reference variables, the
+  metrics' too) and a `tf.compat.v1.train` optimizer, with
+  `metrics=["mae"]`.
 - pipeline: a functional model whose two Dense layers are called in two
   stage scopes, 4 micro-batches, 2 replicas of the pipeline.
 - pipeline_sequential: a Sequential model whose layers are added in the
@@ -28,6 +29,8 @@ after 5 steps (2 epochs of 5 steps where it says so).
 - dp_metrics, pipeline_metrics: as dp and pipeline, with `metrics=["mae"]`
   and 2 epochs: each epoch's loss and mae in History and `evaluate`'s
   equal plain Keras too.
+- pipeline_v1_behavior_metrics: pipeline_metrics after
+  `disable_v2_behavior()` (reference variables, v1 control flow).
 - dp_accuracy, pipeline_accuracy: the same with a 3-class softmax
   classifier, sparse categorical cross-entropy and `metrics=["accuracy"]`.
 - metrics_refused: a metric of a tensor inside the model (`add_metric` of
@@ -196,11 +199,12 @@ def dp_v1_behavior():
   _equivalence(_sequential,
                lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
                {"cluster.num_cpu_devices": REPLICAS, **_extra_config()},
-               default_strategy=True)
+               default_strategy=True, task=REGRESSION_MAE)
 
 
-def _pipeline(build, epochs=1, task=REGRESSION):
-  tf.compat.v1.disable_eager_execution()
+def _pipeline(build, epochs=1, task=REGRESSION,
+              graph_mode=tf.compat.v1.disable_eager_execution):
+  graph_mode()
   _equivalence(build, _legacy_adam,
                {"cluster.num_cpu_devices": 4, "pipeline.num_micro_batch": 4,
                 **_extra_config()}, default_strategy=False, epochs=epochs,
@@ -255,6 +259,11 @@ def pipeline_metrics():
 
 def pipeline_accuracy():
   _pipeline(_classifier_stages, epochs=2, task=CLASSIFIER)
+
+
+def pipeline_v1_behavior_metrics():
+  _pipeline(_functional_stages, epochs=2, task=REGRESSION_MAE,
+            graph_mode=tf.compat.v1.disable_v2_behavior)
 
 
 def checkpoints():
