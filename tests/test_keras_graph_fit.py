@@ -23,7 +23,8 @@ def _run(*arguments):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", [
     "dp", "dp_in_scope", "dp_v1_behavior", "pipeline", "pipeline_sequential",
-    "checkpoints", "dp_metrics", "dp_accuracy", "pipeline_metrics",
+    "checkpoints", "dp_metrics", "dp_accuracy", "dp_weighted_metrics",
+    "pipeline_metrics",
     "pipeline_accuracy", "pipeline_v1_behavior_metrics"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)

@@ -29,6 +29,8 @@ after 5 steps (2 epochs of 5 steps where it says so).
 - dp_metrics, pipeline_metrics: as dp and pipeline, with `metrics=["mae"]`
   and 2 epochs: each epoch's loss and mae in History and `evaluate`'s
   equal plain Keras too.
+- dp_weighted_metrics: dp with a weight per row, `metrics=["mse"]` and
+  `weighted_metrics=["mae"]`.
 - pipeline_v1_behavior_metrics: pipeline_metrics after
   `disable_v2_behavior()` (reference variables, v1 control flow).
 - dp_accuracy, pipeline_accuracy: the same with a 3-class softmax
@@ -65,10 +67,19 @@ def _labels():
   return x, np.argmax(x[:, :3], axis=1).astype(np.int64)
 
 
-# (loss, compiled metrics, data) of the model trained.
-REGRESSION = ("mse", None, _data)
-REGRESSION_MAE = ("mse", ["mae"], _data)
-CLASSIFIER = ("sparse_categorical_crossentropy", ["accuracy"], _labels)
+def _weighted_data():
+  """_data with a weight per row."""
+  x, y = _data()
+  return x, y, np.linspace(0.1, 2.0, ROWS).astype(np.float32)
+
+
+# (loss, compile's metrics arguments, data) of the model trained.
+REGRESSION = ("mse", {}, _data)
+REGRESSION_MAE = ("mse", {"metrics": ["mae"]}, _data)
+CLASSIFIER = ("sparse_categorical_crossentropy", {"metrics": ["accuracy"]},
+              _labels)
+WEIGHTED = ("mse", {"metrics": ["mse"], "weighted_metrics": ["mae"]},
+            _weighted_data)
 
 
 def _set_weights(model):
@@ -133,13 +144,14 @@ def _fit(build, optimizer, under_epl, epochs=1, task=REGRESSION):
   """Trains the model `build(under_epl)` makes; returns what to compare."""
   loss, metrics, data = task
   model = _set_weights(build(under_epl))
-  model.compile(optimizer=optimizer(), loss=loss, metrics=metrics)
-  x, y = data()
-  history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs,
-                      verbose=0, shuffle=False)
+  model.compile(optimizer=optimizer(), loss=loss, **metrics)
+  x, y, *weights = data()
+  weights = weights[0] if weights else None
+  history = model.fit(x, y, sample_weight=weights, batch_size=GLOBAL_BATCH,
+                      epochs=epochs, verbose=0, shuffle=False)
   result = {"weights": model.get_weights(), "history": history.history,
-            "evaluate": model.evaluate(x, y, batch_size=GLOBAL_BATCH,
-                                       verbose=0)}
+            "evaluate": model.evaluate(x, y, sample_weight=weights,
+                                       batch_size=GLOBAL_BATCH, verbose=0)}
   try:
     result["predict"] = model.predict(x, batch_size=GLOBAL_BATCH)
   except NotImplementedError as error:
@@ -251,6 +263,13 @@ def dp_accuracy():
   _equivalence(_classifier, _legacy_adam,
                {"cluster.num_cpu_devices": REPLICAS, **_extra_config()},
                default_strategy=True, epochs=2, task=CLASSIFIER)
+
+
+def dp_weighted_metrics():
+  tf.compat.v1.disable_eager_execution()
+  _equivalence(_sequential, _legacy_adam,
+               {"cluster.num_cpu_devices": REPLICAS, **_extra_config()},
+               default_strategy=True, epochs=2, task=WEIGHTED)
 
 
 def pipeline_metrics():
