@@ -25,7 +25,8 @@ def _run(*arguments):
     "dp", "dp_in_scope", "dp_v1_behavior", "pipeline", "pipeline_sequential",
     "checkpoints", "dp_metrics", "dp_accuracy", "dp_weighted_metrics",
     "pipeline_metrics",
-    "pipeline_accuracy", "pipeline_v1_behavior_metrics"])
+    "pipeline_accuracy", "pipeline_two_outputs",
+    "pipeline_v1_behavior_metrics"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)
   assert "KERAS_GRAPH_FIT_OK" in printed, printed

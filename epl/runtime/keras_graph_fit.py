@@ -139,19 +139,27 @@ def _read_merged_outputs(model, loss, metrics):
   only); they run once per step, on their own state variables, as without
   EPL. A metric that reads any other tensor of the forward pass (an
   output's mask, a layer's activations) would see one replica's and
-  micro-batch's part: that raises."""
+  micro-batch's part: that raises. The metrics of a model with several
+  outputs that average each output's loss read it as its mean over
+  replicas and micro-batches, as `fit` reports the total loss."""
   outputs = {tensor.name for tensor in model.outputs}
   inputs = [tensor.op for tensor in model.inputs]
   forward = ({op.name for op in graph_editor.ancestors([loss.op])} &
              {op.name for op in graph_editor.descendants(inputs)})
-  readers = []
+  output_losses = keras.output_loss_results(model)
+  readers, losses = [], []
   for name, metric in zip(model.metrics_names[1:], metrics):
 
-    def inputs_of(op, name=name):
+    def inputs_of(op, name=name, of_loss=metric.name in output_losses):
       found = []
       for tensor in op.inputs:
         if tensor.name in outputs:
           readers.append(op)
+        elif of_loss and tensor.op.name in forward:
+          # An output's loss, a mean over the batch like the total loss:
+          # the whole batch's is the mean over the equal parts.
+          readers.append(op)
+          losses.append(tensor)
         elif tensor.op.name in forward:
           raise MetricsNotSupported(
               "Keras Model.fit of %s in graph mode under EPL: the metric %r "
@@ -166,6 +174,8 @@ def _read_merged_outputs(model, loss, metrics):
       return found + list(op.control_inputs)
 
     graph_editor.reachable([metric.op], inputs_of)
+  collections.add_to_collection(losses,
+                                collections.GraphKeys.GLOBAL_MEAN_OBJECTS)
   merge_outputs.read_merged_values(readers)
   if readers:
     logger.info("EPL: the compiled metrics of %s (%s) update with its "

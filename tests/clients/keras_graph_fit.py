@@ -31,6 +31,8 @@ after 5 steps (2 epochs of 5 steps where it says so).
   equal plain Keras too.
 - dp_weighted_metrics: dp with a weight per row, `metrics=["mse"]` and
   `weighted_metrics=["mae"]`.
+- pipeline_two_outputs: pipeline_metrics with a model of two outputs:
+  History's total loss, each output's loss and each output's mae.
 - pipeline_v1_behavior_metrics: pipeline_metrics after
   `disable_v2_behavior()` (reference variables, v1 control flow).
 - dp_accuracy, pipeline_accuracy: the same with a 3-class softmax
@@ -73,11 +75,18 @@ def _weighted_data():
   return x, y, np.linspace(0.1, 2.0, ROWS).astype(np.float32)
 
 
+def _two_targets():
+  """_data with a second target, for a model with two outputs."""
+  x, y = _data()
+  return x, [y, np.tanh(y)]
+
+
 # (loss, compile's metrics arguments, data) of the model trained.
 REGRESSION = ("mse", {}, _data)
 REGRESSION_MAE = ("mse", {"metrics": ["mae"]}, _data)
 CLASSIFIER = ("sparse_categorical_crossentropy", {"metrics": ["accuracy"]},
               _labels)
+TWO_OUTPUTS = ("mse", {"metrics": ["mae"]}, _two_targets)
 WEIGHTED = ("mse", {"metrics": ["mse"], "weighted_metrics": ["mae"]},
             _weighted_data)
 
@@ -128,6 +137,16 @@ def _classifier_stages(under_epl):
     hidden = tf.keras.layers.Dense(16, activation="tanh")(inputs)
   with _stage("stage_1", under_epl):
     outputs = tf.keras.layers.Dense(3, activation="softmax")(hidden)
+  return tf.keras.Model(inputs, outputs)
+
+
+def _two_outputs_stages(under_epl):
+  inputs = tf.keras.Input((8,))
+  with _stage("stage_0", under_epl):
+    hidden = tf.keras.layers.Dense(16, activation="tanh")(inputs)
+  with _stage("stage_1", under_epl):
+    outputs = [tf.keras.layers.Dense(1)(hidden),
+               tf.keras.layers.Dense(1, activation="tanh")(hidden)]
   return tf.keras.Model(inputs, outputs)
 
 
@@ -278,6 +297,10 @@ def pipeline_metrics():
 
 def pipeline_accuracy():
   _pipeline(_classifier_stages, epochs=2, task=CLASSIFIER)
+
+
+def pipeline_two_outputs():
+  _pipeline(_two_outputs_stages, epochs=2, task=TWO_OUTPUTS)
 
 
 def pipeline_v1_behavior_metrics():
