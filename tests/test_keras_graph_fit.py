@@ -2,7 +2,9 @@
 with tf-keras and legacy optimizers trains under EPL, data parallel and
 as a pipeline, with ZeRO and gradient checkpointing, equal to the same
 script without EPL, and its ModelCheckpoint files and `load_weights` hold
-and restore the one value of each weight; the Keras v2 optimizers give TensorFlow's own error.
+and restore the one value of each weight; compiled metrics (mae,
+accuracy) report, per epoch and in `evaluate`, what they report without
+EPL; the Keras v2 optimizers give TensorFlow's own error.
 Each scenario runs in a subprocess (tests/clients/keras_graph_fit.py):
 each switches eager execution off in its own way, and Keras keeps a
 session per process. `make test-latest` runs them on TF 2.21 with
@@ -21,7 +23,10 @@ def _run(*arguments):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", [
     "dp", "dp_in_scope", "dp_v1_behavior", "pipeline", "pipeline_sequential",
-    "checkpoints"])
+    "checkpoints", "dp_metrics", "dp_accuracy", "dp_weighted_metrics",
+    "pipeline_metrics",
+    "pipeline_accuracy", "pipeline_two_outputs",
+    "pipeline_v1_behavior_metrics"])
 def test_fit_in_graph_mode_matches_plain_keras(scenario):
   printed = _run(scenario)
   assert "KERAS_GRAPH_FIT_OK" in printed, printed
@@ -49,9 +54,10 @@ def test_fit_in_graph_mode_with_memory_savers_matches_plain_keras(
 @pytest.mark.parametrize("scenario, says", [
     ("v2_optimizer", "AttributeError: 'Adam' object has no attribute "
                      "'get_updates'"),
-    ("metrics_refused", "MetricsNotSupported: Keras Model.fit of "
-                        "sequential in graph mode under EPL: compiled "
-                        "metrics (mae) are not supported yet"),
+    ("metrics_refused", "MetricsNotSupported: Keras Model.fit of model "
+                        "in graph mode under EPL: the metric 'hidden_mean' "
+                        "reads 'dense/Tanh:0', a tensor of the model's "
+                        "forward pass"),
 ])
 def test_what_fit_in_graph_mode_refuses(scenario, says):
   printed = _run(scenario)

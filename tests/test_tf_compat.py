@@ -825,6 +825,28 @@ def test_keras_graph_mode_targets_are_what_fit_runs(calls):
   assert len(compiled) == 1 and len(made) == 1
 
 
+@contract("keras.output_loss_results")
+def test_keras_output_loss_results_are_what_fit_reports_per_output():
+  # Graph mode (this process): fit of a model with two outputs returns,
+  # after the total loss, each output's loss averaged over the epoch.
+  with tf.Graph().as_default():
+    inputs = tf.keras.Input((2,))
+    model = tf.keras.Model(inputs, [tf.keras.layers.Dense(1)(inputs),
+                                    tf.keras.layers.Dense(1)(inputs)])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), loss="mse",
+                  metrics=["mae"])
+    ones = np.ones((4, 2), np.float32)
+    model.fit(ones, [ones[:, :1], ones[:, :1]], batch_size=4, verbose=0)
+    reported = dict(zip((t.name for t in model.train_function.outputs[1:]),
+                        model.metrics_names[1:]))
+    found = keras.output_loss_results(model)
+    assert sorted(reported[name] for name in found) == sorted(
+        name + "_loss" for name in model.output_names)
+    session = tf.compat.v1.keras.backend.get_session()
+  keras.set_session(None)
+  session.close()
+
+
 @contract("keras.targets")
 def test_keras_layer_call_target_is_how_functional_models_call_layers():
   # With eager execution on (a fresh process: this one runs in graph

@@ -12,10 +12,13 @@ merged values and checks the fed batch. Under EPL a backend function runs
 `Session.run` instead, with the same feeds and fetches.
 
 Keras' loss and metrics, built in `compile` outside the user's scopes,
-go to the stage that computes the model's outputs, and come back from
-each step as their mean over replicas and micro-batches (the whole
-batch's). Keras' session is opened again after the rewrite
-(`epl.runtime.keras_session`).
+go to the stage that computes the model's outputs. The loss comes back
+from each step as its mean over replicas and micro-batches (the whole
+batch's). The compiled metrics stay outside the step EPL divides: they
+update their state once per step from the model's outputs merged over
+replicas and micro-batches and the whole fed targets, so `fit` and
+`evaluate` report what they report without EPL. Keras' session is opened
+again after the rewrite (`epl.runtime.keras_session`).
 """
 import contextlib
 import logging
@@ -25,14 +28,17 @@ import tensorflow as tf
 
 from epl import collections
 from epl.env import active
+from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
+from epl.parallel.passes import merge_outputs
 from epl.tf_compat import keras
 
 logger = logging.getLogger("epl")
 
 
 class MetricsNotSupported(NotImplementedError):
-  """Keras metrics compiled into Model.fit in graph mode under EPL."""
+  """A Keras metric compiled into Model.fit in graph mode under EPL that
+  reads a tensor of the model other than its outputs."""
 
 
 class PipelinedPredictNotSupported(NotImplementedError):
@@ -110,16 +116,11 @@ def make_train_function(original, model, *args, **kwargs):
   function = model.train_function
   if function is None or function is built:
     return result
-  if len(function.outputs) > 1:
+  try:
+    _read_merged_outputs(model, function.outputs[0], function.outputs[1:])
+  except MetricsNotSupported:
     model.train_function = None
-    raise MetricsNotSupported(
-        "Keras Model.fit of %s in graph mode under EPL: compiled metrics "
-        "(%s) are not supported yet (Keras computes them outside the "
-        "training step EPL divides). Compile without metrics (compute "
-        "them from model.predict, which returns every row), or leave eager "
-        "execution on: Model.fit then computes them on the whole batch "
-        "(docs/tf2.md)." % (
-            model.name, ", ".join(model.metrics_names[1:])))
+    raise
   collections.add_to_collection(function.outputs[0],
                                 collections.GraphKeys.GLOBAL_MEAN_OBJECTS)
   # `predict` and `evaluate` fetch these too: every row of the batch.
@@ -127,3 +128,56 @@ def make_train_function(original, model, *args, **kwargs):
     collections.add_to_collection(
         output, collections.GraphKeys.GLOBAL_CONCAT_OBJECTS)
   return result
+
+
+def _read_merged_outputs(model, loss, metrics):
+  """Makes the compiled metrics of `model` (the result tensors `metrics`)
+  update with the model's outputs of the whole batch: merged over
+  replicas and micro-batches, in the batch's order, as `predict` returns
+  them. Keras builds the metrics outside the training step, from the
+  outputs and the fed targets (whole: EPL divides the batch for the step
+  only); they run once per step, on their own state variables, as without
+  EPL. A metric that reads any other tensor of the forward pass (an
+  output's mask, a layer's activations) would see one replica's and
+  micro-batch's part: that raises. The metrics of a model with several
+  outputs that average each output's loss read it as its mean over
+  replicas and micro-batches, as `fit` reports the total loss."""
+  outputs = {tensor.name for tensor in model.outputs}
+  inputs = [tensor.op for tensor in model.inputs]
+  forward = ({op.name for op in graph_editor.ancestors([loss.op])} &
+             {op.name for op in graph_editor.descendants(inputs)})
+  output_losses = keras.output_loss_results(model)
+  readers, losses = [], []
+  for name, metric in zip(model.metrics_names[1:], metrics):
+
+    def inputs_of(op, name=name, of_loss=metric.name in output_losses):
+      found = []
+      for tensor in op.inputs:
+        if tensor.name in outputs:
+          readers.append(op)
+        elif of_loss and tensor.op.name in forward:
+          # An output's loss, a mean over the batch like the total loss:
+          # the whole batch's is the mean over the equal parts.
+          readers.append(op)
+          losses.append(tensor)
+        elif tensor.op.name in forward:
+          raise MetricsNotSupported(
+              "Keras Model.fit of %s in graph mode under EPL: the metric %r "
+              "reads %r, a tensor of the model's forward pass that EPL "
+              "divides over replicas and micro-batches (a metric gets the "
+              "model's outputs of the whole batch only). Remove the "
+              "metric, or compute it after training, from the weights, "
+              "in a model built without EPL (docs/tf2.md)." % (
+                  model.name, name, tensor.name))
+        else:
+          found.append(tensor.op)
+      return found + list(op.control_inputs)
+
+    graph_editor.reachable([metric.op], inputs_of)
+  collections.add_to_collection(losses,
+                                collections.GraphKeys.GLOBAL_MEAN_OBJECTS)
+  merge_outputs.read_merged_values(readers)
+  if readers:
+    logger.info("EPL: the compiled metrics of %s (%s) update with its "
+                "outputs merged over replicas and micro-batches", model.name,
+                ", ".join(model.metrics_names[1:]))

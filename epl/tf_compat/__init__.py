@@ -117,6 +117,9 @@ VERSIONS = {
     **{"keras." + name: _KERAS_2 for name in (
         "set_graph_function_callable", "graph_function_step",
         "is_keras_session", "set_session")},
+    # Keras 2's metrics of each output's loss in graph mode, which
+    # epl.runtime.keras_graph_fit gives the loss merged over replicas.
+    "keras.output_loss_results": _KERAS_2,
     # The tf.Variable a gradient's source is, Keras 3 variables included.
     "keras.tf_variable_of": _TESTED,
     "keras.keras3_training_targets": Range(

@@ -217,6 +217,15 @@ def loss_metric(model):
   return model.compiled_loss._total_loss_mean  # pylint: disable=protected-access
 
 
+def output_loss_results(model):
+  """Names of the result tensors of the metrics Keras 2 builds in graph
+  mode for a model with several outputs, one per output (`<output>_loss`:
+  that output's loss averaged over the epoch's steps)."""
+  metrics = model._output_loss_metrics or []  # pylint: disable=protected-access
+  return {metric._call_result.name for metric in metrics  # pylint: disable=protected-access
+          if hasattr(metric, "_call_result")}
+
+
 def set_graph_function_callable(function, callable_fn, feeds, session):
   """Makes Keras backend function `function` (a GraphExecutionFunction)
   run `callable_fn(*fed_arrays, run_metadata=...)`, keeping what Keras

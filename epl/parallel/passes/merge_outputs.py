@@ -10,11 +10,25 @@ SUMMARY_TYPES = frozenset([
     "ScalarSummary", "HistogramSummary", "TensorSummary", "TensorSummaryV2",
     "WriteScalarSummary", "WriteHistogramSummary", "WriteSummary"])
 
+# Graph collection of the ops outside the training step that read a merged
+# tensor as its merged value (a Keras metric's update reads the model's
+# outputs of the whole batch): `read_merged_values`.
+MERGED_VALUE_READERS = "epl_merged_value_readers"
+
 MERGES = {
     "global_mean_objects": lambda values: tf.add_n(values) / len(values),
     "global_sum_objects": tf.add_n,
     "global_concat_objects": lambda values: tf.concat(values, 0),
 }
+
+
+def read_merged_values(readers):
+  """Makes each op of `readers`, built outside the training step, read the
+  merged value of every tensor it reads from a merged collection once EPL
+  rewrites the graph (before, it reads the tensor of one replica and
+  micro-batch)."""
+  for op in readers:
+    op.graph.add_to_collection(MERGED_VALUE_READERS, op)
 
 
 def merge_global_objects(ctx, copies):
@@ -29,12 +43,14 @@ def merge_global_objects(ctx, copies):
   steps. The `substitutes` it hands on map the user's tensor name to the
   merged tensor, which a session fetch returns in its place, and summary ops
   (`tf.compat.v1.summary.scalar`, ...) of the tensor record the merged
-  value, so TensorBoard shows what the script prints. The user's tensor
-  itself is unchanged. When the micro-batches run as a loop, a fetch of
+  value, so TensorBoard shows what the script prints, as do the ops
+  registered by `read_merged_values`. The user's tensor itself is
+  unchanged. When the micro-batches run as a loop, a fetch of
   one of the loop's tensors that the step hands out (the loss, ...)
   returns its value in micro-batch 0 of replica 0.
   """
   substitutes = {}
+  readers = {op.name for op in ctx.graph.get_collection(MERGED_VALUE_READERS)}
   for name, values in (copies.loop_values or {}).items():
     # A tensor in the micro-batch loop's frame cannot be fetched: its
     # fetch returns its value in micro-batch 0, as the user's op (micro-
@@ -53,7 +69,7 @@ def merge_global_objects(ctx, copies):
         merged = across_workers.merge(ctx, key, merged,
                                       ctx.taskgraph_index(tensor.op))
         substitutes[tensor.name] = merged
-        for summary in tensor.consumers():
-          if summary.type in SUMMARY_TYPES:
-            graph_editor.replace_input_in([summary], tensor, merged)
+        for reader in tensor.consumers():
+          if reader.type in SUMMARY_TYPES or reader.name in readers:
+            graph_editor.replace_input_in([reader], tensor, merged)
   return {"substitutes": substitutes}
