@@ -48,6 +48,7 @@ from epl.ir.phase import Phase
 from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
 from epl.parallel.passes import variable_sync
+from epl.runtime import traced_shards
 from epl.tf_compat import ops as tf_ops
 
 logger = logging.getLogger("epl")
@@ -99,6 +100,7 @@ def _graph_copy(concrete, traced, default_strategy):
   with graph.as_default(), capture.suspended():
     tf.graph_util.import_graph_def(graph_def, name="")
   state = _tag_copy(graph, state_of(func_graph), default_strategy)
+  _batches_through_identity(graph, state, func_graph)
   placeholder_of = {id(external): internal.op.name
                     for external, internal in func_graph.captures}
   state.gradient_records.append(GradientRecord(tuple(
@@ -106,9 +108,41 @@ def _graph_copy(concrete, traced, default_strategy):
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
+  _past_identity_n(graph, state.gradient_records[-1].pairs)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
   return graph, variables
+
+
+def _past_identity_n(graph, pairs):
+  """The readers of a Keras optimizer's IdentityN of all gradients read
+  each gradient itself (its k-th output is its k-th input): ZeRO v3
+  slices and sums each gradient for its update alone, and an update must
+  read it for that (`pairs`: the recorded (gradient, variable) pairs)."""
+  gradients = {grad.name for grad, _ in pairs}
+  for op in graph.get_operations():
+    if op.type == "IdentityN" and any(t.name in gradients for t in op.inputs):
+      for passed, output in zip(op.inputs, op.outputs):
+        graph_editor.replace_input_in(list(output.consumers()), output,
+                                      passed)
+
+
+def _batches_through_identity(graph, state, func_graph):
+  """The step reads each batch argument through an Identity of its own,
+  forward work that each replica and micro-batch copies: the rewrite
+  gives those copies their part of the batch, and what passes build from
+  the step's reads of it (ZeRO v3's shard gradients from a first layer's
+  input) read that part, not the placeholder of the whole batch."""
+  captured = {internal.name for _, internal in func_graph.captures}
+  for argument in func_graph.inputs:
+    if argument.name in captured or not argument.shape.rank:
+      continue
+    batch = graph.get_tensor_by_name(argument.name)
+    readers = list(batch.consumers())
+    with graph.as_default(), capture.suspended():
+      read = tf.identity(batch, name=batch.op.name + "/read")
+    graph_editor.replace_input_in(readers, batch, read)
+    state.tag(read.op, None, Phase.FORWARD)
 
 
 def _tag_copy(graph, source, default_strategy):
@@ -225,12 +259,17 @@ def _sync_def(graph, result, names):
 
 def _import(graph_def, input_map, return_elements):
   """Imports `graph_def` into the function being traced, mapping only the
-  inputs it has (TensorFlow refuses a mapping of an absent one)."""
+  inputs it has (TensorFlow refuses a mapping of an absent one). A
+  control input on a mapped op waits for its mapping instead (ZeRO v3's
+  prefetching reads wait for the batch), else the unfed placeholder
+  would run."""
   names = {node.name for node in graph_def.node}
+  mapped = {k: v for k, v in input_map.items() if k.split(":")[0] in names}
+  mapped.update({"^" + k.split(":")[0]: v for k, v in list(mapped.items())
+                 if k.endswith(":0")})
   return tf.graph_util.import_graph_def(
       graph_def, return_elements=return_elements, name="",
-      input_map={k: v for k, v in input_map.items()
-                 if k.split(":")[0] in names})
+      input_map=mapped)
 
 
 class EngineStep:
@@ -256,14 +295,27 @@ class EngineStep:
                      for name in sources]
     self.whole_batch_readers = self._whole_batch_readers(graph)
     self._step_def = graph.as_graph_def()
+    # zero.level v3: the shards of replica 0 are the function's own
+    # variables, written from the user's before every call and back after.
+    sharded = traced_shards.partitioned_names(result)
+    self._sharded_inputs = {name + ":0": traced_shards.user_input(name)
+                            for name in sharded}
+    self._shards = traced_shards.ShardTransfers(graph, sharded) \
+        if sharded else None
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
     # optimizer's slots) are then the replicas' own: under ZeRO each
     # replica updates the slots of its share of the variables.
     trained = {variable.name for record in state_of(graph).gradient_records
                for _, variable in record.pairs}
-    self._first_sync = self._sync_function(graph, result, variables)
-    self._sync = self._sync_function(graph, result, trained)
+    whole = lambda names: [n for n in names if n not in sharded]
+    self._first_sync = self._sync_function(graph, result, whole(variables))
+    self._sync = self._sync_function(graph, result, whole(trained))
+    if self._shards is not None:
+      self._into_shards = self._transfer_function(
+          self._shards.into_shards, self._shards.into_shards_group)
+      self._into_user = self._transfer_function(
+          self._shards.into_user, self._shards.into_user_group)
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
@@ -286,7 +338,9 @@ class EngineStep:
         if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
-    graph_def, group = _sync_def(graph, result, names)
+    return self._transfer_function(*_sync_def(graph, result, names))
+
+  def _transfer_function(self, graph_def, group):
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
     return tf.function(
@@ -296,7 +350,7 @@ class EngineStep:
   def _inputs(self, arguments=()):
     # The traced step's captures (variable handles, constants) enter the
     # function as its own captures.
-    inputs = {name: tf.identity(external)
+    inputs = {self._sharded_inputs.get(name, name): tf.identity(external)
               for name, external in self._captured.items()}
     inputs.update(zip(self._arguments, arguments))
     return inputs
@@ -309,7 +363,11 @@ class EngineStep:
       self._first_sync()
       self._first_sync = None
     self._sync()
+    if self._shards is not None:
+      self._into_shards()
     outputs = self._run(*flat_arguments)
+    if self._shards is not None:
+      self._into_user()
     structure = self._concrete.structured_outputs
     if structure is None:
       return None

@@ -23,8 +23,9 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
-- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
-  with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
+- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline,
+  zero_v3_in_pipeline: the pipeline with gradient checkpointing (auto),
+  ZeRO v1 or ZeRO v3 equals plain TF; with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
 - functional_pipeline: a functional model whose layers are called in two
   stage scopes while it is built (eagerly, before the step is traced)
@@ -38,7 +39,7 @@ conftest switched it off) and reads what they print.
   each epoch's loss and mae.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_scope_refused,
-  zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
+  offload_in_pipeline_refused, fit_custom_step_pipeline_refused,
   uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import contextlib
@@ -241,6 +242,19 @@ class _Logged(logging.Handler):
     self.lines.append(record.getMessage())
 
 
+def _restores_without_epl(model):
+  """A checkpoint of `model`, trained under EPL, holds one full copy of
+  each weight under its own name: it restores into the model built
+  without EPL, equal."""
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
+  restored = _TwoStageModel()
+  restored(_data(1)[0])
+  tf.train.Checkpoint(model=restored).restore(
+      path).assert_existing_objects_matched()
+  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(actual, wanted)
+
+
 def pipeline(kind):
   """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
   same script without EPL, and a checkpoint of it restores into a model
@@ -251,14 +265,7 @@ def pipeline(kind):
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
-  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
-  # The checkpoint holds one copy of each weight, under its own name.
-  restored = _TwoStageModel()
-  restored(_data(1)[0])
-  tf.train.Checkpoint(model=restored).restore(
-      path).assert_existing_objects_matched()
-  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
-    np.testing.assert_array_equal(actual, wanted)
+  _restores_without_epl(model)
   print("TF2_PIPELINE_OK tf=%s optimizer=%s stages=2 replicas=2 "
         "micro_batches=4 loss=%.6f" % (tf.__version__, kind, loss))
 
@@ -422,6 +429,24 @@ def functional_fit_pipeline():
   fit_pipeline(functional=True)
 
 
+def zero_v3_in_pipeline():
+  """The pipeline with zero.level v3 (Keras Adam): each replica of a stage
+  holds one shard of its partitioned weights and slots in the rewritten
+  function's own variables; the user's variables get the full values
+  after every step. Weights (also after the eager set_weights after step
+  2) equal plain TF; a checkpoint of the model restores into one built
+  without EPL."""
+  config = {"zero.level": "v3", "zero.min_partition_size": 16}
+  (model, _), (expected, _), logged = _pipeline_run("adam", config)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  _restores_without_epl(model)
+  partitioned = [line for line in logged if "weight(s) partitioned" in line]
+  assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 2 replicas "
+                         "(9 variables with slots)"], logged
+  print("TF2_ZERO_V3_OK tf=%s %s" % (tf.__version__, partitioned[0]))
+
+
 def fit_custom_step_pipeline_refused():
   """Keras fit of a model in stages whose own train_step updates the
   metrics with the whole batch, outside the micro-batches."""
@@ -430,11 +455,11 @@ def fit_custom_step_pipeline_refused():
            micro_batches=4, default_strategy=False)
 
 
-def zero_in_pipeline_refused():
+def offload_in_pipeline_refused():
   _refused(lambda: _train("adam", _TwoStageModel([
       epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
            micro_batches=4, default_strategy=False,
-           config={"zero.level": "v3"})
+           config={"offload.level": "v0"})
 
 
 def uneven_batch_refused():
