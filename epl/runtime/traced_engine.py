@@ -128,21 +128,25 @@ def _past_identity_n(graph, pairs):
 
 
 def _batches_through_identity(graph, state, func_graph):
-  """The step reads each batch argument through an Identity of its own,
-  forward work that each replica and micro-batch copies: the rewrite
-  gives those copies their part of the batch, and what passes build from
-  the step's reads of it (ZeRO v3's shard gradients from a first layer's
-  input) read that part, not the placeholder of the whole batch."""
+  """The backward pass reads each batch argument through an Identity of
+  its own, which each replica and micro-batch copies: the rewrite gives
+  those copies their part of the batch, so what passes build from the
+  backward's reads (ZeRO v3's shard gradients of a first layer's kernel)
+  read that part, not the placeholder of the whole batch. (Other readers
+  keep reading the placeholder: one outside the step is refused.)"""
   captured = {internal.name for _, internal in func_graph.captures}
   for argument in func_graph.inputs:
     if argument.name in captured or not argument.shape.rank:
       continue
     batch = graph.get_tensor_by_name(argument.name)
-    readers = list(batch.consumers())
+    readers = [op for op in batch.consumers()
+               if state.phase_of(op) is Phase.BACKWARD]
+    if not readers:
+      continue
     with graph.as_default(), capture.suspended():
-      read = tf.identity(batch, name=batch.op.name + "/read")
+      read = tf.identity(batch, name=batch.op.name + "/backward_read")
     graph_editor.replace_input_in(readers, batch, read)
-    state.tag(read.op, None, Phase.FORWARD)
+    state.tag(read.op, None, Phase.BACKWARD)
 
 
 def _tag_copy(graph, source, default_strategy):
