@@ -53,6 +53,9 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
     ("zero_in_pipeline", "TF2_ZERO_OK"),
     # v3: 3 weights and their 6 Adam slots in shards of 2 replicas a stage.
     ("zero_v3_in_pipeline", "TF2_ZERO_V3_OK"),
+    # v3 with a checkpoint of model and optimizer restored between steps
+    # (after zeroing them) and the slots written eagerly.
+    ("zero_v3_checkpoint_round_trip", "TF2_ZERO_V3_CHECKPOINT_OK"),
 ])
 def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
                                                                 says):

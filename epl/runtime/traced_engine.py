@@ -33,8 +33,13 @@ EPL does: ops built outside every stage scope (the loss after the model,
 the function's outputs) are left to the rewrite to place beside their
 neighbours; the optimizer's ops are its update (APPLY), as the TF1
 optimizer hook tags them; its slots go to the stage of their variable.
-(A Keras optimizer's IdentityN of all gradients stays: ZeRO follows each
-gradient through it, `epl.ir.pass_through`.)
+(A Keras optimizer's IdentityN of all gradients is bypassed: each update
+reads its own gradient, which ZeRO v3 slices for that update alone.) The
+backward pass reads each batch argument through an Identity that every
+copy of the step makes, so what passes build from those reads read the
+copy's part of the batch. Under ZeRO v3, replica 0's shards are the
+function's own variables, kept in step with the user's
+(`traced_shards`).
 """
 import logging
 

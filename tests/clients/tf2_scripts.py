@@ -25,7 +25,9 @@ conftest switched it off) and reads what they print.
   weights into a model built without EPL.
 - recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline,
   zero_v3_in_pipeline: the pipeline with gradient checkpointing (auto),
-  ZeRO v1 or ZeRO v3 equals plain TF; with AMP
+  ZeRO v1 or ZeRO v3 equals plain TF (v3 also with a checkpoint round
+  trip of model and optimizer between steps,
+  zero_v3_checkpoint_round_trip); with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
 - functional_pipeline: a functional model whose layers are called in two
   stage scopes while it is built (eagerly, before the step is traced)
@@ -80,15 +82,16 @@ def _optimizer(kind):
   return tf.keras.optimizers.Adam(0.01)
 
 
-def _halve_weights_after_step_2(model, step):
+def _halve_weights_after_step_2(model, step, optimizer):
   """An eager write between two calls of the step."""
+  del optimizer
   if step == 2:
     model.set_weights([0.5 * w for w in model.get_weights()])
 
 
 def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   """The script of the issue's first row: returns the model and the last
-  loss. `between(model, step)` runs eagerly after each step."""
+  loss. `between(model, step, optimizer)` runs eagerly after each step."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -106,7 +109,7 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   for step, (x, y) in enumerate(batches):
     loss = train_step(x, y)
     if between is not None:
-      between(model, step)
+      between(model, step, optimizer)
   return model, float(loss)
 
 
@@ -214,19 +217,17 @@ def split_scope_refused():
            default_strategy=False)
 
 
-def _pipeline_run(kind, config=None):
+def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2):
   """The pipeline script under EPL (2 stages x 2 replicas, 4
-  micro-batches, `config` besides) and without: the two models and
-  losses, and what EPL logged."""
+  micro-batches, `config` besides) and without, `between` run after each
+  step: the two models and losses, and what EPL logged."""
   _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
   logged = _Logged()
   stages = [epl.replicate(1, name="stage_0"),
             epl.replicate(1, name="stage_1")]
-  model, loss = _train(kind, _TwoStageModel(stages),
-                       between=_halve_weights_after_step_2)
+  model, loss = _train(kind, _TwoStageModel(stages), between=between)
   epl.shutdown()
-  expected, expected_loss = _train(kind, _TwoStageModel(),
-                                   between=_halve_weights_after_step_2)
+  expected, expected_loss = _train(kind, _TwoStageModel(), between=between)
   return (model, loss), (expected, expected_loss), logged.lines
 
 
@@ -445,6 +446,36 @@ def zero_v3_in_pipeline():
   assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 2 replicas "
                          "(9 variables with slots)"], logged
   print("TF2_ZERO_V3_OK tf=%s %s" % (tf.__version__, partitioned[0]))
+
+
+def _restore_after_zeros(model, step, optimizer):
+  """After step 2: a checkpoint of the model and the optimizer, every
+  weight and slot then set to zero, and the checkpoint restored; then
+  the slots (Adam's m and v) halved. Training goes on as without EPL only
+  if the checkpoint held the current weights and slots and the restore
+  and the halving reached what the step reads."""
+  if step != 2:
+    return
+  saved = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  path = saved.save(tempfile.mkdtemp() + "/ckpt")
+  for variable in model.variables + optimizer.variables():
+    variable.assign(tf.zeros_like(variable))
+  saved.restore(path).assert_consumed()
+  for variable in optimizer.variables():
+    if variable.shape.rank:
+      variable.assign(0.5 * variable)
+
+
+def zero_v3_checkpoint_round_trip():
+  """The v3 pipeline with a tf.train.Checkpoint round trip of the model
+  and Keras Adam (slots included) and an eager write of the slots between
+  steps 2 and 3: equal to plain TF doing the same."""
+  (model, _), (expected, _), _ = _pipeline_run(
+      "adam", {"zero.level": "v3", "zero.min_partition_size": 16},
+      between=_restore_after_zeros)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  print("TF2_ZERO_V3_CHECKPOINT_OK tf=%s" % tf.__version__)
 
 
 def fit_custom_step_pipeline_refused():
