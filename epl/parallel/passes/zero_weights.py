@@ -124,11 +124,13 @@ def _warn_left_whole(partition):
 
 def _variables_of_update(variable, update, trained):
   """`variable` and the variable ops of its `update` ops: those among
-  them, and those they read that are not trained (its slots; a traced
-  TF2 step's slots are variables of the stage, read by the update)."""
+  them, and the untrained ones only they use (its slots: a traced TF2
+  step's slots are variables of the stage that the update reads)."""
+  names = {op.name for op in update}
   found = [variable] + [op for op in update if op.type in VARIABLE_TYPES]
   found += [t.op for op in update for t in op.inputs
-            if t.op.type in VARIABLE_TYPES and t.op.name not in trained]
+            if t.op.type in VARIABLE_TYPES and t.op.name not in trained and
+            all(c.name in names for c in t.consumers())]
   return list(dict.fromkeys(found))
 
 
