@@ -56,6 +56,9 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
     # v3 with a checkpoint of model and optimizer restored between steps
     # (after zeroing them) and the slots written eagerly.
     ("zero_v3_checkpoint_round_trip", "TF2_ZERO_V3_CHECKPOINT_OK"),
+    # v3 with the model in one stage scope: 4 replicas, data parallel
+    # through the engine.
+    ("zero_v3_one_stage", "TF2_ZERO_V3_ONE_STAGE_OK"),
 ])
 def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
                                                                 says):

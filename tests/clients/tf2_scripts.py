@@ -27,7 +27,8 @@ conftest switched it off) and reads what they print.
   zero_v3_in_pipeline: the pipeline with gradient checkpointing (auto),
   ZeRO v1 or ZeRO v3 equals plain TF (v3 also with a checkpoint round
   trip of model and optimizer between steps,
-  zero_v3_checkpoint_round_trip); with AMP
+  zero_v3_checkpoint_round_trip; with one stage of 4 replicas,
+  zero_v3_one_stage); with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
 - functional_pipeline: a functional model whose layers are called in two
   stage scopes while it is built (eagerly, before the step is traced)
@@ -217,14 +218,16 @@ def split_scope_refused():
            default_strategy=False)
 
 
-def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2):
+def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2,
+                  one_stage=False):
   """The pipeline script under EPL (2 stages x 2 replicas, 4
-  micro-batches, `config` besides) and without, `between` run after each
+  micro-batches, `config` besides; with `one_stage`, both halves in one
+  scope: 4 replicas of one stage) and without, `between` run after each
   step: the two models and losses, and what EPL logged."""
   _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
   logged = _Logged()
-  stages = [epl.replicate(1, name="stage_0"),
-            epl.replicate(1, name="stage_1")]
+  stages = [epl.replicate(1, name="stage_0")]
+  stages.append(stages[0] if one_stage else epl.replicate(1, name="stage_1"))
   model, loss = _train(kind, _TwoStageModel(stages), between=between)
   epl.shutdown()
   expected, expected_loss = _train(kind, _TwoStageModel(), between=between)
@@ -446,6 +449,20 @@ def zero_v3_in_pipeline():
   assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 2 replicas "
                          "(9 variables with slots)"], logged
   print("TF2_ZERO_V3_OK tf=%s %s" % (tf.__version__, partitioned[0]))
+
+
+def zero_v3_one_stage():
+  """v3 through the engine with one stage scope around the whole model:
+  data parallel over 4 replicas, 4 micro-batches; equal to plain TF."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"zero.level": "v3", "zero.min_partition_size": 16},
+      one_stage=True)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  partitioned = [line for line in logged if "weight(s) partitioned" in line]
+  assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 4 replicas "
+                         "(9 variables with slots)"], logged
+  print("TF2_ZERO_V3_ONE_STAGE_OK tf=%s" % tf.__version__)
 
 
 def _restore_after_zeros(model, step, optimizer):
