@@ -304,13 +304,7 @@ class EngineStep:
                      for name in sources]
     self.whole_batch_readers = self._whole_batch_readers(graph)
     self._step_def = graph.as_graph_def()
-    # zero.level v3: the shards of replica 0 are the function's own
-    # variables, written from the user's before every call and back after.
-    sharded = traced_shards.partitioned_names(result)
-    self._sharded_inputs = {name + ":0": traced_shards.user_input(name)
-                            for name in sharded}
-    self._shards = traced_shards.ShardTransfers(graph, sharded) \
-        if sharded else None
+    sharded = self._shard_transfers(graph, result, function_name)
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
     # optimizer's slots) are then the replicas' own: under ZeRO each
@@ -320,16 +314,31 @@ class EngineStep:
     whole = lambda names: [n for n in names if n not in sharded]
     self._first_sync = self._sync_function(graph, result, whole(variables))
     self._sync = self._sync_function(graph, result, whole(trained))
-    if self._shards is not None:
-      self._into_shards = self._transfer_function(
-          self._shards.into_shards, self._shards.into_shards_group)
-      self._into_user = self._transfer_function(
-          self._shards.into_user, self._shards.into_user_group)
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _shard_transfers(self, graph, result, function_name):
+    """zero.level v3: replica 0's shards are the function's own variables,
+    written from the user's before every call and back after it
+    (`traced_shards`); returns the names of the partitioned variables."""
+    sharded = traced_shards.partitioned_names(result)
+    self._sharded_inputs, self._into_shards = {}, None
+    if sharded:
+      shards = traced_shards.ShardTransfers(graph, sharded)
+      self._sharded_inputs = shards.user_inputs
+      self._into_shards = self._transfer_function(
+          shards.into_shards, shards.into_shards_group)
+      self._into_user = self._transfer_function(
+          shards.into_user, shards.into_user_group)
+      logger.info(
+          "epl: tf.function %s: zero.level v3 keeps the shards of %d "
+          "variable(s) in the function's own variables; the user's whole "
+          "variables are written into them before every call and from "
+          "them after it", function_name, len(sharded))
+    return sharded
 
   def _whole_batch_readers(self, graph):
     """Names of the ops a call runs that read a whole batch argument,
@@ -372,10 +381,10 @@ class EngineStep:
       self._first_sync()
       self._first_sync = None
     self._sync()
-    if self._shards is not None:
+    if self._into_shards is not None:
       self._into_shards()
     outputs = self._run(*flat_arguments)
-    if self._shards is not None:
+    if self._into_shards is not None:
       self._into_user()
     structure = self._concrete.structured_outputs
     if structure is None:

@@ -43,12 +43,6 @@ def partitioned_names(result):
   return sorted(weights.shards) if weights else []
 
 
-def user_input(name):
-  """The name of the input the user's variable `name` (its handle) is
-  given at, in the graph defs of `ShardTransfers`."""
-  return "%s/%s:0" % (_USER, name)
-
-
 def _extracted(graph, ops):
   """A GraphDef of what `ops` need, and the name of the op grouping them."""
   with graph.as_default(), capture.suspended():
@@ -61,7 +55,10 @@ class ShardTransfers:
   """The graph defs that write each shard of the partitioned variables
   `names` of rewritten `graph` from the user's variable (`into_shards`),
   and the user's variable from the shards joined (`into_user`). Built
-  after the step's GraphDef was taken: they are not part of the step."""
+  after the step's GraphDef was taken: they are not part of the step.
+  `user_inputs`: {the step's input of replica 0's copy of each variable
+  (its VarHandleOp, left unmapped): the input of these graph defs the
+  user's variable (its handle) is given at}."""
 
   def __init__(self, graph, names):
     writes, reads, handles = [], [], []
@@ -81,6 +78,8 @@ class ShardTransfers:
       back = [tf.raw_ops.AssignVariableOp(
           resource=handle, value=substitutes[read.name])
               for handle, read in zip(handles, reads)]
+    self.user_inputs = {name + ":0": handle.name
+                        for name, handle in zip(names, handles)}
     self.into_shards, self.into_shards_group = _extracted(
         graph, [substitutes[write.name] for write in writes])
     self.into_user, self.into_user_group = _extracted(graph, back)
