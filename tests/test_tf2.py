@@ -51,6 +51,14 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
     ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
     ("amp_in_pipeline", "TF2_AMP_OK"),
     ("zero_in_pipeline", "TF2_ZERO_OK"),
+    # v3: 3 weights and their 6 Adam slots in shards of 2 replicas a stage.
+    ("zero_v3_in_pipeline", "TF2_ZERO_V3_OK"),
+    # v3 with a checkpoint of model and optimizer restored between steps
+    # (after zeroing them) and the slots written eagerly.
+    ("zero_v3_checkpoint_round_trip", "TF2_ZERO_V3_CHECKPOINT_OK"),
+    # v3 with the model in one stage scope: 4 replicas, data parallel
+    # through the engine.
+    ("zero_v3_one_stage", "TF2_ZERO_V3_ONE_STAGE_OK"),
 ])
 def test_memory_savers_of_the_engine_apply_to_a_traced_pipeline(scenario,
                                                                 says):
@@ -124,8 +132,9 @@ def test_checkpoint_after_eager_training_holds_one_copy():
                             "name='experts')"),
     ("moe_einsum_refused", "tf.einsum (MoE experts) inside "
                            "epl.split(device_count=2, name='experts')"),
-    ("zero_in_pipeline_refused", "zero.level 'v3' asked, but they are not "
-                                 "built for a traced TF2 step yet"),
+    ("offload_in_pipeline_refused", "offload.level 'v0' asked, but they "
+                                    "are not built for a traced TF2 step "
+                                    "yet"),
     ("fit_custom_step_pipeline_refused", "reads its whole batch outside "
                                          "the micro-batches of its model"),
     ("functional_layer_in_two_stages_refused",

@@ -33,8 +33,13 @@ EPL does: ops built outside every stage scope (the loss after the model,
 the function's outputs) are left to the rewrite to place beside their
 neighbours; the optimizer's ops are its update (APPLY), as the TF1
 optimizer hook tags them; its slots go to the stage of their variable.
-(A Keras optimizer's IdentityN of all gradients stays: ZeRO follows each
-gradient through it, `epl.ir.pass_through`.)
+(A Keras optimizer's IdentityN of all gradients is bypassed: each update
+reads its own gradient, which ZeRO v3 slices for that update alone.) The
+backward pass reads each batch argument through an Identity that every
+copy of the step makes, so what passes build from those reads read the
+copy's part of the batch. Under ZeRO v3, replica 0's shards are the
+function's own variables, kept in step with the user's
+(`traced_shards`).
 """
 import dataclasses
 import logging
@@ -49,6 +54,7 @@ from epl.ir.phase import Phase
 from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
 from epl.parallel.passes import variable_sync
+from epl.runtime import traced_shards
 from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
 
@@ -101,6 +107,7 @@ def _graph_copy(concrete, traced, default_strategy):
   with graph.as_default(), capture.suspended():
     tf.graph_util.import_graph_def(graph_def, name="")
   state = _tag_copy(graph, state_of(func_graph), default_strategy)
+  _batches_through_identity(graph, state, func_graph)
   placeholder_of = {id(external): internal.op.name
                     for external, internal in func_graph.captures}
   state.gradient_records.append(GradientRecord(tuple(
@@ -108,9 +115,45 @@ def _graph_copy(concrete, traced, default_strategy):
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
+  _past_identity_n(graph, state.gradient_records[-1].pairs)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
   return graph, variables
+
+
+def _past_identity_n(graph, pairs):
+  """The readers of a Keras optimizer's IdentityN of all gradients read
+  each gradient itself (its k-th output is its k-th input): ZeRO v3
+  slices and sums each gradient for its update alone, and an update must
+  read it for that (`pairs`: the recorded (gradient, variable) pairs)."""
+  gradients = {grad.name for grad, _ in pairs}
+  for op in graph.get_operations():
+    if op.type == "IdentityN" and any(t.name in gradients for t in op.inputs):
+      for passed, output in zip(op.inputs, op.outputs):
+        graph_editor.replace_input_in(list(output.consumers()), output,
+                                      passed)
+
+
+def _batches_through_identity(graph, state, func_graph):
+  """The backward pass reads each batch argument through an Identity of
+  its own, which each replica and micro-batch copies: the rewrite gives
+  those copies their part of the batch, so what passes build from the
+  backward's reads (ZeRO v3's shard gradients of a first layer's kernel)
+  read that part, not the placeholder of the whole batch. (Other readers
+  keep reading the placeholder: one outside the step is refused.)"""
+  captured = {internal.name for _, internal in func_graph.captures}
+  for argument in func_graph.inputs:
+    if argument.name in captured or not argument.shape.rank:
+      continue
+    batch = graph.get_tensor_by_name(argument.name)
+    readers = [op for op in batch.consumers()
+               if state.phase_of(op) is Phase.BACKWARD]
+    if not readers:
+      continue
+    with graph.as_default(), capture.suspended():
+      read = tf.identity(batch, name=batch.op.name + "/backward_read")
+    graph_editor.replace_input_in(readers, batch, read)
+    state.tag(read.op, None, Phase.BACKWARD)
 
 
 def _tag_copy(graph, source, default_strategy):
@@ -235,12 +278,17 @@ def _sync_def(graph, result, names):
 
 def _import(graph_def, input_map, return_elements):
   """Imports `graph_def` into the function being traced, mapping only the
-  inputs it has (TensorFlow refuses a mapping of an absent one)."""
+  inputs it has (TensorFlow refuses a mapping of an absent one). A
+  control input on a mapped op waits for its mapping instead (ZeRO v3's
+  prefetching reads wait for the batch), else the unfed placeholder
+  would run."""
   names = {node.name for node in graph_def.node}
+  mapped = {k: v for k, v in input_map.items() if k.split(":")[0] in names}
+  mapped.update({"^" + k.split(":")[0]: v for k, v in list(mapped.items())
+                 if k.endswith(":0")})
   return tf.graph_util.import_graph_def(
       graph_def, return_elements=return_elements, name="",
-      input_map={k: v for k, v in input_map.items()
-                 if k.split(":")[0] in names})
+      input_map=mapped)
 
 
 class EngineStep:
@@ -268,19 +316,41 @@ class EngineStep:
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
     self._step_def = collective_order.unchain(graph.as_graph_def())
+    sharded = self._shard_transfers(graph, result, function_name)
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
     # optimizer's slots) are then the replicas' own: under ZeRO each
     # replica updates the slots of its share of the variables.
     trained = {variable.name for record in state_of(graph).gradient_records
                for _, variable in record.pairs}
-    self._first_sync = self._sync_function(graph, result, variables)
-    self._sync = self._sync_function(graph, result, trained)
+    whole = lambda names: [n for n in names if n not in sharded]
+    self._first_sync = self._sync_function(graph, result, whole(variables))
+    self._sync = self._sync_function(graph, result, whole(trained))
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _shard_transfers(self, graph, result, function_name):
+    """zero.level v3: replica 0's shards are the function's own variables,
+    written from the user's before every call and back after it
+    (`traced_shards`); returns the names of the partitioned variables."""
+    sharded = traced_shards.partitioned_names(result)
+    self._sharded_inputs, self._into_shards = {}, None
+    if sharded:
+      shards = traced_shards.ShardTransfers(graph, sharded)
+      self._sharded_inputs = shards.user_inputs
+      self._into_shards = self._transfer_function(
+          shards.into_shards, shards.into_shards_group)
+      self._into_user = self._transfer_function(
+          shards.into_user, shards.into_user_group)
+      logger.info(
+          "epl: tf.function %s: zero.level v3 keeps the shards of %d "
+          "variable(s) in the function's own variables; the user's whole "
+          "variables are written into them before every call and from "
+          "them after it", function_name, len(sharded))
+    return sharded
 
   def _whole_batch_readers(self, graph):
     """Names of the ops a call runs that read a whole batch argument,
@@ -298,7 +368,9 @@ class EngineStep:
         if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
-    graph_def, group = _sync_def(graph, result, names)
+    return self._transfer_function(*_sync_def(graph, result, names))
+
+  def _transfer_function(self, graph_def, group):
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
     return tf.function(
@@ -308,7 +380,7 @@ class EngineStep:
   def _inputs(self, arguments=()):
     # The traced step's captures (variable handles, constants) enter the
     # function as its own captures.
-    inputs = {name: tf.identity(external)
+    inputs = {self._sharded_inputs.get(name, name): tf.identity(external)
               for name, external in self._captured.items()}
     inputs.update(zip(self._arguments, arguments))
     return inputs
@@ -321,7 +393,11 @@ class EngineStep:
       self._first_sync()
       self._first_sync = None
     self._sync()
+    if self._into_shards is not None:
+      self._into_shards()
     outputs = self._run(*flat_arguments)
+    if self._into_shards is not None:
+      self._into_user()
     structure = self._concrete.structured_outputs
     if structure is None:
       return None

@@ -477,9 +477,10 @@ def _refuse_in_engine(step, name, env):
   opens strategy scopes."""
   _refuse_unsupported_gradients(step, name)
   _refuse_multi_worker(name, env)
-  # Gradient checkpointing, AMP and ZeRO v0-v2 come through the engine's
-  # own passes (tested); ZeRO v3 keeps shards the user's variables cannot
-  # hold, and the others are not checked on a traced step yet.
+  # Gradient checkpointing, AMP and ZeRO v0-v3 come through the engine's
+  # own passes (tested; v3's shards are the function's own variables,
+  # traced_shards); offload and grouped apply are not checked on a traced
+  # step yet.
   savers = _memory_savers_asked(env.config, engine=True)
   if savers:
     raise NotSupportedInTracedStep(
@@ -494,7 +495,7 @@ def _memory_savers_asked(config, engine=False):
   with `engine`, those the engine's rewrite of a traced step does not
   apply yet."""
   asked = []
-  if config.zero.level and (config.zero.level == "v3" or not engine):
+  if config.zero.level and not engine:
     asked.append("zero.level %r" % config.zero.level)
   if config.gradient_checkpoint.type and not engine:
     asked.append("gradient_checkpoint.type %r" %

@@ -23,8 +23,12 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
-- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
-  with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
+- recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline,
+  zero_v3_in_pipeline: the pipeline with gradient checkpointing (auto),
+  ZeRO v1 or ZeRO v3 equals plain TF (v3 also with a checkpoint round
+  trip of model and optimizer between steps,
+  zero_v3_checkpoint_round_trip; with one stage of 4 replicas,
+  zero_v3_one_stage); with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
 - functional_pipeline: a functional model whose layers are called in two
   stage scopes while it is built (eagerly, before the step is traced)
@@ -47,7 +51,7 @@ conftest switched it off) and reads what they print.
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
   moe_weights_refused,
   moe_einsum_refused,
-  zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
+  offload_in_pipeline_refused, fit_custom_step_pipeline_refused,
   uneven_batch_refused: each raises EPL's error, which is printed.
 """
 import contextlib
@@ -88,15 +92,16 @@ def _optimizer(kind):
   return tf.keras.optimizers.Adam(0.01)
 
 
-def _halve_weights_after_step_2(model, step):
+def _halve_weights_after_step_2(model, step, optimizer):
   """An eager write between two calls of the step."""
+  del optimizer
   if step == 2:
     model.set_weights([0.5 * w for w in model.get_weights()])
 
 
 def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   """The script of the issue's first row: returns the model and the last
-  loss. `between(model, step)` runs eagerly after each step."""
+  loss. `between(model, step, optimizer)` runs eagerly after each step."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -114,7 +119,7 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   for step, (x, y) in enumerate(batches):
     loss = train_step(x, y)
     if between is not None:
-      between(model, step)
+      between(model, step, optimizer)
   return model, float(loss)
 
 
@@ -400,19 +405,19 @@ def moe_einsum_refused():
   _moe_refused(built=True)
 
 
-def _pipeline_run(kind, config=None):
+def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2,
+                  one_stage=False):
   """The pipeline script under EPL (2 stages x 2 replicas, 4
-  micro-batches, `config` besides) and without: the two models and
-  losses, and what EPL logged."""
+  micro-batches, `config` besides; with `one_stage`, both halves in one
+  scope: 4 replicas of one stage) and without, `between` run after each
+  step: the two models and losses, and what EPL logged."""
   _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
   logged = _Logged()
-  stages = [epl.replicate(1, name="stage_0"),
-            epl.replicate(1, name="stage_1")]
-  model, loss = _train(kind, _TwoStageModel(stages),
-                       between=_halve_weights_after_step_2)
+  stages = [epl.replicate(1, name="stage_0")]
+  stages.append(stages[0] if one_stage else epl.replicate(1, name="stage_1"))
+  model, loss = _train(kind, _TwoStageModel(stages), between=between)
   epl.shutdown()
-  expected, expected_loss = _train(kind, _TwoStageModel(),
-                                   between=_halve_weights_after_step_2)
+  expected, expected_loss = _train(kind, _TwoStageModel(), between=between)
   return (model, loss), (expected, expected_loss), logged.lines
 
 
@@ -428,6 +433,19 @@ class _Logged(logging.Handler):
     self.lines.append(record.getMessage())
 
 
+def _restores_without_epl(model):
+  """A checkpoint of `model`, trained under EPL, holds one full copy of
+  each weight under its own name: it restores into the model built
+  without EPL, equal."""
+  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
+  restored = _TwoStageModel()
+  restored(_data(1)[0])
+  tf.train.Checkpoint(model=restored).restore(
+      path).assert_existing_objects_matched()
+  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
+    np.testing.assert_array_equal(actual, wanted)
+
+
 def pipeline(kind):
   """2 stages x 2 replicas (4 CPU devices), 4 micro-batches: equal to the
   same script without EPL, and a checkpoint of it restores into a model
@@ -438,14 +456,7 @@ def pipeline(kind):
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
-  path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
-  # The checkpoint holds one copy of each weight, under its own name.
-  restored = _TwoStageModel()
-  restored(_data(1)[0])
-  tf.train.Checkpoint(model=restored).restore(
-      path).assert_existing_objects_matched()
-  for actual, wanted in zip(restored.get_weights(), model.get_weights()):
-    np.testing.assert_array_equal(actual, wanted)
+  _restores_without_epl(model)
   print("TF2_PIPELINE_OK tf=%s optimizer=%s stages=2 replicas=2 "
         "micro_batches=4 loss=%.6f" % (tf.__version__, kind, loss))
 
@@ -609,6 +620,68 @@ def functional_fit_pipeline():
   fit_pipeline(functional=True)
 
 
+def zero_v3_in_pipeline():
+  """The pipeline with zero.level v3 (Keras Adam): each replica of a stage
+  holds one shard of its partitioned weights and slots in the rewritten
+  function's own variables; the user's variables get the full values
+  after every step. Weights (also after the eager set_weights after step
+  2) equal plain TF; a checkpoint of the model restores into one built
+  without EPL."""
+  config = {"zero.level": "v3", "zero.min_partition_size": 16}
+  (model, _), (expected, _), logged = _pipeline_run("adam", config)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  _restores_without_epl(model)
+  partitioned = [line for line in logged if "weight(s) partitioned" in line]
+  assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 2 replicas "
+                         "(9 variables with slots)"], logged
+  print("TF2_ZERO_V3_OK tf=%s %s" % (tf.__version__, partitioned[0]))
+
+
+def zero_v3_one_stage():
+  """v3 through the engine with one stage scope around the whole model:
+  data parallel over 4 replicas, 4 micro-batches; equal to plain TF."""
+  (model, _), (expected, _), logged = _pipeline_run(
+      "adam", {"zero.level": "v3", "zero.min_partition_size": 16},
+      one_stage=True)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  partitioned = [line for line in logged if "weight(s) partitioned" in line]
+  assert partitioned == ["ZeRO v3: 3 weight(s) partitioned over 4 replicas "
+                         "(9 variables with slots)"], logged
+  print("TF2_ZERO_V3_ONE_STAGE_OK tf=%s" % tf.__version__)
+
+
+def _restore_after_zeros(model, step, optimizer):
+  """After step 2: a checkpoint of the model and the optimizer, every
+  weight and slot then set to zero, and the checkpoint restored; then
+  the slots (Adam's m and v) halved. Training goes on as without EPL only
+  if the checkpoint held the current weights and slots and the restore
+  and the halving reached what the step reads."""
+  if step != 2:
+    return
+  saved = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  path = saved.save(tempfile.mkdtemp() + "/ckpt")
+  for variable in model.variables + optimizer.variables():
+    variable.assign(tf.zeros_like(variable))
+  saved.restore(path).assert_consumed()
+  for variable in optimizer.variables():
+    if variable.shape.rank:
+      variable.assign(0.5 * variable)
+
+
+def zero_v3_checkpoint_round_trip():
+  """The v3 pipeline with a tf.train.Checkpoint round trip of the model
+  and Keras Adam (slots included) and an eager write of the slots between
+  steps 2 and 3: equal to plain TF doing the same."""
+  (model, _), (expected, _), _ = _pipeline_run(
+      "adam", {"zero.level": "v3", "zero.min_partition_size": 16},
+      between=_restore_after_zeros)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  print("TF2_ZERO_V3_CHECKPOINT_OK tf=%s" % tf.__version__)
+
+
 def fit_custom_step_pipeline_refused():
   """Keras fit of a model in stages whose own train_step updates the
   metrics with the whole batch, outside the micro-batches."""
@@ -617,11 +690,11 @@ def fit_custom_step_pipeline_refused():
            micro_batches=4, default_strategy=False)
 
 
-def zero_in_pipeline_refused():
+def offload_in_pipeline_refused():
   _refused(lambda: _train("adam", _TwoStageModel([
       epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
            micro_batches=4, default_strategy=False,
-           config={"zero.level": "v3"})
+           config={"offload.level": "v0"})
 
 
 def uneven_batch_refused():

@@ -122,6 +122,18 @@ def _warn_left_whole(partition):
                 "stay whole: %s", len(small), ", ".join(small))
 
 
+def _variables_of_update(variable, update, trained):
+  """`variable` and the variable ops of its `update` ops: those among
+  them, and the untrained ones only they use (its slots: a traced TF2
+  step's slots are variables of the stage that the update reads)."""
+  names = {op.name for op in update}
+  found = [variable] + [op for op in update if op.type in VARIABLE_TYPES]
+  found += [t.op for op in update for t in op.inputs
+            if t.op.type in VARIABLE_TYPES and t.op.name not in trained and
+            all(c.name in names for c in t.consumers())]
+  return list(dict.fromkeys(found))
+
+
 def choose_sharded(ctx, points, updates):
   """The ShardedWeights of the trained variables the plan partitions
   (`ctx.plan.decisions.partition`), among `points` ((gradient, variable)
@@ -130,6 +142,7 @@ def choose_sharded(ctx, points, updates):
   partition = ctx.plan.decisions.partition
   _warn_left_whole(partition)
   chosen = set(partition.names(WeightSharding.PARTITIONED))
+  trained = {name for name, _ in partition.variables}
   replicas = len(ctx.replicas)
   shards, sharded_points, full_shapes = {}, [], {}
   for grad, variable in points:
@@ -144,9 +157,9 @@ def choose_sharded(ctx, points, updates):
     info = ShardedVariable(axis=0, full_size=rows,
                            columns=-(-rows // replicas), group_size=replicas)
     sharded_points.append((grad, variable))
-    for op in [variable] + updates[variable.name]:
-      if op.type in VARIABLE_TYPES and tf.TensorShape(
-          op.get_attr("shape")) == shape:
+    for op in _variables_of_update(variable, updates[variable.name],
+                                   trained):
+      if tf.TensorShape(op.get_attr("shape")) == shape:
         shards[op.name] = info
         full_shapes[op.name] = shape
   if not sharded_points:
