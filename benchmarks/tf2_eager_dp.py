@@ -7,7 +7,9 @@ when its runtime starts) on `--devices` logical CPU devices, alternating
 `--rounds` times: an MLP trained by an eager loop over a `@tf.function`
 step (GradientTape, Keras Adam) on a global batch of `--batch` rows. The
 time to the first step runs from building the model to the first step's
-loss; steps/s is over `--steps` steps after it.
+loss; steps/s is over `--steps` steps after it. Each is also given in
+the process's CPU time (all its threads), steadier than wall time on a
+shared machine.
 
     PYTHONPATH=. python benchmarks/tf2_eager_dp.py [--steps 50]
 """
@@ -53,7 +55,7 @@ def _child(args):
         tf.keras.losses.sparse_categorical_crossentropy(
             y, model(x, training=True), from_logits=True))
 
-  start = time.perf_counter()
+  start, start_cpu = time.perf_counter(), time.process_time()
   if args.mode == "mirrored":
     strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
@@ -85,12 +87,17 @@ def _child(args):
     batches = iter(data)
   float(train_step(*next(batches)))
   first = time.perf_counter() - start
-  start = time.perf_counter()
+  first_cpu = time.process_time() - start_cpu
+  start, start_cpu = time.perf_counter(), time.process_time()
   for _ in range(args.steps):
     loss = train_step(*next(batches))
   float(loss)
-  print(json.dumps({"mode": args.mode, "first_step_s": first,
-                    "steps_per_s": args.steps / (time.perf_counter() - start)}))
+  print(json.dumps({
+      "mode": args.mode, "first_step_s": first,
+      "steps_per_s": args.steps / (time.perf_counter() - start),
+      "first_step_cpu_s": first_cpu,
+      "cpu_ms_per_step": 1e3 * (time.process_time() - start_cpu) / args.steps
+  }))
 
 
 def main(argv=None):
@@ -115,9 +122,11 @@ def main(argv=None):
           check=True, capture_output=True, text=True, timeout=600).stdout
       results[mode].append(json.loads(out.strip().splitlines()[-1]))
   for mode, runs in results.items():
-    print("%-9s first step %s s   steps/s %s" % (
+    print("%-9s first step %s s (CPU %s s)   steps/s %s (CPU ms/step %s)" % (
         mode, " ".join("%.2f" % r["first_step_s"] for r in runs),
-        " ".join("%.1f" % r["steps_per_s"] for r in runs)))
+        " ".join("%.2f" % r["first_step_cpu_s"] for r in runs),
+        " ".join("%.1f" % r["steps_per_s"] for r in runs),
+        " ".join("%.1f" % r["cpu_ms_per_step"] for r in runs)))
 
 
 if __name__ == "__main__":

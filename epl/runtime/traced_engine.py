@@ -108,6 +108,8 @@ def _graph_copy(concrete, traced, default_strategy):
   state.loss_seeds.update(traced.loss_seeds)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
+  if not traced.strategies:
+    _tag_data_parallel(graph, state, default_strategy)
   return graph, variables
 
 
@@ -185,6 +187,17 @@ def _stage_unscoped_variables(graph, state, variables):
         break
 
 
+def _tag_data_parallel(graph, state, default_strategy):
+  """Puts the work of a step that opens no strategy scope, but its update,
+  in the TaskGraph of the default strategy (data parallelism), as capture
+  tags a TF1 graph built under it."""
+  taskgraph = state.taskgraph_for(default_strategy)
+  for op in graph.get_operations():
+    phase = state.phase_of(op)
+    if state.taskgraph_of(op) is None and phase is not Phase.APPLY:
+      state.tag(op, taskgraph, phase)
+
+
 def _merged_outputs(graph, output_names):
   """Puts the tensors the step returns into EPL's merged collections (a
   float scalar averaged, a tensor of rank >= 1 concatenated; another
@@ -254,6 +267,7 @@ class EngineStep:
           "step (optimizer.apply_gradients)." % function_name)
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
+    self._rewrite = result
     self.whole_batch_readers = self._whole_batch_readers(graph)
     self._step_def = graph.as_graph_def()
     # Every copy starts from the user's variable; the trained ones follow
@@ -304,7 +318,15 @@ class EngineStep:
   def _body(self, *arguments):
     return _import(self._step_def, self._inputs(arguments), self._fetches)
 
+  def _check_batch(self, flat_arguments):
+    """Raises, before the step runs, for a batch the replicas and
+    micro-batches do not divide (the checks a TF1 feed goes through)."""
+    result = self._rewrite
+    result.manager.run_later("on_feed", result.context, result.artifacts,
+                             dict(zip(self._arguments, flat_arguments)))
+
   def __call__(self, flat_arguments):
+    self._check_batch(flat_arguments)
     if self._first_sync is not None:
       self._first_sync()
       self._first_sync = None

@@ -23,6 +23,9 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
+- dp_with_recompute, dp_with_zero_v1, dp_with_zero_v2: the data-parallel
+  script with gradient checkpointing (auto) or ZeRO v1/v2, also after an
+  eager `set_weights` between two steps, equals plain TF.
 - recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
   with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
@@ -325,6 +328,34 @@ def _no_scopes():
   return [contextlib.nullcontext(), contextlib.nullcontext()]
 
 
+_DATA_PARALLEL_SAVERS = {
+    "recompute": ({"gradient_checkpoint.type": "auto"},
+                  "checkpoint tensor(s)"),
+    "zero_v1": ({"zero.level": "v1"}, "variables dealt to 4 replicas"),
+    "zero_v2": ({"zero.level": "v2"}, "variables dealt to 4 replicas"),
+}
+
+
+def data_parallel_with(saver):
+  """The data-parallel script (4 replicas, no scope in the step, an eager
+  `set_weights` between two steps) with gradient checkpointing or ZeRO
+  from EPL's engine: weights and loss equal to plain TF, and the engine
+  logged the saver it applied."""
+  config, says = _DATA_PARALLEL_SAVERS[saver]
+  _init(config=config)
+  logged = _Logged()
+  model, loss = _train("adam", between=_halve_weights_after_step_2)
+  epl.shutdown()
+  expected, expected_loss = _train("adam",
+                                   between=_halve_weights_after_step_2)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  applied = [line for line in logged.lines if says in line]
+  assert applied, logged.lines
+  print("TF2_DP_SAVER_OK %s tf=%s %s" % (saver, tf.__version__, applied[0]))
+
+
 def functional_pipeline(sequential=False):
   """A functional model whose layers were called in two stage scopes while
   it was built: the traced step calls them in those stages (2 stages x 2
@@ -356,7 +387,7 @@ def sequential_pipeline():
 def functional_in_one_scope():
   """A functional model built inside one `epl.replicate(1)` scope (and
   the default strategy set, as the issue's scripts do) trains data
-  parallel (4 replicas, the data-parallel rewrite), equal to plain TF."""
+  parallel (4 replicas of one TaskGraph), equal to plain TF."""
   _init()
   logged = _Logged()
   scope = epl.replicate(1)
@@ -366,7 +397,8 @@ def functional_in_one_scope():
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
-  assert not any("EPL's engine" in line for line in logged.lines)
+  assert any("4 model replica(s) x 1 TaskGraph(s)" in line
+             for line in logged.lines), logged.lines
   print("TF2_FUNCTIONAL_DP_OK loss=%.6f" % loss)
 
 
@@ -451,13 +483,6 @@ def eager_tape_refused():
   _refused(run)
 
 
-def memory_savers_refused():
-  """ZeRO asked for a TF2 step, which would train without it."""
-  import os  # pylint: disable=g-import-not-at-top
-  os.environ["EPL_ZERO_LEVEL"] = "v1"
-  _refused(lambda: _train("adam"))
-
-
 def init_after_model_refused():
   """epl.init() after the model was built eagerly (the trial's trap: it
   used to fail with TensorFlow's "No variables to optimize")."""
@@ -488,6 +513,8 @@ if __name__ == "__main__":
     eager_dp(scenario[len("eager_dp_"):])
   elif scenario.startswith("pipeline_"):
     pipeline(scenario[len("pipeline_"):])
+  elif scenario.startswith("dp_with_"):
+    data_parallel_with(scenario[len("dp_with_"):])
   elif scenario.startswith("accumulation_"):
     eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:
