@@ -48,7 +48,7 @@ def test_four_micro_batches_match_single_device(scenario, says, optimizer):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("saver", ["recompute", "zero_v1", "zero_v2"])
+@pytest.mark.parametrize("saver", ["recompute", "zero_v1", "zero_v2", "amp"])
 def test_memory_savers_of_the_engine_apply_to_a_data_parallel_step(saver):
   # The step opens no scope: EPL's engine runs it under the default
   # strategy, with its passes.
@@ -117,6 +117,8 @@ def test_checkpoint_after_eager_training_holds_one_copy():
      "name='stage_1')"),
     ("uneven_batch_refused", "The batch fed to placeholder 'x' has 30 "
                              "rows: EPL splits it into 4 equal parts"),
+    ("iterator_step_refused", "takes an iterator or a dataset and draws "
+                              "its batch inside"),
     ("init_after_model_refused", "Call epl.init() at the top of the script, "
                                  "before anything runs"),
 ])

@@ -88,6 +88,20 @@ def _refuse_without_default_replicate(name, env):
             name, strategy))
 
 
+def _refuse_iterator_arguments(concrete, name):
+  """Raises for a step given an iterator or a dataset, whose batch the
+  rewrite cannot divide: it is drawn inside."""
+  captured = {internal.name for _, internal in concrete.graph.captures}
+  if any(t.dtype in (tf.resource, tf.variant)
+         for t in concrete.graph.inputs if t.name not in captured):
+    raise NotSupportedInTracedStep(
+        "tf.function %s takes an iterator or a dataset and draws its batch "
+        "inside (as Keras Model.fit's own train function does): EPL "
+        "divides a batch over replicas only when the step is given its "
+        "batch as tensors (`for x, y in dataset: step(x, y)`) (docs/"
+        "tf2.md)." % name)
+
+
 def _refuse_in_engine(step, name, env):
   """Raises for what EPL's engine does not do yet for a traced step."""
   _refuse_unsupported_gradients(step, name)
@@ -153,6 +167,7 @@ def call(env, function, original, args, kwargs):
       return original(function, *args, **kwargs)
     if not traced.strategies:
       _refuse_without_default_replicate(name, env)
+    _refuse_iterator_arguments(concrete, name)
     step = _rewritten[concrete.graph] = _engine_step(env, concrete, traced,
                                                      name)
   return step(_flat_tensor_arguments(concrete, args, kwargs))

@@ -23,9 +23,10 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
-- dp_with_recompute, dp_with_zero_v1, dp_with_zero_v2: the data-parallel
-  script with gradient checkpointing (auto) or ZeRO v1/v2, also after an
-  eager `set_weights` between two steps, equals plain TF.
+- dp_with_recompute, dp_with_zero_v1, dp_with_zero_v2, dp_with_amp: the
+  data-parallel script with gradient checkpointing (auto) or ZeRO v1/v2,
+  also after an eager `set_weights` between two steps, equals plain TF;
+  with AMP O1 (float16, loss scale 128), within the AMP tolerance.
 - recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline: the pipeline
   with gradient checkpointing (auto) or ZeRO v1 equals plain TF; with AMP
   O1 (float16, loss scale 128) it is within the suite's AMP tolerance.
@@ -42,7 +43,8 @@ conftest switched it off) and reads what they print.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_scope_refused,
   zero_in_pipeline_refused, fit_custom_step_pipeline_refused,
-  uneven_batch_refused: each raises EPL's error, which is printed.
+  uneven_batch_refused, iterator_step_refused: each raises EPL's error,
+  which is printed.
 """
 import contextlib
 import logging
@@ -328,29 +330,36 @@ def _no_scopes():
   return [contextlib.nullcontext(), contextlib.nullcontext()]
 
 
+# saver: (config, what the engine logs, the tolerance: None for the
+# suite's equivalence, else an absolute one).
 _DATA_PARALLEL_SAVERS = {
     "recompute": ({"gradient_checkpoint.type": "auto"},
-                  "checkpoint tensor(s)"),
-    "zero_v1": ({"zero.level": "v1"}, "variables dealt to 4 replicas"),
-    "zero_v2": ({"zero.level": "v2"}, "variables dealt to 4 replicas"),
+                  "checkpoint tensor(s)", None),
+    "zero_v1": ({"zero.level": "v1"}, "variables dealt to 4 replicas", None),
+    "zero_v2": ({"zero.level": "v2"}, "variables dealt to 4 replicas", None),
+    "amp": ({"amp.level": "O1", "amp.loss_scale": 128},
+            "precision: float16", tolerance.AMP_TOLERANCE["float16"]),
 }
 
 
 def data_parallel_with(saver):
   """The data-parallel script (4 replicas, no scope in the step, an eager
-  `set_weights` between two steps) with gradient checkpointing or ZeRO
-  from EPL's engine: weights and loss equal to plain TF, and the engine
-  logged the saver it applied."""
-  config, says = _DATA_PARALLEL_SAVERS[saver]
+  `set_weights` between two steps) with gradient checkpointing, ZeRO or
+  AMP from EPL's engine: weights and loss equal to plain TF (AMP: within
+  its tolerance of float32), and the engine logged the saver it applied."""
+  config, says, atol = _DATA_PARALLEL_SAVERS[saver]
   _init(config=config)
   logged = _Logged()
   model, loss = _train("adam", between=_halve_weights_after_step_2)
   epl.shutdown()
   expected, expected_loss = _train("adam",
                                    between=_halve_weights_after_step_2)
-  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
-    tolerance.assert_equivalent(actual, wanted)
-  tolerance.assert_equivalent(loss, expected_loss)
+  for actual, wanted in zip(model.get_weights() + [loss],
+                            expected.get_weights() + [expected_loss]):
+    if atol is None:
+      tolerance.assert_equivalent(actual, wanted)
+    else:
+      np.testing.assert_allclose(actual, wanted, atol=atol)
   applied = [line for line in logged.lines if says in line]
   assert applied, logged.lines
   print("TF2_DP_SAVER_OK %s tf=%s %s" % (saver, tf.__version__, applied[0]))
@@ -471,6 +480,25 @@ def zero_in_pipeline_refused():
 
 def uneven_batch_refused():
   _refused(lambda: _train("adam", batch=30))
+
+
+def iterator_step_refused():
+  """A step given the dataset's iterator draws its batch inside, where EPL
+  cannot divide it."""
+  def run():
+    model, optimizer = _model(), _optimizer("adam")
+
+    @tf.function
+    def train_step(batches):
+      x, y = next(batches)
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    train_step(iter(tf.data.Dataset.from_tensor_slices(_data()).batch(
+        GLOBAL_BATCH)))
+  _refused(run)
 
 
 def eager_tape_refused():
