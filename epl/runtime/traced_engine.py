@@ -221,7 +221,8 @@ def _merged_outputs(graph, output_names):
 def _sync_def(graph, result, names):
   """A GraphDef that copies the user's variables `names` into the copies
   the rewrite made of them (other replicas'), and the name of its group
-  op."""
+  op; None when the replicas share those variables (no copies: the
+  shared weights of one process's CPU devices)."""
   writes = []
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
@@ -231,6 +232,8 @@ def _sync_def(graph, result, names):
         if copy is not variable:
           writes.append(variable_sync.assign_value(
               copy, variable_sync.read_value(variable), None))
+    if not writes:
+      return None
     group = tf.group(writes)
   return tf.compat.v1.graph_util.extract_sub_graph(
       graph.as_graph_def(), [group.name]), group.name
@@ -300,7 +303,12 @@ class EngineStep:
         if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
-    graph_def, group = _sync_def(graph, result, names)
+    """The function that copies variables `names` into their replicas'
+    copies, or None when they have none."""
+    found = _sync_def(graph, result, names)
+    if found is None:
+      return None
+    graph_def, group = found
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
     return tf.function(
@@ -330,7 +338,8 @@ class EngineStep:
     if self._first_sync is not None:
       self._first_sync()
       self._first_sync = None
-    self._sync()
+    if self._sync is not None:
+      self._sync()
     outputs = self._run(*flat_arguments)
     structure = self._concrete.structured_outputs
     if structure is None:
