@@ -12,7 +12,6 @@ evaluation) run as traced. A step that opens no strategy scope runs under
 the default strategy, which must then be `epl.replicate(device_count=1)`:
 data parallelism over every device of the worker.
 """
-import logging
 import weakref
 
 import numpy as np
@@ -20,8 +19,6 @@ import tensorflow as tf
 
 from epl.capture import traced_step
 from epl.runtime import traced_engine
-
-logger = logging.getLogger("epl")
 
 
 class NotSupportedInTracedStep(NotImplementedError):
