@@ -7,7 +7,9 @@ when its runtime starts) on `--devices` logical CPU devices, alternating
 `--rounds` times: an MLP trained by an eager loop over a `@tf.function`
 step (GradientTape, Keras Adam) on a global batch of `--batch` rows. The
 time to the first step runs from building the model to the first step's
-loss; steps/s is over `--steps` steps after it.
+loss; steps/s is over `--steps` steps after it. Each is also given in
+the process's CPU time (all its threads), steadier than wall time on a
+shared machine.
 
     python benchmarks/tf2_eager_dp.py [--steps 50] [--smoke]
 """
@@ -56,7 +58,7 @@ def _child(args):
         tf.keras.losses.sparse_categorical_crossentropy(
             y, model(x, training=True), from_logits=True))
 
-  start = time.perf_counter()
+  start, start_cpu = time.perf_counter(), time.process_time()
   if args.mode == "mirrored":
     strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
@@ -88,12 +90,17 @@ def _child(args):
     batches = iter(data)
   float(train_step(*next(batches)))
   first = time.perf_counter() - start
-  start = time.perf_counter()
+  first_cpu = time.process_time() - start_cpu
+  start, start_cpu = time.perf_counter(), time.process_time()
   for _ in range(args.steps):
     loss = train_step(*next(batches))
   float(loss)
-  print(json.dumps({"mode": args.mode, "first_step_s": first,
-                    "steps_per_s": args.steps / (time.perf_counter() - start)}))
+  print(json.dumps({
+      "mode": args.mode, "first_step_s": first,
+      "steps_per_s": args.steps / (time.perf_counter() - start),
+      "first_step_cpu_s": first_cpu,
+      "cpu_ms_per_step": 1e3 * (time.process_time() - start_cpu) / args.steps
+  }))
 
 
 def _table(args, results):
@@ -102,15 +109,17 @@ def _table(args, results):
   import statistics  # pylint: disable=import-outside-toplevel
   from benchmarks import verdict  # pylint: disable=import-outside-toplevel
   median = {mode: {key: statistics.median(r[key] for r in runs)
-                   for key in ("first_step_s", "steps_per_s")}
+                   for key in ("first_step_s", "steps_per_s",
+                               "cpu_ms_per_step")}
             for mode, runs in results.items()}
   lines = ["MLP %d-%d-10, Keras Adam, global batch %d, %d logical CPU "
            "devices, %d timed steps after the first, %d rounds (each mode "
-           "a fresh process per round; medians, range in brackets)" % (
+           "a fresh process per round; medians, range in brackets; CPU "
+           "ms/step: the process's CPU time, all threads)" % (
                args.width, args.width, args.batch, args.devices, args.steps,
                args.rounds),
-           "%-30s %22s %22s %11s %9s %9s  %s" % (
-               "run", "to step 1 (s)", "steps/s", "examples/s",
+           "%-30s %22s %22s %11s %11s %9s %9s  %s" % (
+               "run", "to step 1 (s)", "steps/s", "CPU ms/step", "examples/s",
                "vs plain", "vs Mirr.", "EPL against Mirrored")]
   names = {"plain": "TF 1 device", "mirrored": "TF MirroredStrategy",
            "epl": "EPL DP, %d replicas" % args.devices}
@@ -121,8 +130,9 @@ def _table(args, results):
              for key in ("first_step_s", "steps_per_s")]
     speed = row["steps_per_s"]
     against = verdict.ratio(speed, median["mirrored"]["steps_per_s"])
-    lines.append("%-30s %22s %22s %11.1f %8.2fx %8.2fx  %s" % (
-        names[mode], spans[0], spans[1], speed * args.batch,
+    lines.append("%-30s %22s %22s %11.1f %11.1f %8.2fx %8.2fx  %s" % (
+        names[mode], spans[0], spans[1], row["cpu_ms_per_step"],
+        speed * args.batch,
         verdict.ratio(speed, median["plain"]["steps_per_s"]), against,
         verdict.verdict(against) if mode == "epl" else "-"))
   first = verdict.ratio(median["epl"]["first_step_s"],

@@ -126,4 +126,4 @@ def test_keras3_optimizer_in_an_eager_tf_function_loop_equals_plain(
   out = _run(scenario)
   assert ("KERAS3_EAGER_LOOP_OK tf=%s keras=3." % tf.__version__ in out and
           "micro_batches=%d" % micro_batches in out), out
-  assert "data parallel over 4 replicas" in out, out
+  assert "4 model replica(s) x 1 TaskGraph(s)" in out, out

@@ -11,7 +11,7 @@ from tests import training
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode, says", [
-    ("dp", "tf.function train_step is data parallel over 4 replicas"),
+    ("dp", "EPL plan: 4 model replica(s) x 1 TaskGraph(s)"),
     ("pipeline", "EPL plan: 2 model replica(s) x 2 TaskGraph(s), 4 "
                  "micro-batch(es)"),
 ])

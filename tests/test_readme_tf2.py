@@ -21,7 +21,7 @@ def test_readme_tf2_script_trains_data_parallel(tmp_path):
   path = tmp_path / "readme_tf2.py"
   path.write_text(script)
   printed = training.run_client(str(path), EPL_CLUSTER_NUM_CPU_DEVICES="4")
-  assert "data parallel over 4 replicas" in printed, printed
+  assert "4 model replica(s) x 1 TaskGraph(s)" in printed, printed
   # The loss at the end of each epoch (16 steps of 64 rows): the epoch's
   # last line gives the time per step; the progress bar may also print
   # "16/16 ... ETA: 0s" before it, depending on timing.

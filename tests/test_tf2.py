@@ -1,6 +1,7 @@
 """TF2 scripts with eager execution on (issue 34): an eager loop over a
 `@tf.function` step with a Keras model and optimizer is data parallel, with
-or without a loop over micro-batches, and so is Keras `Model.fit`; each
+or without a loop over micro-batches, GC or ZeRO (EPL's engine rewrites
+the traced step), and so is Keras `Model.fit`; each
 equals the same script without EPL; what is not supported yet raises EPL's
 error. Each scenario runs in a subprocess (tests/clients/tf2_scripts.py):
 this process runs in graph mode (conftest), and eager execution cannot be
@@ -44,6 +45,14 @@ def test_eager_tf_function_loop_data_parallel_matches_single_device(
 def test_four_micro_batches_match_single_device(scenario, says, optimizer):
   printed = _run(scenario + optimizer)
   assert says in printed and "micro_batches=4" in printed
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("saver", ["recompute", "zero_v1", "zero_v2", "amp"])
+def test_memory_savers_of_the_engine_apply_to_a_data_parallel_step(saver):
+  # The step opens no scope: EPL's engine runs it under the default
+  # strategy, with its passes.
+  assert "TF2_DP_SAVER_OK " + saver in _run("dp_with_" + saver)
 
 
 @pytest.mark.timeout(300)
@@ -141,10 +150,10 @@ def test_checkpoint_after_eager_training_holds_one_copy():
      "Keras layer 'dense' is called in epl.replicate(device_count=1, "
      "name='stage_0') and in epl.replicate(device_count=1, "
      "name='stage_1')"),
-    ("uneven_batch_refused", "a batch of shape (30, 8) has 30 rows"),
-    ("memory_savers_refused", "zero.level 'v1' asked, but a traced TF2 "
-                              "step that opens no strategy scope is "
-                              "rewritten for data parallelism only"),
+    ("uneven_batch_refused", "The batch fed to placeholder 'x' has 30 "
+                             "rows: EPL splits it into 4 equal parts"),
+    ("iterator_step_refused", "takes an iterator or a dataset and draws "
+                              "its batch inside"),
     ("init_after_model_refused", "Call epl.init() at the top of the script, "
                                  "before anything runs"),
 ])

@@ -14,8 +14,8 @@ inside the scope it recorded: the step is then captured as if the
 model's `call` opened the scopes itself.
 
 One replicate scope around a whole model (`with epl.replicate(1):`,
-data parallelism) is not re-entered: such a model trains through the
-data-parallel rewrite, as one built outside every scope does.
+data parallelism) is not re-entered: such a model trains data parallel
+under the default strategy, as one built outside every scope does.
 """
 import contextlib
 import logging

@@ -118,6 +118,8 @@ def _graph_copy(concrete, traced, default_strategy):
   _past_identity_n(graph, state.gradient_records[-1].pairs)
   _tag_updates(graph, state)
   _stage_unscoped_variables(graph, state, variables)
+  if not traced.strategies:
+    _tag_data_parallel(graph, state, default_strategy)
   return graph, variables
 
 
@@ -238,6 +240,17 @@ def _stage_unscoped_variables(graph, state, variables):
         break
 
 
+def _tag_data_parallel(graph, state, default_strategy):
+  """Puts the work of a step that opens no strategy scope, but its update,
+  in the TaskGraph of the default strategy (data parallelism), as capture
+  tags a TF1 graph built under it."""
+  taskgraph = state.taskgraph_for(default_strategy)
+  for op in graph.get_operations():
+    phase = state.phase_of(op)
+    if state.taskgraph_of(op) is None and phase is not Phase.APPLY:
+      state.tag(op, taskgraph, phase)
+
+
 def _merged_outputs(graph, output_names):
   """Puts the tensors the step returns into EPL's merged collections (a
   float scalar averaged, a tensor of rank >= 1 concatenated; another
@@ -261,7 +274,8 @@ def _merged_outputs(graph, output_names):
 def _sync_def(graph, result, names):
   """A GraphDef that copies the user's variables `names` into the copies
   the rewrite made of them (other replicas'), and the name of its group
-  op."""
+  op; None when the replicas share those variables (no copies: the
+  shared weights of one process's CPU devices)."""
   writes = []
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
@@ -271,6 +285,8 @@ def _sync_def(graph, result, names):
         if copy is not variable:
           writes.append(variable_sync.assign_value(
               copy, variable_sync.read_value(variable), None))
+    if not writes:
+      return None
     group = tf.group(writes)
   return tf.compat.v1.graph_util.extract_sub_graph(
       graph.as_graph_def(), [group.name]), group.name
@@ -312,6 +328,7 @@ class EngineStep:
           "step (optimizer.apply_gradients)." % function_name)
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
+    self._rewrite = result
     self.whole_batch_readers = self._whole_batch_readers(graph)
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
@@ -368,7 +385,12 @@ class EngineStep:
         if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
-    return self._transfer_function(*_sync_def(graph, result, names))
+    """The function that copies variables `names` into their replicas'
+    copies, or None when they have none."""
+    found = _sync_def(graph, result, names)
+    if found is None:
+      return None
+    return self._transfer_function(*found)
 
   def _transfer_function(self, graph_def, group):
     # Imported into a function, the writes run (automatic control
@@ -388,11 +410,20 @@ class EngineStep:
   def _body(self, *arguments):
     return _import(self._step_def, self._inputs(arguments), self._fetches)
 
+  def _check_batch(self, flat_arguments):
+    """Raises, before the step runs, for a batch the replicas and
+    micro-batches do not divide (the checks a TF1 feed goes through)."""
+    result = self._rewrite
+    result.manager.run_later("on_feed", result.context, result.artifacts,
+                             dict(zip(self._arguments, flat_arguments)))
+
   def __call__(self, flat_arguments):
+    self._check_batch(flat_arguments)
     if self._first_sync is not None:
       self._first_sync()
       self._first_sync = None
-    self._sync()
+    if self._sync is not None:
+      self._sync()
     if self._into_shards is not None:
       self._into_shards()
     outputs = self._run(*flat_arguments)

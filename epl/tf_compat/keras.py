@@ -194,21 +194,23 @@ def loss_metric_updates_left_out(model):
   """Leaves out the updates of the loss metric `model.compiled_loss` makes
   while computing the loss (Keras 2's `LossesContainer`): the caller
   updates it itself, with `loss_metric(model)`. Refuses a model of several
-  outputs (a loss metric for each)."""
+  outputs (a loss metric for each), which the container knows once it
+  has computed a loss (it is built then)."""
   # pylint: disable=protected-access
   container = model.compiled_loss
-  if any(metric is not None for metric in container._per_output_metrics):
-    raise NotImplementedError(
-        "Model.fit of %s: a model of several outputs (%s) keeps a loss "
-        "metric for each, which EPL does not merge over a pipeline's "
-        "micro-batches yet; give the model one output." % (
-            model.name, ", ".join(container._output_names)))
   kept = container._total_loss_mean
   container._total_loss_mean = _NoUpdate()
   try:
     yield
   finally:
     container._total_loss_mean = kept
+  if any(metric is not None
+         for metric in container._per_output_metrics or ()):
+    raise NotImplementedError(
+        "Model.fit of %s: a model of several outputs (%s) keeps a loss "
+        "metric for each, which EPL does not merge over replicas and "
+        "micro-batches yet; give the model one output." % (
+            model.name, ", ".join(container._output_names)))
 
 
 def loss_metric(model):

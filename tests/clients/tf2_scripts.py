@@ -23,6 +23,10 @@ conftest switched it off) and reads what they print.
   engine, equal to the same script without EPL, also after an eager
   `set_weights` between two steps; `tf.train.Checkpoint` restores its
   weights into a model built without EPL.
+- dp_with_recompute, dp_with_zero_v1, dp_with_zero_v2, dp_with_amp: the
+  data-parallel script with gradient checkpointing (auto) or ZeRO v1/v2,
+  also after an eager `set_weights` between two steps, equals plain TF;
+  with AMP O1 (float16, loss scale 128), within the AMP tolerance.
 - recompute_in_pipeline, amp_in_pipeline, zero_in_pipeline,
   zero_v3_in_pipeline: the pipeline with gradient checkpointing (auto),
   ZeRO v1 or ZeRO v3 equals plain TF (v3 also with a checkpoint round
@@ -49,10 +53,9 @@ conftest switched it off) and reads what they print.
   while it was built.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
-  moe_weights_refused,
-  moe_einsum_refused,
-  offload_in_pipeline_refused, fit_custom_step_pipeline_refused,
-  uneven_batch_refused: each raises EPL's error, which is printed.
+  moe_weights_refused, moe_einsum_refused, offload_in_pipeline_refused,
+  fit_custom_step_pipeline_refused, uneven_batch_refused,
+  iterator_step_refused: each raises EPL's error, which is printed.
 """
 import contextlib
 import logging
@@ -523,6 +526,41 @@ def _no_scopes():
   return [contextlib.nullcontext(), contextlib.nullcontext()]
 
 
+# saver: (config, what the engine logs, the tolerance: None for the
+# suite's equivalence, else an absolute one).
+_DATA_PARALLEL_SAVERS = {
+    "recompute": ({"gradient_checkpoint.type": "auto"},
+                  "checkpoint tensor(s)", None),
+    "zero_v1": ({"zero.level": "v1"}, "variables dealt to 4 replicas", None),
+    "zero_v2": ({"zero.level": "v2"}, "variables dealt to 4 replicas", None),
+    "amp": ({"amp.level": "O1", "amp.loss_scale": 128},
+            "precision: float16", tolerance.AMP_TOLERANCE["float16"]),
+}
+
+
+def data_parallel_with(saver):
+  """The data-parallel script (4 replicas, no scope in the step, an eager
+  `set_weights` between two steps) with gradient checkpointing, ZeRO or
+  AMP from EPL's engine: weights and loss equal to plain TF (AMP: within
+  its tolerance of float32), and the engine logged the saver it applied."""
+  config, says, atol = _DATA_PARALLEL_SAVERS[saver]
+  _init(config=config)
+  logged = _Logged()
+  model, loss = _train("adam", between=_halve_weights_after_step_2)
+  epl.shutdown()
+  expected, expected_loss = _train("adam",
+                                   between=_halve_weights_after_step_2)
+  for actual, wanted in zip(model.get_weights() + [loss],
+                            expected.get_weights() + [expected_loss]):
+    if atol is None:
+      tolerance.assert_equivalent(actual, wanted)
+    else:
+      np.testing.assert_allclose(actual, wanted, atol=atol)
+  applied = [line for line in logged.lines if says in line]
+  assert applied, logged.lines
+  print("TF2_DP_SAVER_OK %s tf=%s %s" % (saver, tf.__version__, applied[0]))
+
+
 def functional_pipeline(sequential=False):
   """A functional model whose layers were called in two stage scopes while
   it was built: the traced step calls them in those stages (2 stages x 2
@@ -554,7 +592,7 @@ def sequential_pipeline():
 def functional_in_one_scope():
   """A functional model built inside one `epl.replicate(1)` scope (and
   the default strategy set, as the issue's scripts do) trains data
-  parallel (4 replicas, the data-parallel rewrite), equal to plain TF."""
+  parallel (4 replicas of one TaskGraph), equal to plain TF."""
   _init()
   logged = _Logged()
   scope = epl.replicate(1)
@@ -564,7 +602,8 @@ def functional_in_one_scope():
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
-  assert not any("EPL's engine" in line for line in logged.lines)
+  assert any("4 model replica(s) x 1 TaskGraph(s)" in line
+             for line in logged.lines), logged.lines
   print("TF2_FUNCTIONAL_DP_OK loss=%.6f" % loss)
 
 
@@ -701,6 +740,25 @@ def uneven_batch_refused():
   _refused(lambda: _train("adam", batch=30))
 
 
+def iterator_step_refused():
+  """A step given the dataset's iterator draws its batch inside, where EPL
+  cannot divide it."""
+  def run():
+    model, optimizer = _model(), _optimizer("adam")
+
+    @tf.function
+    def train_step(batches):
+      x, y = next(batches)
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    train_step(iter(tf.data.Dataset.from_tensor_slices(_data()).batch(
+        GLOBAL_BATCH)))
+  _refused(run)
+
+
 def eager_tape_refused():
   def run():
     model = _model()
@@ -709,13 +767,6 @@ def eager_tape_refused():
       loss = tf.reduce_mean(tf.square(model(x) - y))
     tape.gradient(loss, model.trainable_variables)
   _refused(run)
-
-
-def memory_savers_refused():
-  """ZeRO asked for a TF2 step, which would train without it."""
-  import os  # pylint: disable=g-import-not-at-top
-  os.environ["EPL_ZERO_LEVEL"] = "v1"
-  _refused(lambda: _train("adam"))
 
 
 def init_after_model_refused():
@@ -750,6 +801,8 @@ if __name__ == "__main__":
     pipeline(scenario[len("pipeline_"):])
   elif scenario.startswith("split_head_"):
     split_head(*[int(n) for n in scenario[len("split_head_"):].split("x")])
+  elif scenario.startswith("dp_with_"):
+    data_parallel_with(scenario[len("dp_with_"):])
   elif scenario.startswith("accumulation_"):
     eager_dp(scenario[len("accumulation_"):], micro_batches=4)
   else:
