@@ -25,17 +25,16 @@ def deep_model(x):
   return hidden
 
 
-def train_with_replicas(config=None, steps=5, loss_scale=1.0, micro=MICRO):
-  """Trains deep_model under EPL on REPLICAS devices, `micro` examples a
-  replica (of static size when not MICRO); returns ({variable: value} of
-  replica 0, [the same for every other replica], graph)."""
+def train_with_replicas(config=None, steps=5, loss_scale=1.0):
+  """Trains deep_model under EPL on REPLICAS devices; returns ({variable:
+  value} of replica 0, [the same for every other replica], graph)."""
   settings = {"cluster.num_cpu_devices": REPLICAS}
   settings.update(config or {})
   epl.init(epl.Config(settings))
   epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
   with graph.as_default():
-    x, y = training.input_batch(micro, static_batch=micro != MICRO)
+    x, y = training.input_batch(MICRO)
     loss = tf.reduce_mean(tf.square(deep_model(x) - y)) * loss_scale
     train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss)
     names = [v.op.name for v in tf.compat.v1.trainable_variables()]
@@ -55,8 +54,8 @@ def train_with_replicas(config=None, steps=5, loss_scale=1.0, micro=MICRO):
   return replica_zero, others, graph
 
 
-def single_device(loss_scale=1.0, micro=MICRO):
-  return training.train(deep_model, "momentum", batch_size=REPLICAS * micro,
+def single_device(loss_scale=1.0):
+  return training.train(deep_model, "momentum", batch_size=REPLICAS * MICRO,
                         loss_scale=loss_scale, global_step=False,
                         with_epl=False)[0]
 
@@ -76,10 +75,8 @@ def _instance_key(op):
 
 
 def _local_sums(graph):
-  """The local sums: an AddN per gradient, or for a kernel's gradient one
-  MatMul of the replicas' concatenated batches."""
   return [op for op in graph.get_operations()
-          if op.type in ("AddN", "MatMul") and
+          if op.type == "AddN" and
           op.name.startswith("EPL_GRADIENT_AGGREGATION")]
 
 
@@ -117,8 +114,7 @@ def test_communicator_counts_give_identical_weights(config, atol):
       assert len(groups) == count
     else:
       # One sum per gradient (not fused) on one replica's device, read by
-      # every replica (a kernel's whose replicas' batches are smaller than
-      # it as one product of them: tests/test_traffic.py).
+      # every replica.
       assert len(_local_sums(graph)) == 2 * len(WIDTHS)
     for replica in others:
       _assert_identical(replica, weights)
@@ -126,22 +122,6 @@ def test_communicator_counts_give_identical_weights(config, atol):
     results.append(weights)
   for weights in results[1:]:
     _assert_identical(weights, results[0])
-
-
-@pytest.mark.parametrize("shared", [True, False])
-def test_kernel_sums_as_one_product_match_single_device(shared):
-  """Two examples a replica, of static size: each replica's x and dy of
-  the 16x12 and 12x8 kernels are smaller than their gradient, so their
-  local sums are one product of the replicas' batches (the replicas' own
-  products unread); the weights still equal one device's."""
-  expected = single_device(micro=2)
-  weights, others, graph = train_with_replicas(
-      {"communication.shared_weights": shared}, micro=2)
-  products = [op for op in _local_sums(graph) if op.type == "MatMul"]
-  assert len(products) >= 2
-  for replica in others:
-    _assert_identical(replica, weights)
-  training.assert_close(weights, expected, atol=1e-5)
 
 
 def test_buckets_start_with_the_last_layer_and_chain_per_group():

@@ -473,30 +473,3 @@ def test_a_variable_read_runs_where_the_variable_is():
   assert (transfer.tensor, transfer.source, transfer.destination,
           transfer.readers) == (read, "/device:CPU:0", "/device:CPU:1",
                                 (doubled.op,))
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_kernel_sums_as_one_product_send_the_replicas_batches(shared):
-  """Two rows a replica: a replica's x and dy of an 8x8 kernel (2 x 8
-  each) are fewer elements than its gradient (8 x 8), so each kernel's
-  local sum is one product of the replicas' batches on its member: every
-  other replica sends x and dy (32 floats) there instead of the gradient
-  (64), with a copy of the weights per replica or shared alike."""
-  result = _rewrite({"communication.shared_weights": shared}, batch=2)
-  products = [op for op in result.context.graph.get_operations()
-              if op.type == "MatMul" and
-              op.name.startswith("EPL_GRADIENT_AGGREGATION")]
-  assert len(products) == DEVICES
-  row = _row(result, traffic.ALL_REDUCE)
-  assert "one product" in row.formula
-  assert (row.ratio, row.worst) == (1, 1)
-  # Each kernel is summed on its own device (the sums rotate): the 3
-  # others send x and dy (2 x 8 floats each) instead of the gradient
-  # (64). The first kernel's x is a batch, made on CPU:0 (the input
-  # pipeline's device), which sends it where that product runs.
-  gradient, factors = PSI // DEVICES, 2 * (2 * 8) * FLOAT32
-  saved, batch = 3 * (gradient - factors), 2 * 8 * FLOAT32
-  without = _sent(_rewrite({"communication.shared_weights": shared},
-                           batch=16), traffic.ALL_REDUCE)
-  assert _sent(result, traffic.ALL_REDUCE) == [without[0] - saved] + [
-      sent - saved - batch for sent in without[1:]]

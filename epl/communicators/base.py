@@ -16,10 +16,6 @@ class Communicator:
   # collective has a fixed cost per call, a local sum (LocalCommunicator)
   # only gains copies from it.
   fuses = True
-  # Whether members share one memory, so that a sum of kernel gradients
-  # can be one product of their concatenated batches
-  # (`all_reduce_kernel_gradients`; LocalCommunicator).
-  shares_memory = False
 
   def __init__(self, devices, local_members):
     """`devices`: every member's device, in member order (all workers).

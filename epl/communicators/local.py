@@ -25,7 +25,6 @@ class LocalCommunicator(CollectiveCommunicator):
   must be a CPU device of this process."""
 
   fuses = False
-  shares_memory = True
 
   def __init__(self, devices, local_members, keys, timeout_seconds,
                device_type, group=0):
@@ -37,39 +36,22 @@ class LocalCommunicator(CollectiveCommunicator):
     super().__init__(devices, local_members, keys, timeout_seconds,
                      device_type, group=group)
 
-  def _root(self):
-    """The member that builds the next reduction (rotating)."""
-    return self.devices[self._keys.instance_key() % self.group_size]
-
-  def _reduced(self, total, reduce_op):
+  def all_reduce(self, tensors, reduce_op):
     if reduce_op not in ("sum", "mean"):
       raise ValueError("reduce_op must be 'sum' or 'mean', got %r" % reduce_op)
-    if reduce_op == "mean":
-      total = total / tf.cast(self.group_size, total.dtype)
-    return [total] * self.group_size
-
-  def all_reduce(self, tensors, reduce_op):
-    with tf.device(self._root()):
-      return self._reduced(tf.add_n(list(tensors)), reduce_op)
-
-  def all_reduce_kernel_gradients(self, factors, reduce_op, waits_for):
-    """`all_reduce` of the members' kernel gradients `MatMul(x, dy,
-    transpose_a=True)`, given as their factors [(x, dy)] in member order:
-    one product of the members' batches concatenated, after `waits_for`.
-    A sum of N products over N batches writes N full-size gradients and
-    reads them again; the one product writes one, and is the product
-    plain TensorFlow makes for the whole batch."""
-    with tf.device(self._root()), tf.control_dependencies(waits_for):
-      total = tf.linalg.matmul(tf.concat([x for x, _ in factors], 0),
-                               tf.concat([dy for _, dy in factors], 0),
-                               transpose_a=True)
-      return self._reduced(total, reduce_op)
+    root = self._keys.instance_key() % self.group_size
+    with tf.device(self.devices[root]):
+      total = tf.add_n(list(tensors))
+      if reduce_op == "mean":
+        total = total / tf.cast(self.group_size, total.dtype)
+    return [total] * len(tensors)
 
   def all_gather(self, tensors, step=None):
     """Concatenation in member order on one member (rotating, as
     `all_reduce`), read by every member; shapes may change between steps
     (`step` is not needed)."""
     del step
-    with tf.device(self._root()):
+    root = self._keys.instance_key() % self.group_size
+    with tf.device(self.devices[root]):
       gathered = tf.concat(list(tensors), 0)
     return [gathered] * len(tensors)

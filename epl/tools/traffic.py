@@ -45,11 +45,6 @@ device's stage, M micro-batches:
   others). A kernel whose shard gradients v3's plan makes from the
   replicas' activations (`gradient_shards`) sends those instead of its
   rows: (N-1)·R·(in/N + out) elements, R a replica's rows a step.
-- local sums of a kernel's gradient built as one product of the
-  replicas' batches (where a replica's x and dy are smaller than the
-  gradient, `gradient_aggregation`): each replica but the one that sums
-  sends its x and dy instead of its gradient, R·(in + out) elements
-  (from where each is made: a batch from the input pipeline's device).
 - shared weights (`decisions.Weights.SHARED`): each replica sends its
   gradient G to the device that sums it, and each sum not on replica 0's
   device sends the mean to the one update there: G per device, G - G_0
@@ -75,7 +70,6 @@ import tensorflow as tf
 from epl.ir import collectives
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir import kernel_gradients
 from epl.ir import transfers
 from epl.ir.op_types import (COLLECTIVE_TYPES, INPUT_READ_TYPES,
                              VARIABLE_READ_TYPES, VARIABLE_TYPES)
@@ -251,7 +245,6 @@ def _reads_variable(op):
 
 # The formula's term for ZeRO v3's gradient shards made from activations.
 _FROM_ACTIVATIONS = " + (N-1)/N*R*(in + N*out) from activations"
-_AS_PRODUCTS = "; kernels summed as one product: R*(in + out), not g"
 
 # Ops that pass on or join their inputs' values: what ZeRO v3's local-sums
 # gather builds from the shards (`joined_shards`).
@@ -289,11 +282,10 @@ def transfer_kind(result, transfer):
   built = {state.provenance.pass_of(op) for op in ends}
   if built & _HOST_PASSES:
     return HOST
-  # Before input reads: a kernel's sum as one product reads the batch.
-  if built & _SUM_PASSES:
-    return ALL_REDUCE
   if producer.type in INPUT_READ_TYPES:
     return INPUT
+  if built & _SUM_PASSES:
+    return ALL_REDUCE
   if built & _OWNER_PASSES:
     return ALL_GATHER if _made_of_weights(producer) else REDUCE_SCATTER
   if _reads_variable(producer) and shares_weights(result):
@@ -431,66 +423,16 @@ def _activation_shards(result):
   return delta
 
 
-def _kernel_product(result, tensor):
-  """The MatMul that makes replica 0's gradient `tensor` where its local
-  sum is one product of the replicas' batches, else None."""
-  product = kernel_gradients.product_behind(tensor, frozenset())
-  if product is None:
-    return None
-  provenance = result.context.state.provenance
-  if any(provenance.pass_of(op) in _SUM_PASSES
-         for op in product[0].inputs[0].consumers()):
-    return product[0]
-  return None
-
-
-def _sum_op(result, tensor):
-  """The op of the local sum of replica 0's gradient `tensor` (its add,
-  or the concatenation of a kernel product's batches), or None."""
-  provenance = result.context.state.provenance
-  matmul = _kernel_product(result, tensor)
-  readers = (matmul.inputs[0] if matmul is not None else tensor).consumers()
-  sums = [op for op in readers if provenance.pass_of(op) in _SUM_PASSES]
-  return sums[0] if sums else None
-
-
-def _kernel_products(result):
-  """{device: bytes a step} that the kernels' local sums built as one
-  product send beyond the gradients' formula: each replica but the one
-  that sums sends its x and dy instead of its gradient."""
-  ctx = result.context
-  placement = transfers.Placement(transfers.canonical_device(
-      ctx.cluster.host_device(ctx.cluster.worker_index)))
-  delta = collections.Counter()
-  for grad, variable in memory_estimate.trained_points(result):
-    tensor = tensors_of(grad)[0]
-    matmul = _kernel_product(result, tensor)
-    if matmul is None:
-      continue
-    root = placement(_sum_op(result, tensor))
-    gradient = memory_estimate.unsharded_elements(result, variable) * (
-        tensor.dtype.base_dtype.size)
-    for local in range(len(result.context.replicas)):
-      if placement(result.copies.op(local, matmul)) != root:
-        delta[placement(result.copies.op(local, matmul))] -= gradient
-      # A factor goes from where it is made (the first kernel's x, a
-      # batch, from the input pipeline's device).
-      for factor in matmul.inputs[:2]:
-        factor = result.copies.tensor(local, factor)
-        if placement(factor.op) != root:
-          delta[placement(factor.op)] += (factor.shape.num_elements() *
-                                          factor.dtype.base_dtype.size)
-  return delta
-
-
 def _summed_on(result, device):
   """Bytes of the trained gradients whose local sum runs on `device` (the
   local sums rotate the member that sums)."""
   placement, sums = transfers.Placement(), 0
+  provenance = result.context.state.provenance
   for grad, variable in memory_estimate.trained_points(result):
     tensor = tensors_of(grad)[0]
-    summing = _sum_op(result, tensor)
-    if summing is not None and placement(summing) == device:
+    adds = [op for op in tensor.consumers()
+            if provenance.pass_of(op) in _SUM_PASSES]
+    if adds and placement(adds[0]) == device:
       sums += memory_estimate.unsharded_elements(result, variable) * (
           tensor.dtype.base_dtype.size)
   return sums
@@ -694,11 +636,6 @@ def formulas(result, roots=None):
     texts.update(sum_texts)
     for device, kinds in sums.items():
       expected[device].update(kinds)
-  products = _kernel_products(result)
-  if products:
-    texts[ALL_REDUCE] += _AS_PRODUCTS
-    for device, more in products.items():
-      expected[device][ALL_REDUCE] += more
   ops = transfers.step_ops(roots or step_roots(result))
   split, unknown = _split_collectives(result, ops)
   term = "split" + (" (less %d of unknown size)" % unknown if unknown

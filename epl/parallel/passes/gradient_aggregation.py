@@ -7,7 +7,6 @@ import tensorflow as tf
 from epl.capture import capture
 from epl.ir import control_flow
 from epl.ir import graph_editor
-from epl.ir import kernel_gradients
 from epl.ir import names as epl_names
 from epl.ir import pass_through
 from epl.ir.phase import Phase
@@ -150,42 +149,11 @@ def _float16_all_reduce(communicator, flats, reduce_op, scale,
   return results
 
 
-def _reduced_as_one_product(copies, communicator, grad, reduce_op,
-                            local_devices):
-  """Where the members share one memory and every replica's `grad` is a
-  kernel's gradient `MatMul(x, dy, transpose_a=True)` that only its
-  update reads, with x and dy smaller than the gradient (a replica's
-  rows fewer than in*out/(in+out)): the reduction built as one product
-  of the replicas' concatenated batches (`all_reduce_kernel_gradients`),
-  the replicas' own products left unread (TensorFlow prunes them).
-  Whether it was."""
-  if not communicator.shares_memory:
-    return False
-  tensors = [copies.tensor(local, grad) for local in range(len(local_devices))]
-  leaving = {op.name for local, tensor in enumerate(tensors)
-             for op in graph_editor.consumers_of(
-                 tensor, copies.replica_op_names(local))}
-  products = kernel_gradients.kernel_products(tensors, leaving)
-  if products is None or not kernel_gradients.factors_smaller(products):
-    return False
-  reduced = communicator.all_reduce_kernel_gradients(
-      [(matmul.inputs[0], matmul.inputs[1]) for matmul, _ in products],
-      reduce_op, kernel_gradients.ungated(products))
-  for local, tensor in enumerate(tensors):
-    _remap(copies, local, tensor, reduced[local])
-  return True
-
-
 def _reduce_dense_bucket(ctx, copies, communicator, bucket, reduce_op,
                          local_devices):
-  """All-reduces the gradients of `bucket`: one gradient as it is (a
-  kernel's, on members that share memory, as one product), several
-  flattened and concatenated into one tensor (then split and reshaped).
-  Whether it was one product."""
+  """All-reduces the gradients of `bucket`: one gradient as it is, several
+  flattened and concatenated into one tensor (then split and reshaped)."""
   comm = ctx.config.communication
-  if len(bucket) == 1 and not comm.fp16 and _reduced_as_one_product(
-      copies, communicator, bucket[0], reduce_op, local_devices):
-    return True
   flats = []
   for local, device in enumerate(local_devices):
     with tf.device(device):
@@ -209,7 +177,6 @@ def _reduce_dense_bucket(ctx, copies, communicator, bucket, reduce_op,
         replica_grad = copies.tensor(local, grad)
         _remap(copies, local, replica_grad,
                tf.reshape(piece, tf.shape(replica_grad)))
-  return False
 
 
 def _padded(tensor, rows):
@@ -314,7 +281,6 @@ def aggregate_gradients(ctx, gradient_points, copies):
           else "local sums")
       logger.debug("EPL gradient transfers (communicator, gradients): %s",
                    [(t.group, len(t.gradients)) for t in transfers])
-      products = 0
       for transfer in transfers:
         communicator = ctx.communicator(transfer.taskgraph, chain,
                                         transfer.group)
@@ -323,12 +289,6 @@ def aggregate_gradients(ctx, gradient_points, copies):
         if transfer.sparse:
           _reduce_sparse(ctx, copies, communicator, transfer.gradients[0],
                          reduce_op, devices)
-        elif _reduce_dense_bucket(ctx, copies, communicator,
-                                  transfer.gradients, reduce_op, devices):
-          products += 1
-      if products:
-        logger.info(
-            "EPL gradient aggregation (gradients call %d): %d kernel "
-            "gradient(s) summed as one product of the replicas' batches, "
-            "because the replicas share memory and their inputs are "
-            "smaller than the gradient", chain, products)
+        else:
+          _reduce_dense_bucket(ctx, copies, communicator, transfer.gradients,
+                               reduce_op, devices)

@@ -25,7 +25,7 @@ import dataclasses
 import tensorflow as tf
 
 from epl.ir import graph_editor
-from epl.ir.kernel_gradients import kernel_products, product_behind, ungated
+from epl.ir.kernel_gradients import is_kernel_gradient, product_behind
 from epl.parallel.passes.split_checkpoint import shard_slice
 
 
@@ -63,10 +63,15 @@ def summed_shards(tensors, info, leaving, devices):
   and the activations' gradients. None unless each tensor is made by a
   kernel gradient `MatMul(x, dy, transpose_a=True)` that only the ops
   named in `leaving` read."""
-  products = kernel_products(tensors, leaving) if info.axis == 0 else None
-  if products is None:
+  products = [product_behind(t, leaving) for t in tensors]
+  if info.axis != 0 or any(
+      p is None or not is_kernel_gradient(p[0]) for p in products):
     return None
-  gates = ungated(products)
+  gates = []
+  for matmul, own_gates in products:
+    for gate in own_gates:
+      graph_editor.remove_control_input(gate, matmul)
+    gates.extend(g for g in own_gates if g is not matmul)
   columns = dataclasses.replace(info, axis=1)
   summed = []
   for shard, device in enumerate(devices):
