@@ -88,7 +88,9 @@ TF on one device is the limit data parallelism can reach at a fixed
 global batch. **vs TF 1dev**, **vs Mirrored** and **vs Horovod** are
 examples/s over the anchor's: **higher is better**, and the column beside
 says whether EPL wins, loses or is level (within 5%); the spread is the
-fastest and slowest step. The second table splits one traced step of
+fastest and slowest step; **CPU ms** is the process's CPU time a step
+(median, **lower is better**), which other jobs' load moves far less
+than the wall time. The second table splits one traced step of
 each row into forward, backward, gradient sums, updates and copies (busy
 ms, **lower is better**). MFU needs a known peak (a GPU of
 `benchmarks/machine.py`'s table or `--peak_tflops`); on CPUs it is "-".

@@ -38,7 +38,10 @@ timed step by step in turn (one step of each row, then the next), so
 that load from other jobs on a shared machine hits them alike;
 `--own_processes` builds and times each in a process of its own, one
 after the other. examples/s = G / median step time after the warm-up;
-the spread is the slowest and fastest step. "vs" columns are examples/s
+the spread is the slowest and fastest step; CPU ms is the process's CPU
+time a step (median, `time.process_time`): what the step costs in work,
+which the load of other jobs on a shared machine moves far less than the
+wall time (the Horovod rows, in processes of their own, have none). "vs" columns are examples/s
 over the anchor's (higher is better) with the verdict. A second table
 splits one traced step of each local row into forward, backward, sums,
 updates and copies (benchmarks/step_parts.py). MFU = model FLOPs per
@@ -151,7 +154,7 @@ class Row:
     import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
     import epl  # pylint: disable=import-outside-toplevel
     from epl.parallel import engine  # pylint: disable=import-outside-toplevel
-    self.name, self.times, self.step_flops = row, [], 0
+    self.name, self.times, self.cpu_times, self.step_flops = row, [], [], 0
     self.is_epl = LOCAL_ROWS[row] is not None
     device_type, devices = _devices()
     if row == ONE_DEVICE:
@@ -184,10 +187,11 @@ class Row:
 
   def step(self, timed=True):
     with self.context():
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       self.session.run(self.fetches)
       if timed:
         self.times.append(time.perf_counter() - start)
+        self.cpu_times.append(time.process_time() - start_cpu)
 
   def parts(self):
     with self.context():
@@ -198,13 +202,14 @@ class Row:
     self.session.close()
     return {"examples_per_s": global_batch / statistics.median(self.times),
             "step_s": self.times, "step_flops": self.step_flops,
+            "cpu_s": statistics.median(self.cpu_times),
             "parts": with_parts}
 
 
 def measure_interleaved(model, global_batch, steps, warmup):
   """Every local row built in this process, warmed up, then timed one
   step of each in turn; {row: {"examples_per_s", "step_s", "step_flops",
-  "parts"}}."""
+  "cpu_s", "parts"}}."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   import epl  # pylint: disable=import-outside-toplevel
   tf.disable_eager_execution()
@@ -283,6 +288,11 @@ def _spread(figure):
   return "%.0f-%.0f" % (1e3 * min(times), 1e3 * max(times))
 
 
+def _cpu_ms(figure):
+  """The median CPU ms a step of a local row; '-' for the others."""
+  return "%.1f" % (1e3 * figure["cpu_s"]) if "cpu_s" in figure else "-"
+
+
 def _print_model(model, figures, rates, devices, global_batch, peak):
   one_device = rates[ONE_DEVICE]
   mirrored = rates[MIRRORED]
@@ -294,8 +304,9 @@ def _print_model(model, figures, rates, devices, global_batch, peak):
               verdict.ratio(rate, horovod or 0)]
     used = 1 if row == ONE_DEVICE else devices
     utilisation = machine.mfu(step_flops, global_batch / rate, peak, used)
-    print("%-16s %-24s %10.1f %11s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
-        model, row, rate, _spread(figures.get(row, {})), versus[0],
+    print("%-16s %-24s %10.1f %11s %8s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
+        model, row, rate, _spread(figures.get(row, {})),
+        _cpu_ms(figures.get(row, {})), versus[0],
         verdict.verdict(versus[0]) if epl_row else "", versus[1],
         verdict.verdict(versus[1]) if epl_row else "",
         "%.2fx" % versus[2] if horovod else "-",
@@ -348,9 +359,10 @@ def main(argv=None):
             "in one process per model, timed step by step in turn",
             "; Horovod rows: %s" % missing if missing else ""))
   print("examples/s: higher is better; vs = examples/s over the anchor's "
-        "(higher is better); spread = fastest-slowest step, ms")
-  print("%-16s %-24s %10s %11s %9s %9s %9s %9s %8s %9s %6s" % (
-      "model", "run", "examples/s", "spread ms", "vs TF 1dev", "",
+        "(higher is better); spread = fastest-slowest step, ms; CPU ms = "
+        "the process's CPU time a step, median (lower is better)")
+  print("%-16s %-24s %10s %11s %8s %9s %9s %9s %9s %8s %9s %6s" % (
+      "model", "run", "examples/s", "spread ms", "CPU ms", "vs TF 1dev", "",
       "vs Mirr.", "", "vs Horovod", "", "MFU"))
   all_parts = []
   for spec in args.models.split(","):

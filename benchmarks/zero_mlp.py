@@ -67,7 +67,8 @@ def _model(layers, width, batch):
 
 
 def measure(settings, layers, width, batch, steps):
-  """One row, in this process: {peak, step (median s), steps (s each)}."""
+  """One row, in this process: {peak, step (median s), best, cpu (median
+  process CPU s a step), steps (s each)}."""
   tf.disable_eager_execution()
   epl.init(epl.Config(dict(settings, **{
       "cluster.num_cpu_devices": DEVICES})))
@@ -80,14 +81,15 @@ def measure(settings, layers, width, batch, steps):
       for _ in range(2):
         session.run(train_op)
       tf.config.experimental.reset_memory_stats("CPU:0")
-      times = []
+      times, cpu = [], []
       for _ in range(steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         session.run(train_op)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
       peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   return {"peak": peak, "step": statistics.median(times), "best": min(times),
-          "steps": times}
+          "cpu": statistics.median(cpu), "steps": times}
 
 
 def _row(source, name, settings, args):
@@ -97,9 +99,11 @@ def _row(source, name, settings, args):
   result = fresh_process.measure_in_child(
       script, [settings, args.layers, args.width, args.batch_size,
                args.steps], timeout=1800)
-  print("  %-10s %-8s peak %8.1f MiB, step %7.1f ms (best %7.1f)" % (
-      os.path.basename(source.rstrip("/")), name, result["peak"] / MIB,
-      result["step"] * 1000, result["best"] * 1000), flush=True)
+  print("  %-10s %-8s peak %8.1f MiB, step %7.1f ms (best %7.1f), CPU "
+        "%7.1f ms a step" % (
+            os.path.basename(source.rstrip("/")), name, result["peak"] / MIB,
+            result["step"] * 1000, result["best"] * 1000,
+            result.get("cpu", float("nan")) * 1000), flush=True)
   return result
 
 
@@ -109,22 +113,25 @@ def _spread(values, scale):
 
 
 def _ratios(rows, name, base, key):
-  """rows[name][i][key] / rows[base][i][key] of each repeat i."""
-  return [r[key] / b[key] for b, r in zip(rows[base], rows[name])]
+  """rows[name][i][key] / rows[base][i][key] of each repeat i (NaN where
+  a tree's benchmark did not measure `key`)."""
+  return [r.get(key, float("nan")) / b.get(key, float("nan"))
+          for b, r in zip(rows[base], rows[name])]
 
 
 def report(sources, names, results):
   """One table per source: median (min-max) over the repeats of the peak,
-  the median and the best step, peak(none) / peak, and the median and
-  best step over v2's of the same repeat (the machine's load changes
-  between repeats)."""
+  the median and the best step, the CPU time a step, peak(none) / peak,
+  and the median and best step and the CPU time over v2's of the same
+  repeat (the machine's load changes between repeats)."""
   for source in sources:
     print("\nEPL from %s" % source)
     print(" | ".join(["%-8s" % "run", "%-22s" % "peak MiB",
                       "%-22s" % "step ms (median)", "%-22s" % "step ms (best)",
+                      "%-22s" % "CPU ms a step",
                       "%-18s" % "less peak than none",
                       "%-18s" % "step / v2 (median)",
-                      "%-18s" % "step / v2 (best)"]))
+                      "%-18s" % "step / v2 (best)", "%-18s" % "CPU / v2"]))
     rows = results[source]
     for name in names:
       less = [1.0 / r for r in _ratios(rows, name, "none", "peak")]
@@ -133,10 +140,14 @@ def report(sources, names, results):
           "%-22s" % _spread([r["peak"] for r in rows[name]], MIB),
           "%-22s" % _spread([r["step"] for r in rows[name]], 0.001),
           "%-22s" % _spread([r["best"] for r in rows[name]], 0.001),
+          "%-22s" % _spread([r.get("cpu", float("nan"))
+                             for r in rows[name]], 0.001),
           "%-18s" % (_spread(less, 1.0) + "x"),
           "%-18s" % (_spread(_ratios(rows, name, "zero v2", "step"),
                              1.0) + "x"),
           "%-18s" % (_spread(_ratios(rows, name, "zero v2", "best"),
+                             1.0) + "x"),
+          "%-18s" % (_spread(_ratios(rows, name, "zero v2", "cpu"),
                              1.0) + "x")]))
 
 
