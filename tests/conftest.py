@@ -46,6 +46,7 @@ TF1_BEHAVIOUR_TESTS = (
     "test_moe.py::test_split_experts_with_micro_batches",
     "test_memory_savers_zero.py::test_zero_matches_single_device",
     "test_memory_savers_zero.py::test_zero_v3_matches_single_device",
+    "test_memory_savers_zero.py::test_zero_v3_with_a_fed_batch_read_by_a_partitioned_matmul",
     "test_memory_savers_zero.py::test_zero_v3_devices_hold_their_shards_only",
     "test_memory_savers_zero.py::test_offload_matches_single_device",
     "test_memory_savers_combined.py::test_gc_zero_amp_equal_amp_alone",

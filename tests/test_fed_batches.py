@@ -11,34 +11,7 @@ GLOBAL_BATCH = 16
 
 
 def _train_fed(config=None, rows=GLOBAL_BATCH):
-  if config is not None:
-    epl.init(epl.Config(config))
-    epl.set_default_strategy(epl.replicate(1))
-  features, targets = training.dataset_arrays()
-  graph = tf.Graph()
-  with graph.as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, training.FEATURES])
-    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    learning_rate = tf.compat.v1.placeholder(tf.float32, [])
-    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
-    # Rows each copy trains on, summed over the copies: the fed batch.
-    rows_seen = tf.shape(x)[0] + 0
-    if config is not None:
-      epl.add_to_collection(rows_seen, epl.GraphKeys.GLOBAL_SUM_OBJECTS)
-    train_op = tf.compat.v1.train.MomentumOptimizer(
-        learning_rate, 0.9).minimize(loss)
-    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for step in range(STEPS):
-        rows_of_step = slice(step * rows, (step + 1) * rows)
-        _, seen = session.run([train_op, rows_seen], {
-            x: features[rows_of_step], y: targets[rows_of_step],
-            learning_rate: 0.05})
-        assert seen == rows
-      values = training.read_variables(session, graph, names)
-  epl.shutdown()
-  return values
+  return training.train_fed(config, rows=rows, steps=STEPS)
 
 
 @pytest.mark.parametrize("config", [

@@ -158,6 +158,28 @@ def test_zero_v3_matches_single_device(layout, optimizer):
   _check(layout, optimizer, V3)
 
 
+@pytest.mark.parametrize("micro_batches", [1, 4])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_zero_v3_with_a_fed_batch_read_by_a_partitioned_matmul(
+    optimizer, micro_batches, caplog):
+  # The first layer's MatMul reads the fed placeholder itself, so each
+  # replica's shard gradient must be made from its own part of the fed
+  # batch (a tf.data input is cloned per replica and never showed this).
+  rows = 32  # 5 steps' batches within dataset_arrays' 256 rows
+  expected = training.train_fed(optimizer=optimizer, rows=rows, steps=5)
+  with caplog.at_level(logging.INFO, logger="epl"), \
+      training.epl_logs_caught(caplog):
+    actual = training.train_fed(
+        {"cluster.num_cpu_devices": 2,
+         "pipeline.num_micro_batch": micro_batches,
+         "zero.level": "v3", "zero.min_partition_size": 16},
+        optimizer=optimizer, rows=rows, steps=5)
+  training.assert_close(actual, expected)
+  # Both kernels partitioned, their shard gradients from the activations.
+  assert "ZeRO v3: 3 weight(s) partitioned over 2 replicas" in caplog.text
+  assert "gradient shards from activations 2" in caplog.text
+
+
 def _variable_shapes(graph):
   """{device: {variable op name without replica prefix: shape}}."""
   shapes = {}

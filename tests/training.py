@@ -252,6 +252,41 @@ def train(model=layers_model, optimizer="momentum", steps=5, batch_size=16,
   return values, losses, graph
 
 
+def train_fed(config=None, optimizer="momentum", rows=16, steps=4):
+  """Trains layers_model `steps` steps on batches of `rows` rows fed
+  through placeholders (`[None, ...]`; its first layer's MatMul reads one
+  directly), with EPL and `config` unless it is None; checks every step
+  that the copies together read the fed rows (a fixed-shape placeholder,
+  a loss weight, is read whole); returns the trainable values by name."""
+  if config is not None:
+    epl.init(epl.Config(config))
+    epl.set_default_strategy(epl.replicate(1))
+  features, targets = dataset_arrays()
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    loss_weight = tf.compat.v1.placeholder(tf.float32, [])
+    loss = tf.reduce_mean(tf.square(layers_model(x) - y)) * loss_weight
+    # Rows each copy trains on, summed over the copies: the fed batch.
+    rows_seen = tf.shape(x)[0] + 0
+    if config is not None:
+      epl.add_to_collection(rows_seen, epl.GraphKeys.GLOBAL_SUM_OBJECTS)
+    train_op = OPTIMIZERS[optimizer]().minimize(loss)
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(steps):
+        rows_of_step = slice(step * rows, (step + 1) * rows)
+        _, seen = session.run([train_op, rows_seen], {
+            x: features[rows_of_step], y: targets[rows_of_step],
+            loss_weight: 1.0})
+        assert seen == rows, (seen, rows)
+      values = read_variables(session, graph, names)
+  epl.shutdown()
+  return values
+
+
 def assert_close(actual, expected, atol=EQUIVALENCE_TOLERANCE["atol"]):
   """Dicts of arrays with the same names, each within `atol` (the policy's
   by default; looser for half precision, 0 for bit-exact restores)."""

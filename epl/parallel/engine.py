@@ -211,6 +211,12 @@ PASSES = (
     Pass("clone_replicas", clone_replicas,
          reads=("subgraph", "tags", "plan", "copies", "user_devices"),
          writes=("tags", "provenance", "copies")),
+    # Right after the copies exist: the passes that build from a copy's
+    # inputs (zero.level v3's gradient shards, from each replica's
+    # activations) must read its part of a fed batch, not the whole.
+    Pass("split_fed_batches", split_fed_batches,
+         reads=("captured_step", "subgraph", "tags", "plan", "copies"),
+         writes=("fed_batch_parts",), on_feed=check_fed_rows),
     Pass("vary_random_seeds", vary_random_seeds,
          reads=("subgraph", "tags", "plan", "copies")),
     Pass("place_updates", zero.place_updates,
@@ -231,9 +237,6 @@ PASSES = (
          writes=("subgraph", "provenance", "gradient_points",
                  "split_variables"),
          on_new_ops=update_checkpoints),
-    Pass("split_fed_batches", split_fed_batches,
-         reads=("captured_step", "subgraph", "tags", "plan", "copies"),
-         writes=("fed_batch_parts",), on_feed=check_fed_rows),
     Pass("join_replicas", join_replicas,
          reads=("captured_step", "subgraph", "plan", "copies")),
     Pass("order_shared_writes", order_shared_writes,

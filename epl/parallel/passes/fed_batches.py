@@ -35,8 +35,10 @@ def split_fed_batches(ctx, captured_step, subgraph, copies):
   too, for runs that bypass `Session.run`). Placeholders of fixed shape (a learning rate, a keep
   probability) are read whole by every copy, as before. Only the inputs of
   the step's forward ops change; the placeholder and everything else that
-  reads it stay as they are. Hands on the fed batches it split
-  (`fed_batch_parts`).
+  reads it stay as they are. Runs as soon as the replicas are cloned, so
+  that what later passes build from a copy's inputs (zero.level v3's
+  gradient shards, from every replica's activations) reads that copy's
+  part. Hands on the fed batches it split (`fed_batch_parts`).
   """
   replicas = len(ctx.replicas)
   micro_batches = copies.micro_batches or [{}]
