@@ -166,10 +166,10 @@ def test_zero_v3_with_a_fed_batch_read_by_a_partitioned_matmul(
   # replica's shard gradient must be made from its own part of the fed
   # batch (a tf.data input is cloned per replica and never showed this).
   rows = 32  # 5 steps' batches within dataset_arrays' 256 rows
-  expected = training.train_fed(optimizer=optimizer, rows=rows, steps=5)
+  expected, _ = training.train_fed(optimizer=optimizer, rows=rows, steps=5)
   with caplog.at_level(logging.INFO, logger="epl"), \
       training.epl_logs_caught(caplog):
-    actual = training.train_fed(
+    actual, _ = training.train_fed(
         {"cluster.num_cpu_devices": 2,
          "pipeline.num_micro_batch": micro_batches,
          "zero.level": "v3", "zero.min_partition_size": 16},

@@ -257,7 +257,8 @@ def train_fed(config=None, optimizer="momentum", rows=16, steps=4):
   through placeholders (`[None, ...]`; its first layer's MatMul reads one
   directly), with EPL and `config` unless it is None; checks every step
   that the copies together read the fed rows (a fixed-shape placeholder,
-  a loss weight, is read whole); returns the trainable values by name."""
+  a loss weight, is read whole); returns the trainable values by name
+  and the graph."""
   if config is not None:
     epl.init(epl.Config(config))
     epl.set_default_strategy(epl.replicate(1))
@@ -284,7 +285,7 @@ def train_fed(config=None, optimizer="momentum", rows=16, steps=4):
         assert seen == rows, (seen, rows)
       values = read_variables(session, graph, names)
   epl.shutdown()
-  return values
+  return values, graph
 
 
 def assert_close(actual, expected, atol=EQUIVALENCE_TOLERANCE["atol"]):

@@ -49,6 +49,14 @@ def _varies_by_itself(op):
       op.type not in VARIABLE_TYPES | VARIABLE_READ_TYPES)
 
 
+def _reads_fed_batch(op):
+  """Whether `op` reads a fed batch (a placeholder `split_fed_batches`
+  gives each micro-batch its part of): it differs between micro-batches
+  as a reader of an input read does."""
+  return any(t.op.type in PLACEHOLDER_TYPES and is_fed_batch(t.op)
+             for t in op.inputs)
+
+
 class _Layout:
   """Which ops of one micro-batch run in the loop, and how the loop meets
   the rest of the step."""
@@ -79,7 +87,8 @@ class _Layout:
     # step never ended.
     names_ = {op.name for op in candidates}
     varying = graph_editor.reachable(
-        self.reads + [op for op in candidates if _varies_by_itself(op)],
+        self.reads + [op for op in candidates
+                      if _varies_by_itself(op) or _reads_fed_batch(op)],
         lambda op: [o for o in graph_editor.output_ops(op)
                     if o.name in names_])
     varying_names = {op.name for op in varying}
