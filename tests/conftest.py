@@ -47,6 +47,7 @@ TF1_BEHAVIOUR_TESTS = (
     "test_memory_savers_zero.py::test_zero_matches_single_device",
     "test_memory_savers_zero.py::test_zero_v3_matches_single_device",
     "test_memory_savers_zero.py::test_zero_v3_with_a_fed_batch_read_by_a_partitioned_matmul",
+    "test_fed_batches.py::test_fed_batch_micro_batches_run_as_a_loop",
     "test_memory_savers_zero.py::test_zero_v3_devices_hold_their_shards_only",
     "test_memory_savers_zero.py::test_offload_matches_single_device",
     "test_memory_savers_combined.py::test_gc_zero_amp_equal_amp_alone",

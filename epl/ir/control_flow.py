@@ -306,3 +306,24 @@ class ContextCopier:
     for op in self._in_context:
       graph_edit.set_control_flow_context(clones[op.name],
                                           mapping[id(context_of(op))])
+
+
+def context_defs(graph):
+  """The v1 control-flow contexts of `graph`'s ops (the top-level ones,
+  with those nested in them), as ControlFlowContextDef protos: what
+  `restore_contexts` needs to give them back to the ops of an import of
+  `graph`'s GraphDef, which keeps the ops but not their contexts."""
+  return [graph_edit.control_flow_context_def(context)
+          for context in top_level_contexts(graph.get_operations())]
+
+
+def restore_contexts(graph, defs):
+  """Gives the ops of `graph` named in `defs` (`context_defs` of the graph
+  whose GraphDef was imported into `graph` under the same names) their v1
+  contexts back. A `tf.function` importing a v1 loop needs them: its
+  automatic control dependencies leave ops in a loop alone, and would
+  otherwise make each of the loop's Merges wait for the stateful ops
+  built before it, outside its frame ("Merge has inputs from different
+  frames")."""
+  for context_def in defs:
+    graph_edit.context_from_def(graph, context_def, "")

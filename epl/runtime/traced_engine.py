@@ -48,6 +48,7 @@ import tensorflow as tf
 
 from epl import collections as epl_collections
 from epl.capture import capture
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.graph_state import GradientRecord, state_of
 from epl.ir.phase import Phase
@@ -333,6 +334,9 @@ class EngineStep:
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
     self._step_def = collective_order.unchain(graph.as_graph_def())
+    # The micro-batch loop's v1 contexts, which the import into the
+    # function must give back to its ops (`_body`).
+    self._step_contexts = control_flow.context_defs(graph)
     sharded = self._shard_transfers(graph, result, function_name)
     # Every copy starts from the user's variable; the trained ones follow
     # it before every call (an eager write between steps). The others (the
@@ -408,7 +412,10 @@ class EngineStep:
     return inputs
 
   def _body(self, *arguments):
-    return _import(self._step_def, self._inputs(arguments), self._fetches)
+    fetched = _import(self._step_def, self._inputs(arguments), self._fetches)
+    control_flow.restore_contexts(tf.compat.v1.get_default_graph(),
+                                  self._step_contexts)
+    return fetched
 
   def _check_batch(self, flat_arguments):
     """Raises, before the step runs, for a batch the replicas and
