@@ -11,7 +11,10 @@ shared state) runs once before it, and what the loop reads from outside
 enters it. The input reads stay outside: the M
 reads of a step (the user's and M - 1 copies, as without the loop) fill a
 TensorArray that iteration i reads its batch from, so batches still go to
-micro-batch m of replica r in the order `tf.data` hands them out. Each
+micro-batch m of replica r in the order `tf.data` hands them out. A fed
+batch (a placeholder `split_fed_batches` later splits) reaches the loop
+the same way: M views of it fill the TensorArray, and each view is then
+given its micro-batch's part. Each
 gradient is summed over the iterations (dense: a loop-carried sum;
 IndexedSlices: their rows concatenated through TensorArrays, as the copies
 concatenate them), a forward state update (batch norm's moving averages)
@@ -78,7 +81,7 @@ class _Layout:
     candidates = [op for op in selected if op.type not in INPUT_READ_TYPES
                   and op.name not in after_writes]
     # Only what differs between micro-batches runs in the loop: what
-    # depends on the batch read, or on a stateful op (a random op draws
+    # depends on the batch read or fed, or on a stateful op (a random op draws
     # anew each iteration). The rest (constants, reads of the replica's
     # own variables, values computed from shared state such as a learning
     # rate from global_step) is the same in every iteration: it runs once,
