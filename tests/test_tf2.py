@@ -107,13 +107,16 @@ def test_functional_model_built_with_a_split_head_matches_single_device():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("shards", [
-    4,  # one expert a shard, one shard group
-    2,  # two experts a shard, two shard groups
+@pytest.mark.parametrize("shards, micro_batches", [
+    (4, 1),  # one expert a shard, one shard group
+    (2, 1),  # two experts a shard, two shard groups
+    (4, 4),  # with a loop over 4 micro-batches
 ])
-def test_moe_experts_in_a_traced_step_match_single_device(shards):
-  printed = _run("moe_experts_%d" % shards)
-  assert "TF2_MOE_OK" in printed and "shards=%d" % shards in printed
+def test_moe_experts_in_a_traced_step_match_single_device(shards,
+                                                          micro_batches):
+  printed = _run("moe_experts_%dx%d" % (shards, micro_batches))
+  assert "TF2_MOE_OK" in printed and "shards=%d replicas=4 micro_batches=%d" % (
+      shards, micro_batches) in printed
 
 
 @pytest.mark.timeout(300)

@@ -51,11 +51,11 @@ conftest switched it off) and reads what they print.
   the same script without EPL. functional_split_head: the same
   classifier as a functional model whose layers were called in the scopes
   while it was built.
-- moe_experts_<shards>: a subclassed Keras model whose `call` runs the
-  MoE layer of examples/moe (top-2 gating, 4 experts) with its experts
-  and their einsums inside `epl.split(shards)`, trained on 4 CPU
-  replicas: each shard computes with its experts alone (EPL's log says
-  so), and weights and loss equal the same script without EPL.
+- moe_experts_<shards>x<micro batches>: a subclassed Keras model whose
+  `call` runs the MoE layer of examples/moe (top-2 gating, 4 experts)
+  with its experts and their einsums inside `epl.split(shards)`, trained
+  on 4 CPU replicas: each shard computes with its experts alone (EPL's
+  log says so), and weights and loss equal the same script without EPL.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
@@ -376,7 +376,6 @@ def split_evaluation_refused():
 
 
 EXPERTS = 4
-TOKENS_PER_GROUP = 8
 
 
 class _MoEModel(tf.keras.Model):
@@ -384,10 +383,13 @@ class _MoEModel(tf.keras.Model):
   gating of groups of 8 tokens (capacity 4, so tokens are dropped) to 4
   experts whose weights [4, 8, 16] and [4, 16, 8] and einsums its `call`
   builds inside `experts_scope` (none without EPL), then a Dense head;
-  its layers build their weights lazily, in the step (seeded)."""
+  its layers build their weights lazily, in the step (seeded). Groups of
+  `tokens_per_group` rows: the same groups, gated alike, in a replica's
+  micro-batch as in the whole batch."""
 
-  def __init__(self, experts_scope=None):
+  def __init__(self, experts_scope=None, tokens_per_group=8):
     super().__init__()
+    self.tokens_per_group = tokens_per_group
     self.gate = tf.keras.layers.Dense(
         EXPERTS, use_bias=False,
         kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))
@@ -398,9 +400,7 @@ class _MoEModel(tf.keras.Model):
 
   def call(self, x, training=None):
     del training  # no layer differs in training
-    # Groups of 8 rows: the same groups, gated alike, in one replica's
-    # batch as in the whole batch.
-    tokens = tf.reshape(x, [-1, TOKENS_PER_GROUP, x.shape[-1]])
+    tokens = tf.reshape(x, [-1, self.tokens_per_group, x.shape[-1]])
     if not self.gate.built:  # its kernel is what the gating reads
       self.gate.build(tokens.shape)
     combine, dispatch, aux_loss = moe.top2_gating(tokens, self.gate.kernel,
@@ -413,13 +413,16 @@ class _MoEModel(tf.keras.Model):
     return self.head(tf.reshape(outputs + tokens, [-1, x.shape[-1]]))
 
 
-def moe_experts(shards):
+def moe_experts(shards, micro_batches=1):
   """The MoE model on 4 CPU replicas, its experts split over `shards`
   devices (4: one expert a shard; 2: two groups of 2 experts a shard),
+  with `micro_batches` a replica (groups of 8 / micro_batches rows),
   trained 5 steps: weights and loss equal the same script without EPL."""
-  _init(config=SPLIT_CONFIG)
+  _init(micro_batches, config=SPLIT_CONFIG)
   logged = _Logged()
-  model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts")))
+  group = 8 // micro_batches
+  model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts"),
+                                         tokens_per_group=group))
   epl.shutdown()
   # Each shard's einsums read its experts alone (so the tokens went to
   # them by all-to-all: the experts axes would not meet otherwise).
@@ -428,15 +431,17 @@ def moe_experts(shards):
                  EXPERTS // shards, EXPERTS) in line]
   assert {"EGCM,EMH->EGCH", "EGCH,EHM->EGCM"} == {
       line.split("'")[1] for line in divided}, logged.lines
-  expected, expected_loss = _train("adam", _MoEModel())
+  expected, expected_loss = _train("adam",
+                                   _MoEModel(tokens_per_group=group))
   differences = [float(np.max(np.abs(a - b))) for a, b in zip(
       model.get_weights(), expected.get_weights())]
   for actual, wanted in zip(model.get_weights(), expected.get_weights()):
     tolerance.assert_equivalent(actual, wanted)
   tolerance.assert_equivalent(loss, expected_loss)
-  print("TF2_MOE_OK tf=%s shards=%d replicas=%d experts=%d loss=%.6f "
-        "max_abs_diff=%.3g" % (tf.__version__, shards, REPLICAS, EXPERTS,
-                               loss, max(differences)))
+  print("TF2_MOE_OK tf=%s shards=%d replicas=%d micro_batches=%d "
+        "experts=%d loss=%.6f max_abs_diff=%.3g" % (
+            tf.__version__, shards, REPLICAS, micro_batches, EXPERTS, loss,
+            max(differences)))
 
 
 def moe_not_dividing_refused():
@@ -855,7 +860,7 @@ if __name__ == "__main__":
   elif scenario.startswith("split_head_"):
     split_head(*[int(n) for n in scenario[len("split_head_"):].split("x")])
   elif scenario.startswith("moe_experts_"):
-    moe_experts(int(scenario[len("moe_experts_"):]))
+    moe_experts(*[int(n) for n in scenario[len("moe_experts_"):].split("x")])
   elif scenario.startswith("dp_with_"):
     data_parallel_with(scenario[len("dp_with_"):])
   elif scenario.startswith("accumulation_"):
