@@ -446,8 +446,9 @@ def _install_estimator_hooks():
 def _tracing_eagerly():
   """Whether ops are built with eager execution on (eagerly, or for a
   tf.function traced so): a TF2 step, whose split layers are lowered on
-  the user's whole eager weights (`_dense_layer_call`); the lowerings that
-  build variables of their own are TF1 graph only."""
+  the user's whole eager weights (`_dense_layer_call`,
+  `expert_lowering.traced_einsum`); the lowerings that build variables of
+  their own are TF1 graph only."""
   return tf.compat.v1.executing_eagerly_outside_functions()
 
 
@@ -455,31 +456,31 @@ def _tracing_eagerly():
 # split scope of a traced TF2 step, with what they are.
 _GRAPH_ONLY_LOWERINGS = {
     "dense": "tf.compat.v1.layers.dense",
-    "add_weight": "a layer's weights made in the split scope (MoE experts)",
-    "einsum": "tf.einsum (MoE experts)",
+}
+
+# Lowerings that differ in a traced TF2 step's split scope, where they
+# work on the user's whole eager weights; None: the original call (Keras
+# makes a layer's weights eagerly, whole, traced or not).
+_TRACED_LOWERINGS = {
+    "einsum": expert_lowering.traced_einsum,
+    "add_weight": None,
 }
 
 
-def _refuse_in_traced_split(name, args):
+def _refuse_in_traced_split(name):
   """Raises for lowering `name` of a TF1 graph called inside a split scope
   of a traced TF2 step, naming what works there."""
-  if name not in _GRAPH_ONLY_LOWERINGS or (
+  if tf.executing_eagerly() or name not in _GRAPH_ONLY_LOWERINGS or (
       split_lowering.split_strategy() is None):
-    return
-  if name == "add_weight":
-    # Keras makes a layer's weights eagerly (init_scope), traced or not.
-    if isinstance(args[0], keras.targets().dense_class):
-      return  # a split Dense layer's whole weights (`_dense_layer_call`)
-  elif tf.executing_eagerly():
     return
   raise traced_function.NotSupportedInTracedStep(
       "%s inside %r with eager execution on (a TF2 step, traced by "
-      "tf.function): EPL splits only Keras Dense layers there (a split "
+      "tf.function): EPL splits Keras Dense layers (a split "
       "classification head, with tf.nn.sparse_softmax_cross_entropy_with_"
-      "logits, tf.argmax, tf.math.top_k on its logits). Build expert "
-      "layers and tf.compat.v1.layers TF1 style, in a graph run by a "
-      "Session (docs/tf2.md)." % (_GRAPH_ONLY_LOWERINGS[name],
-                                  split_lowering.split_strategy()))
+      "logits, tf.argmax, tf.math.top_k on its logits) and MoE expert "
+      "einsums there; use tf.keras.layers.Dense, or build the layer TF1 "
+      "style, in a graph run by a Session (docs/tf2.md)." % (
+          _GRAPH_ONLY_LOWERINGS[name], split_lowering.split_strategy()))
 
 
 def _split_lowering(name, module=split_lowering):
@@ -495,8 +496,12 @@ def _split_lowering(name, module=split_lowering):
     if active() is None:
       return original(*args, **kwargs)
     if _tracing_eagerly() and (tf.executing_eagerly() or
-                               name in _GRAPH_ONLY_LOWERINGS):
-      _refuse_in_traced_split(name, args)
+                               name in _GRAPH_ONLY_LOWERINGS or
+                               name in _TRACED_LOWERINGS):
+      traced = _TRACED_LOWERINGS.get(name)
+      if traced is not None and not tf.executing_eagerly():
+        return traced(original, *args, **kwargs)
+      _refuse_in_traced_split(name)
       return original(*args, **kwargs)
     return lowering(original, *args, **kwargs)
   return wrapper

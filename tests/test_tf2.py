@@ -112,6 +112,19 @@ def test_functional_model_built_with_a_split_head_matches_single_device():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("shards, micro_batches", [
+    (4, 1),  # one expert a shard, one shard group
+    (2, 1),  # two experts a shard, two shard groups
+    (4, 4),  # with a loop over 4 micro-batches
+])
+def test_moe_experts_in_a_traced_step_match_single_device(shards,
+                                                          micro_batches):
+  printed = _run("moe_experts_%dx%d" % (shards, micro_batches))
+  assert "TF2_MOE_OK" in printed and "shards=%d replicas=4 micro_batches=%d" % (
+      shards, micro_batches) in printed
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 
@@ -141,11 +154,14 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("split_evaluation_refused", "computes the split layer output "
                                  "private__split_head_model/dense_1/BiasAdd:0 "
                                  "but trains nothing"),
-    ("moe_weights_refused", "a layer's weights made in the split scope "
-                            "(MoE experts) inside epl.split(device_count=2, "
-                            "name='experts')"),
-    ("moe_einsum_refused", "tf.einsum (MoE experts) inside "
-                           "epl.split(device_count=2, name='experts')"),
+    ("moe_not_dividing_refused", "reads the variable "
+                                 "private__mo_e_model/experts/inner:0 of "
+                                 "shape (4, 8, 16): dimension 0 (its "
+                                 "experts) must be known and divide by the "
+                                 "3 shards"),
+    ("tf1_dense_in_traced_split_refused",
+     "tf.compat.v1.layers.dense inside epl.split(device_count=2, "
+     "name='head') with eager execution on"),
     ("offload_in_pipeline_refused", "offload.level 'v0' asked, but they "
                                     "are not built for a traced TF2 step "
                                     "yet"),

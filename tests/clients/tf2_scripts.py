@@ -51,9 +51,15 @@ conftest switched it off) and reads what they print.
   the same script without EPL. functional_split_head: the same
   classifier as a functional model whose layers were called in the scopes
   while it was built.
+- moe_experts_<shards>x<micro batches>: a subclassed Keras model whose
+  `call` runs the MoE layer of examples/moe (top-2 gating, 4 experts)
+  with its experts and their einsums inside `epl.split(shards)`, trained
+  on 4 CPU replicas: each shard computes with its experts alone (EPL's
+  log says so), and weights and loss equal the same script without EPL.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
-  moe_weights_refused, moe_einsum_refused, offload_in_pipeline_refused,
+  moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
+  offload_in_pipeline_refused,
   fit_custom_step_pipeline_refused, uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
 """
@@ -66,6 +72,7 @@ import numpy as np
 import tensorflow as tf
 
 import epl
+from examples.moe import model as moe
 from tests import tolerance
 
 REPLICAS = 4
@@ -113,6 +120,8 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
     with tf.GradientTape() as tape:
       prediction = model(x, training=True)
       loss = tf.reduce_mean(tf.square(prediction - y))
+      if model.losses:  # the layers' own (add_loss)
+        loss += tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
@@ -366,46 +375,95 @@ def split_evaluation_refused():
   _refused(run, default_strategy=False, config=SPLIT_CONFIG)
 
 
-class _Experts(tf.keras.layers.Layer):
-  """Expert weights [experts, in, out] and their einsum, as an MoE layer
-  has."""
-
-  def build(self, input_shape):
-    self.inner = self.add_weight("inner", [2, 8, 4])
-
-  def call(self, tokens):
-    return tf.einsum("egm,emh->egh", tokens, self.inner)
+EXPERTS = 4
 
 
-def _moe_refused(built):
-  """An expert layer called in epl.split in a traced step: EPL's error
-  naming what works there (`built`: its weights made eagerly before, so
-  the einsum is what is refused)."""
+class _MoEModel(tf.keras.Model):
+  """A subclassed Keras model with the MoE layer of examples/moe: top-2
+  gating of groups of 8 tokens (capacity 4, so tokens are dropped) to 4
+  experts whose weights [4, 8, 16] and [4, 16, 8] and einsums its `call`
+  builds inside `experts_scope` (none without EPL), then a Dense head;
+  its layers build their weights lazily, in the step (seeded). Groups of
+  `tokens_per_group` rows: the same groups, gated alike, in a replica's
+  micro-batch as in the whole batch."""
+
+  def __init__(self, experts_scope=None, tokens_per_group=8):
+    super().__init__()
+    self.tokens_per_group = tokens_per_group
+    self.gate = tf.keras.layers.Dense(
+        EXPERTS, use_bias=False,
+        kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))
+    self.experts = moe.Experts(EXPERTS, 16, seed=2, name="experts")
+    self.head = tf.keras.layers.Dense(
+        1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=4))
+    self.experts_scope = experts_scope or contextlib.nullcontext()
+
+  def call(self, x, training=None):
+    del training  # no layer differs in training
+    tokens = tf.reshape(x, [-1, self.tokens_per_group, x.shape[-1]])
+    if not self.gate.built:  # its kernel is what the gating reads
+      self.gate.build(tokens.shape)
+    combine, dispatch, aux_loss = moe.top2_gating(tokens, self.gate.kernel,
+                                                  capacity=4)
+    dispatched = tf.einsum("GSEC,GSM->EGCM", dispatch, tokens)
+    with self.experts_scope:
+      outputs = tf.einsum("GSEC,EGCM->GSM", combine,
+                          self.experts(dispatched))
+    self.add_loss(0.01 * aux_loss)
+    return self.head(tf.reshape(outputs + tokens, [-1, x.shape[-1]]))
+
+
+def moe_experts(shards, micro_batches=1):
+  """The MoE model on 4 CPU replicas, its experts split over `shards`
+  devices (4: one expert a shard; 2: two groups of 2 experts a shard),
+  with `micro_batches` a replica (groups of 8 / micro_batches rows),
+  trained 5 steps: weights and loss equal the same script without EPL."""
+  _init(micro_batches, config=SPLIT_CONFIG)
+  logged = _Logged()
+  group = 8 // micro_batches
+  model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts"),
+                                         tokens_per_group=group))
+  epl.shutdown()
+  # Each shard's einsums read its experts alone (so the tokens went to
+  # them by all-to-all: the experts axes would not meet otherwise).
+  divided = [line for line in logged.lines
+             if "computes with %d of the %d experts" % (
+                 EXPERTS // shards, EXPERTS) in line]
+  assert {"EGCM,EMH->EGCH", "EGCH,EHM->EGCM"} == {
+      line.split("'")[1] for line in divided}, logged.lines
+  expected, expected_loss = _train("adam",
+                                   _MoEModel(tokens_per_group=group))
+  differences = [float(np.max(np.abs(a - b))) for a, b in zip(
+      model.get_weights(), expected.get_weights())]
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(loss, expected_loss)
+  print("TF2_MOE_OK tf=%s shards=%d replicas=%d micro_batches=%d "
+        "experts=%d loss=%.6f max_abs_diff=%.3g" % (
+            tf.__version__, shards, REPLICAS, micro_batches, EXPERTS, loss,
+            max(differences)))
+
+
+def moe_not_dividing_refused():
+  """Expert weights whose experts do not divide by the shards: EPL's
+  error naming the einsum and the variable."""
   def run():
-    experts = _Experts()
-    if built:
-      experts(tf.zeros([2, 1, 8]))
-    optimizer = _optimizer("adam")
+    _train("adam", _MoEModel(epl.split(3, name="experts")))
+  _refused(run, config=SPLIT_CONFIG)
 
+
+def tf1_dense_in_traced_split_refused():
+  """tf.compat.v1.layers.dense in a split scope of a traced step (its
+  lowering makes sharded variables of its own, a TF1 graph's): EPL's
+  error naming what works there."""
+  def run():
     @tf.function
-    def train_step(x):
-      with tf.GradientTape() as tape:
-        with epl.split(2, name="experts"):
-          loss = tf.reduce_mean(experts(tf.reshape(x, [2, -1, 8])))
-      grads = tape.gradient(loss, experts.trainable_variables)
-      optimizer.apply_gradients(zip(grads, experts.trainable_variables))
-      return loss
+    def step(x):
+      with epl.split(2, name="head"):
+        return tf.compat.v1.layers.dense(x, CLASSES)
 
-    train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+    step(tf.constant(_data(GLOBAL_BATCH)[0]))
   _refused(run, default_strategy=False, config=SPLIT_CONFIG)
-
-
-def moe_weights_refused():
-  _moe_refused(built=False)
-
-
-def moe_einsum_refused():
-  _moe_refused(built=True)
 
 
 def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2,
@@ -801,6 +859,8 @@ if __name__ == "__main__":
     pipeline(scenario[len("pipeline_"):])
   elif scenario.startswith("split_head_"):
     split_head(*[int(n) for n in scenario[len("split_head_"):].split("x")])
+  elif scenario.startswith("moe_experts_"):
+    moe_experts(*[int(n) for n in scenario[len("moe_experts_"):].split("x")])
   elif scenario.startswith("dp_with_"):
     data_parallel_with(scenario[len("dp_with_"):])
   elif scenario.startswith("accumulation_"):

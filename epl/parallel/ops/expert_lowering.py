@@ -18,6 +18,10 @@ expert axis, tokens exchanged by all-to-all.
     inverse exchange first.
   Any other einsum inside split is an error naming it.
 
+In a TF2 step traced by tf.function (eager execution on), Keras has made
+the weights eagerly, whole: `traced_einsum` takes each shard's E / k
+experts of a weight it reads, and the einsums are then lowered as above.
+
 The experts axis of the tokens (dispatch) or of the tensor met at combine
 may be unknown when the graph is built (a batch dimension used as the
 experts axis): it is then taken as E, and a run-time check fails, naming
@@ -26,6 +30,7 @@ has the static size E / k of the weight it met, so the expert einsum
 after it is recognised as such.
 """
 import dataclasses
+import logging
 import re
 
 import tensorflow as tf
@@ -33,12 +38,16 @@ import tensorflow as tf
 from epl.ir.op_types import VARIABLE_TYPES
 from epl.parallel.ops import split_lowering
 
+logger = logging.getLogger("epl")
 
-@dataclasses.dataclass
+
+# Compared by identity: `operands.index` must not compare tensors (a
+# TF2 tensor's == is element-wise).
+@dataclasses.dataclass(eq=False)
 class _Operand:
   tensor: object
-  letters: str
   sharded_weight: bool
+  letters: str
 
 
 def _resolve_initializer(initializer, dtype):
@@ -95,19 +104,16 @@ def _source_variable(tensor):
   return None
 
 
-def _operands(equation, inputs, graph):
+def _operands(equation, inputs, expert_sharded):
+  """The einsum's operands, each `expert_sharded(tensor)`: the tensor to
+  compute with and whether it is a weight sharded on the experts axis."""
   spec = equation.replace(" ", "")
   match = re.fullmatch(r"([a-zA-Z]+),([a-zA-Z]+)->([a-zA-Z]*)", spec)
   if not match:
     return None, None
-  sharded = split_lowering.sharded_variables_in(graph)
-  operands = []
-  for tensor, letters in zip(inputs, match.groups()[:2]):
-    source = _source_variable(tensor)
-    info = sharded.get(source.name) if source is not None else None
-    operands.append(_Operand(tensor, letters,
-                             info is not None and info.axis == 0))
-  return operands, match.group(3)
+  return [_Operand(*expert_sharded(tensor), letters=letters)
+          for tensor, letters in zip(inputs, match.groups()[:2])
+          ], match.group(3)
 
 
 def _size(operand, letter):
@@ -172,14 +178,74 @@ def _unknown(equation, strategy, why):
 
 
 def einsum(original, equation, *inputs, **kwargs):
-  """tf.einsum inside a split scope: dispatch, expert or combine."""
+  """tf.einsum inside a split scope of a TF1 graph: its expert weights are
+  the shards `add_weight` made."""
+  strategy = split_lowering.split_strategy()
+  if strategy is None:
+    return original(equation, *inputs, **kwargs)
+  sharded = split_lowering.sharded_variables_in(
+      tf.compat.v1.get_default_graph())
+
+  def recorded_shard(value):
+    tensor = tf.convert_to_tensor(value)
+    source = _source_variable(tensor)
+    info = sharded.get(source.name) if source is not None else None
+    return tensor, info is not None and info.axis == 0
+  return _lowered(original, equation, inputs, kwargs, strategy,
+                  recorded_shard)
+
+
+def _reads_variable(tensor):
+  """Whether `tensor` is a variable's value (through identities and
+  casts): in a traced step, a read of a captured eager variable."""
+  while tensor.op.type in ("Identity", "Cast"):
+    tensor = tensor.op.inputs[0]
+  return tensor.op.type == "ReadVariableOp"
+
+
+def traced_einsum(original, equation, *inputs, **kwargs):
+  """tf.einsum inside a split scope while a TF2 step is traced (eager
+  execution on): the expert weights are the user's eager variables
+  `[E, ...]`, whole, which the step reads; each shard computes with its
+  E / k experts (its slice, whose gradient is zero elsewhere), and the
+  tokens go to them as in a TF1 graph. The weights' gradients are
+  averaged over every replica as data-parallel ones: each shard's holds
+  its experts' gradient of its group's summed losses, so the mean over
+  all replicas is the global batch loss's gradient."""
   strategy = split_lowering.split_strategy()
   if strategy is None:
     return original(equation, *inputs, **kwargs)
   group_size = split_lowering.group_size_of(strategy)
-  inputs = [tf.convert_to_tensor(t) for t in inputs]
-  operands, output_letters = _operands(equation, inputs,
-                                       tf.compat.v1.get_default_graph())
+
+  def experts_of_shard(value):
+    tensor = tf.convert_to_tensor(value)
+    if not _reads_variable(tensor) or not tensor.shape.rank:
+      return tensor, False
+    experts = tf.compat.dimension_value(tensor.shape[0])
+    if experts is None or experts % group_size:
+      raise ValueError(
+          "tf.einsum(%r) inside %r reads the variable %s of shape %s: "
+          "dimension 0 (its experts) must be known and divide by the %d "
+          "shards. Use a multiple of %d experts." % (
+              equation, strategy, value.name, tensor.shape, group_size,
+              group_size))
+    columns = experts // group_size
+    logger.info("epl: tf.einsum(%r) inside %r in a traced step: each shard "
+                "computes with %d of the %d experts of %s (the whole eager "
+                "variable, in every replica)", equation, strategy, columns,
+                experts, value.name)
+    with tf.name_scope("experts_of_shard"):
+      return split_lowering.columns_of_whole(
+          tensor, 0, experts, columns, split_lowering.shard_index() * columns,
+          group_size), True
+  return _lowered(original, equation, inputs, kwargs, strategy,
+                  experts_of_shard)
+
+
+def _lowered(original, equation, inputs, kwargs, strategy, expert_sharded):
+  """The einsum's dispatch, expert or combine lowering."""
+  group_size = split_lowering.group_size_of(strategy)
+  operands, output_letters = _operands(equation, inputs, expert_sharded)
   if operands is None or len(operands) != 2:
     raise _unknown(equation, strategy, "two operands expected")
   weights = [o for o in operands if o.sharded_weight]
@@ -192,7 +258,7 @@ def einsum(original, equation, *inputs, **kwargs):
                      "both operands" % expert)
     local, full = _size(weight, expert), _size(other, expert)
     if full == local:
-      return original(equation, *inputs, **kwargs)
+      return original(equation, *[o.tensor for o in operands], **kwargs)
     tokens = other.tensor
     if full is None:
       tokens = _with_experts(tokens, 0, local * group_size, equation,

@@ -404,7 +404,7 @@ def dense_layer_call(call, layer, inputs, *args, **kwargs):
                **{k: getattr(layer, k, None) for k in _DENSE_UNSUPPORTED})
 
 
-def _columns_of_whole(weight, axis, units, columns, start, group_size):
+def columns_of_whole(weight, axis, units, columns, start, group_size):
   """The shard `[start, start + columns)` along `axis` of a whole weight
   read (zero past its end, as a padded shard)."""
   padding = [[0, 0] for _ in weight.shape]
@@ -447,9 +447,9 @@ def traced_dense_layer_call(layer, inputs, *args, **kwargs):
   columns = -(-units // group_size)
   with tf.name_scope(layer.name):
     start = shard_index() * columns
-    kernel = _columns_of_whole(tf.convert_to_tensor(layer.kernel), 1, units,
+    kernel = columns_of_whole(tf.convert_to_tensor(layer.kernel), 1, units,
                                columns, start, group_size)
-    bias = _columns_of_whole(
+    bias = columns_of_whole(
         tf.convert_to_tensor(layer.bias), 0, units, columns, start,
         group_size) if layer.use_bias else None
     logits = _sharded_logits(tf.cast(inputs, kernel.dtype), kernel, bias,
