@@ -119,6 +119,7 @@ def test_keras_fit_pipeline_matches_plain_fit(scenario):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", ["fit_custom_step_dp",
+                                      "fit_custom_step_accumulation",
                                       "fit_custom_step_pipeline"])
 def test_own_train_step_updating_metrics_matches_plain_fit(scenario):
   """A model's own train_step that updates the compiled loss and metrics

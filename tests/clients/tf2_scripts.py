@@ -46,8 +46,9 @@ conftest switched it off) and reads what they print.
   each epoch's loss and mae.
 - fit_custom_step_dp, fit_custom_step_pipeline: Keras fit (2 epochs) of a
   model whose own train_step updates the compiled loss and mae with the
-  whole batch, data parallel on 4 replicas or in 2 stages x 2 replicas x 4
-  micro-batches, equals plain fit: weights, each epoch's loss and mae.
+  whole batch, data parallel on 4 replicas (also with a loop of 4
+  micro-batches, fit_custom_step_accumulation) or in 2 stages x 2
+  replicas x 4 micro-batches, equals plain fit: weights, each epoch's loss and mae.
   fit_two_outputs_dp: the same for Keras' own train_step of a model with
   two outputs (a weighted loss and an mae each).
 - split_head_<shards>x<micro batches>: a subclassed Keras classifier whose
@@ -713,16 +714,20 @@ def _custom_step_sequential():
   return model
 
 
-def fit_custom_step_dp():
+def fit_custom_step_dp(micro_batches=1):
   """Keras fit (2 epochs) of a data-parallel model whose own train_step
-  updates the compiled loss and mae with the whole batch: equal to plain
-  fit."""
-  _init()
+  updates the compiled loss and mae with the whole batch, with a loop of
+  `micro_batches` a replica: equal to plain fit."""
+  _init(micro_batches)
   fitted = _fit(_custom_step_sequential())
   epl.shutdown()
   _assert_fit_equal(fitted, _fit(_custom_step_sequential()))
-  print("TF2_FIT_CUSTOM_STEP_OK replicas=%d loss=%s mae=%s" % (
-      REPLICAS, fitted[1]["loss"], fitted[1]["mae"]))
+  print("TF2_FIT_CUSTOM_STEP_OK replicas=%d micro_batches=%d loss=%s mae=%s"
+        % (REPLICAS, micro_batches, fitted[1]["loss"], fitted[1]["mae"]))
+
+
+def fit_custom_step_accumulation():
+  fit_custom_step_dp(micro_batches=4)
 
 
 def functional_fit_pipeline():
