@@ -136,6 +136,23 @@ def test_keras_fit_pipeline_matches_plain_fit(scenario):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["fit_custom_step_dp",
+                                      "fit_custom_step_accumulation",
+                                      "fit_custom_step_pipeline"])
+def test_own_train_step_updating_metrics_matches_plain_fit(scenario):
+  """A model's own train_step that updates the compiled loss and metrics
+  with the whole batch (Keras' guide "Customizing what happens in fit()")
+  reads the model's outputs and loss merged over replicas and
+  micro-batches."""
+  assert "TF2_FIT_CUSTOM_STEP_OK" in _run(scenario)
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_of_two_outputs_matches_plain_fit():
+  assert "TF2_FIT_TWO_OUTPUTS_OK" in _run("fit_two_outputs_dp")
+
+
+@pytest.mark.timeout(300)
 def test_functions_that_do_not_train_run_as_traced():
   assert "TF2_EVALUATION_OK" in _run("evaluation_untouched")
 
@@ -165,12 +182,13 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("offload_in_pipeline_refused", "offload.level 'v0' asked, but they "
                                     "are not built for a traced TF2 step "
                                     "yet"),
-    ("fit_custom_step_pipeline_refused", "reads its whole batch outside "
-                                         "the micro-batches of its model"),
     ("functional_layer_in_two_stages_refused",
      "Keras layer 'dense' is called in epl.replicate(device_count=1, "
      "name='stage_0') and in epl.replicate(device_count=1, "
      "name='stage_1')"),
+    ("fit_undecided_merge_refused", "'Mul_1' (Mul), outside the part EPL "
+                                    "divides over replicas and "
+                                    "micro-batches, reads 'Mean:0'"),
     ("uneven_batch_refused", "The batch fed to placeholder 'x' has 30 "
                              "rows: EPL splits it into 4 equal parts"),
     ("iterator_step_refused", "takes an iterator or a dataset and draws "

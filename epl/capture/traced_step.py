@@ -27,6 +27,9 @@ class TracedStep:
     self.strategies = []
     # Names of the ones the backward pass of each loss starts from.
     self.loss_seeds = set()
+    # Names of the losses the gradients are taken of (their seeds may be
+    # constants, which do not read them).
+    self.losses = set()
 
 
 _steps = weakref.WeakKeyDictionary()
@@ -72,8 +75,9 @@ def seed_gradients(graph, target):
   as TensorFlow makes them when given none), recorded as the losses'
   seeds of the step `graph` traces."""
   seeds = tf.nest.map_structure(tf.ones_like, target)
-  _step_for(_outermost(graph)).loss_seeds.update(
-      seed.op.name for seed in tf.nest.flatten(seeds))
+  step = _step_for(_outermost(graph))
+  step.loss_seeds.update(seed.op.name for seed in tf.nest.flatten(seeds))
+  step.losses.update(loss.name for loss in tf.nest.flatten(target))
   return seeds
 
 

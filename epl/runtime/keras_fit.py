@@ -8,24 +8,19 @@ Under EPL the train function draws the batch eagerly and calls a
 `tf.function` with the batch's tensors, which EPL's engine rewrites like a
 script's own step, data parallel or in pipeline stages.
 
+The model's `train_step` (Keras' own, or the model's) is traced as it is.
 The engine divides the batch among the replicas and their micro-batches
-only; Keras' own train step would update its metrics with the whole
-batch, outside them. So the step EPL traces computes the model's outputs,
-the loss and the update only (`Model.compute_loss`, the optimizer's
-`minimize`), and returns the outputs and the loss, merged over replicas
-and micro-batches (the outputs concatenated in batch order, the loss
-averaged: the whole batch's); the loss metric and the compiled metrics
-are then updated with them eagerly, as Keras' step would update them. A
-model with a `train_step` of its own has it traced as it is.
+for the forward pass, loss and gradients; the loss metric and compiled
+metrics update outside them, once per step, with the model's outputs
+concatenated over the parts in batch order, the losses averaged over
+them (means over equal parts: the whole batch's) and the targets whole
+(`epl.runtime.traced_whole_batch`), so fit reports what it reports
+without EPL, for a model of several outputs too.
 """
-import logging
-
 import tensorflow as tf
 
 from epl.runtime.traced_function import NotSupportedInTracedStep
 from epl.tf_compat import keras
-
-logger = logging.getLogger("epl")
 
 
 def make_train_function(original, model, force=False):
@@ -35,14 +30,7 @@ def make_train_function(original, model, force=False):
   what = "Model.fit of %s" % model.name
   _refuse_unsupported_fit(model, what)
   del original
-  if keras.overrides_train_step(model):
-    # Traced as it is: EPL's engine refuses one that reads the whole batch
-    # outside the replicas' micro-batches.
-    step = _own_train_step(model)
-  else:
-    logger.info("epl: %s updates its loss and metrics with the outputs "
-                "merged over the replicas and micro-batches", what)
-    step = _merged_train_step(model)
+  step = _train_step(model)
 
   def train_function(iterator):
     # get_next, not next(): the end of the data is the OutOfRangeError
@@ -54,42 +42,14 @@ def make_train_function(original, model, force=False):
   return train_function
 
 
-def _own_train_step(model):
-  """The model's own `train_step`, traced with the step count."""
+def _train_step(model):
+  """The model's `train_step`, traced with the step count."""
 
   @tf.function
   def train_step(*data):
     outputs = model.train_step(data if len(data) > 1 else data[0])
     with tf.control_dependencies(tf.nest.flatten(outputs)):
       keras.count_train_step(model)
-    return outputs
-  return train_step
-
-
-def _merged_train_step(model):
-  """Keras' train step as a traced forward pass, loss and update, which
-  return the outputs and the loss merged over the replicas and
-  micro-batches; the loss metric and compiled metrics are updated with
-  them eagerly."""
-
-  @tf.function
-  def forward_and_update(*data):
-    x, y, sample_weight = _unpacked(data)
-    with tf.GradientTape() as tape:
-      y_pred = model(x, training=True)
-      with keras.loss_metric_updates_left_out(model):
-        loss = model.compute_loss(x, y, y_pred, sample_weight)
-    model.optimizer.minimize(loss, model.trainable_variables, tape=tape)
-    return y_pred, loss
-
-  def train_step(*data):
-    y_pred, loss = forward_and_update(*data)
-    x, y, sample_weight = _unpacked(data)
-    # Keras weighs each step's loss by its batch's rows.
-    keras.loss_metric(model).update_state(
-        loss, sample_weight=tf.shape(tf.nest.flatten(y_pred)[0])[0])
-    outputs = model.compute_metrics(x, y, y_pred, sample_weight)
-    keras.count_train_step(model)
     return outputs
   return train_step
 
@@ -108,8 +68,3 @@ def _refuse_unsupported_fit(model, what):
     raise NotSupportedInTracedStep(
         "%s is built in a tf.distribute strategy scope: EPL is the "
         "strategy; build the model without it." % what)
-
-
-def _unpacked(data):
-  return tf.keras.utils.unpack_x_y_sample_weight(
-      data if len(data) > 1 else data[0])

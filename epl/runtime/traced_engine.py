@@ -56,6 +56,7 @@ from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
 from epl.parallel.passes import variable_sync
 from epl.runtime import traced_shards
+from epl.runtime import traced_whole_batch
 from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
 
@@ -117,7 +118,7 @@ def _graph_copy(concrete, traced, default_strategy):
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
   _past_identity_n(graph, state.gradient_records[-1].pairs)
-  _tag_updates(graph, state)
+  _tag_updates(graph, state, traced.losses)
   _stage_unscoped_variables(graph, state, variables)
   if not traced.strategies:
     _tag_data_parallel(graph, state, default_strategy)
@@ -198,14 +199,16 @@ def _data_ancestors(op):
   return seen
 
 
-def _tag_updates(graph, state):
+def _tag_updates(graph, state, losses):
   """Tags APPLY what a TF1 graph's optimizer hook would: the variable
   writes that read a gradient or were built outside every scope (a Keras
-  optimizer's), and what they read that the gradients do not need."""
+  optimizer's), and what they read that neither the gradients nor the
+  `losses` (names) need (a metric's update reads the loss)."""
   gradient_ops = [grad.op for record in state.gradient_records
                   for grad, _ in record.pairs]
   gradient_part = set()
-  for op in gradient_ops:
+  for op in gradient_ops + [graph.get_tensor_by_name(name).op
+                            for name in losses]:
     gradient_part |= _data_ancestors(op)
   gradient_names = {op.name for op in gradient_ops}
   for op in graph.get_operations():
@@ -321,6 +324,12 @@ class EngineStep:
                        if t.name not in self._captured]
     with graph.as_default():
       sources = _merged_outputs(graph, [t.name for t in func_graph.outputs])
+      roots = [graph.get_tensor_by_name(name).op for name in sources]
+      roots += [op for op in graph.get_operations()
+                if op.op_def.is_stateful]
+      readers = traced_whole_batch.read_whole_batch(
+          graph, state_of(graph), traced.losses, self._arguments, roots,
+          function_name)
       result = engine.ensure_rewritten(graph)
     if result is None:
       raise ValueError(
@@ -330,7 +339,12 @@ class EngineStep:
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self._rewrite = result
-    self.whole_batch_readers = self._whole_batch_readers(graph)
+    if readers:
+      logger.info(
+          "epl: tf.function %s: %d op(s) outside the divided step (%s) read "
+          "the whole batch and the divided step's values merged over "
+          "replicas and micro-batches", function_name, len(readers),
+          ", ".join(readers[:3]))
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
     self._step_def = collective_order.unchain(graph.as_graph_def())
@@ -372,21 +386,6 @@ class EngineStep:
           "variables are written into them before every call and from "
           "them after it", function_name, len(sharded))
     return sharded
-
-  def _whole_batch_readers(self, graph):
-    """Names of the ops a call runs that read a whole batch argument,
-    besides the split the rewrite made of it (a Keras metric's update,
-    outside the micro-batches): the caller refuses such a step. A call
-    runs what its outputs and its stateful ops need (ops a pass replaced,
-    such as AMP's float32 originals, are left unrun)."""
-    roots = [graph.get_tensor_by_name(name).op for name in self._fetches]
-    roots += [op for op in graph.get_operations() if op.op_def.is_stateful]
-    runs = {op.name for op in graph_editor.ancestors(roots)}
-    provenance = state_of(graph).provenance
-    return sorted(
-        reader.name for name in self._arguments
-        for reader in graph.get_tensor_by_name(name).consumers()
-        if reader.name in runs and not provenance.built_by_rewrite(reader))
 
   def _sync_function(self, graph, result, names):
     """The function that copies variables `names` into their replicas'

@@ -182,15 +182,5 @@ def call(env, function, original, args, kwargs):
 def _engine_step(env, concrete, traced, name):
   """The traced step `concrete` as EPL's engine rewrites it."""
   _refuse_in_engine(traced, name, env)
-  step = traced_engine.EngineStep(concrete, traced, name,
+  return traced_engine.EngineStep(concrete, traced, name,
                                   env.default_strategy)
-  if step.whole_batch_readers:
-    raise NotSupportedInTracedStep(
-        "tf.function %s reads its whole batch outside the micro-batches "
-        "of its model (%s: a metric's update, as a Keras train_step of the "
-        "model's own makes); EPL's engine divides the batch among the "
-        "replicas and micro-batches only. Compute what reads the batch "
-        "(the loss) in the step itself, keep Keras' own Model.train_step, "
-        "or train with a tf.function step in an eager loop "
-        "(docs/tf2.md)." % (name, ", ".join(step.whole_batch_readers[:3])))
-  return step

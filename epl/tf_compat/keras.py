@@ -16,7 +16,6 @@ Importing this module never fails for a missing Keras: targets that are not
 found are left out (logged at DEBUG), and `require_layer_hooks` raises, for
 a feature that needs them, an error that names the fix.
 """
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -174,49 +173,6 @@ def count_train_step(model):
   """Adds one to the step count Keras keeps for `Model.fit` (what its own
   train function does after each step)."""
   model._train_counter.assign_add(1)  # pylint: disable=protected-access
-
-
-def overrides_train_step(model):
-  """Whether `model`'s class replaces Keras' own `Model.train_step`."""
-  keras_model = targets().make_train_function[0]
-  return type(model).train_step is not keras_model.train_step
-
-
-class _NoUpdate:
-  """Stands for a Keras loss metric whose updates are left out."""
-
-  def update_state(self, *args, **kwargs):
-    del args, kwargs
-
-
-@contextlib.contextmanager
-def loss_metric_updates_left_out(model):
-  """Leaves out the updates of the loss metric `model.compiled_loss` makes
-  while computing the loss (Keras 2's `LossesContainer`): the caller
-  updates it itself, with `loss_metric(model)`. Refuses a model of several
-  outputs (a loss metric for each), which the container knows once it
-  has computed a loss (it is built then)."""
-  # pylint: disable=protected-access
-  container = model.compiled_loss
-  kept = container._total_loss_mean
-  container._total_loss_mean = _NoUpdate()
-  try:
-    yield
-  finally:
-    container._total_loss_mean = kept
-  if any(metric is not None
-         for metric in container._per_output_metrics or ()):
-    raise NotImplementedError(
-        "Model.fit of %s: a model of several outputs (%s) keeps a loss "
-        "metric for each, which EPL does not merge over replicas and "
-        "micro-batches yet; give the model one output." % (
-            model.name, ", ".join(container._output_names)))
-
-
-def loss_metric(model):
-  """The Keras metric that averages `model`'s loss over the steps of an
-  epoch (the `loss` that `fit` reports)."""
-  return model.compiled_loss._total_loss_mean  # pylint: disable=protected-access
 
 
 def output_loss_results(model):

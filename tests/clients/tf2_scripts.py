@@ -44,6 +44,13 @@ conftest switched it off) and reads what they print.
   model in 2 stages x 2 replicas x 4 micro-batches (subclassed, whose call
   opens the stages; functional, built in them) equals plain fit: weights,
   each epoch's loss and mae.
+- fit_custom_step_dp, fit_custom_step_pipeline: Keras fit (2 epochs) of a
+  model whose own train_step updates the compiled loss and mae with the
+  whole batch, data parallel on 4 replicas (also with a loop of 4
+  micro-batches, fit_custom_step_accumulation) or in 2 stages x 2
+  replicas x 4 micro-batches, equals plain fit: weights, each epoch's loss and mae.
+  fit_two_outputs_dp: the same for Keras' own train_step of a model with
+  two outputs (a weighted loss and an mae each).
 - split_head_<shards>x<micro batches>: a subclassed Keras classifier whose
   `call` opens `epl.replicate` around its hidden layer and `epl.split`
   around its Dense head, trained with a sparse softmax cross-entropy on 4
@@ -59,8 +66,8 @@ conftest switched it off) and reads what they print.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
-  offload_in_pipeline_refused,
-  fit_custom_step_pipeline_refused, uneven_batch_refused,
+  offload_in_pipeline_refused, fit_undecided_merge_refused,
+  uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
 """
 import contextlib
@@ -177,17 +184,55 @@ def _fit(model):
   return model.get_weights(), history.history
 
 
+def _assert_fit_equal(fitted, expected):
+  """(weights, History.history) of fit under EPL and without: equal, the
+  weights and every epoch's value of every key."""
+  for actual, wanted in zip(fitted[0], expected[0]):
+    tolerance.assert_equivalent(actual, wanted)
+  assert sorted(fitted[1]) == sorted(expected[1]), fitted[1]
+  for key in expected[1]:
+    tolerance.assert_equivalent(np.array(fitted[1][key]),
+                                np.array(expected[1][key]))
+
+
 def fit_dp():
   _init()
-  weights, history = _fit(_model())
+  fitted = _fit(_model())
   epl.shutdown()
-  expected_weights, expected_history = _fit(_model())
-  for actual, expected in zip(weights, expected_weights):
-    tolerance.assert_equivalent(actual, expected)
-  for key in ("loss", "mae"):
-    tolerance.assert_equivalent(np.array(history[key]),
-                                np.array(expected_history[key]))
-  print("TF2_FIT_DP_OK loss=%s" % history["loss"])
+  _assert_fit_equal(fitted, _fit(_model()))
+  print("TF2_FIT_DP_OK loss=%s" % fitted[1]["loss"])
+
+
+def _two_outputs():
+  """_model()'s hidden layer with two heads, seeded."""
+  seeded = tf.keras.initializers.GlorotUniform
+  inputs = tf.keras.Input((8,))
+  hidden = tf.keras.layers.Dense(16, activation="tanh",
+                                 kernel_initializer=seeded(seed=1))(inputs)
+  return tf.keras.Model(inputs, [
+      tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=seed),
+                            name=name)(hidden)
+      for seed, name in ((2, "first"), (3, "second"))])
+
+
+def _fit_two_outputs(model):
+  model.compile(optimizer=_optimizer("adam"), loss="mse", metrics=["mae"],
+                loss_weights=[1.0, 0.5])
+  x, y = _data()
+  model.fit(tf.data.Dataset.from_tensor_slices((x, (y, 2 * y))).batch(
+      GLOBAL_BATCH), epochs=2, verbose=0, shuffle=False)
+  return model.get_weights(), model.history.history
+
+
+def fit_two_outputs_dp():
+  """Keras fit (2 epochs) of a data-parallel model with two outputs (a
+  loss each, weighted, and an mae each): weights and every epoch's loss,
+  per-output losses and maes equal plain fit."""
+  _init()
+  fitted = _fit_two_outputs(_two_outputs())
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit_two_outputs(_two_outputs()))
+  print("TF2_FIT_TWO_OUTPUTS_OK %s" % sorted(fitted[1]))
 
 
 def _refused(run, **init):
@@ -685,32 +730,62 @@ def fit_pipeline(functional=False):
   _init(micro_batches=4, default_strategy=False)
   logged = _Logged()
   stages = [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")]
-  weights, history = _fit(_functional_model(stages) if functional
-                          else _TwoStageModel(stages))
+  fitted = _fit(_functional_model(stages) if functional
+                else _TwoStageModel(stages))
   epl.shutdown()
-  expected_weights, expected_history = _fit(
-      _functional_model(_no_scopes()) if functional else _TwoStageModel())
-  for actual, expected in zip(weights, expected_weights):
-    tolerance.assert_equivalent(actual, expected)
-  for key in ("loss", "mae"):
-    tolerance.assert_equivalent(np.array(history[key]),
-                                np.array(expected_history[key]))
+  _assert_fit_equal(fitted, _fit(
+      _functional_model(_no_scopes()) if functional else _TwoStageModel()))
   engine = [line for line in logged.lines if "EPL's engine" in line]
   assert engine and "stage_1" in engine[0], logged.lines
   print("TF2_FIT_PIPELINE_OK functional=%s stages=2 replicas=2 "
-        "micro_batches=4 loss=%s mae=%s" % (functional, history["loss"],
-                                            history["mae"]))
+        "micro_batches=4 loss=%s mae=%s" % (functional, fitted[1]["loss"],
+                                            fitted[1]["mae"]))
 
 
-class _CustomStepModel(_TwoStageModel):
-  """A model in two stages whose train_step is its own."""
+class _MetricsStep:
+  """A model's own train_step as Keras' guide "Customizing what happens in
+  fit()" writes it: the compiled loss and metrics update with the whole
+  batch, outside the model's micro-batches."""
 
   def train_step(self, data):
     x, y = data
     with tf.GradientTape() as tape:
-      loss = self.compute_loss(x, y, self(x, training=True))
-    self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
-    return {"loss": loss}
+      y_pred = self(x, training=True)
+      loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+    self.compiled_metrics.update_state(y, y_pred)
+    return {metric.name: metric.result() for metric in self.metrics}
+
+
+class _CustomStepModel(_MetricsStep, _TwoStageModel):
+  """A model in two stages whose train_step is its own."""
+
+
+class _CustomStepSequential(_MetricsStep, tf.keras.Sequential):
+  """_model()'s layers in a Sequential whose train_step is its own."""
+
+
+def _custom_step_sequential():
+  model = _CustomStepSequential(_model().layers)
+  model.build((None, 8))
+  return model
+
+
+def fit_custom_step_dp(micro_batches=1):
+  """Keras fit (2 epochs) of a data-parallel model whose own train_step
+  updates the compiled loss and mae with the whole batch, with a loop of
+  `micro_batches` a replica: equal to plain fit."""
+  _init(micro_batches)
+  fitted = _fit(_custom_step_sequential())
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_custom_step_sequential()))
+  print("TF2_FIT_CUSTOM_STEP_OK replicas=%d micro_batches=%d loss=%s mae=%s"
+        % (REPLICAS, micro_batches, fitted[1]["loss"], fitted[1]["mae"]))
+
+
+def fit_custom_step_accumulation():
+  fit_custom_step_dp(micro_batches=4)
 
 
 def functional_fit_pipeline():
@@ -779,12 +854,47 @@ def zero_v3_checkpoint_round_trip():
   print("TF2_ZERO_V3_CHECKPOINT_OK tf=%s" % tf.__version__)
 
 
-def fit_custom_step_pipeline_refused():
-  """Keras fit of a model in stages whose own train_step updates the
-  metrics with the whole batch, outside the micro-batches."""
-  _refused(lambda: _fit(_CustomStepModel(
-      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
-           micro_batches=4, default_strategy=False)
+def fit_custom_step_pipeline():
+  """Keras fit of a model in 2 stages x 2 replicas x 4 micro-batches whose
+  own train_step updates the compiled loss and mae with the whole batch:
+  equal to plain fit."""
+  _init(micro_batches=4, default_strategy=False)
+  fitted = _fit(_CustomStepModel(
+      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")]))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_CustomStepModel()))
+  print("TF2_FIT_CUSTOM_STEP_OK stages=2 replicas=2 micro_batches=4 loss=%s "
+        "mae=%s" % (fitted[1]["loss"], fitted[1]["mae"]))
+
+
+class _PenaltyTrackedSequential(tf.keras.Sequential):
+  """A train_step whose loss adds a penalty on the mean prediction, and
+  which tracks that mean, weighted by the batch's rows, outside the
+  loss: a value EPL cannot merge over the parts."""
+
+  def __init__(self, layers):
+    super().__init__(layers)
+    self.tracker = tf.keras.metrics.Mean("mean_prediction")
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      mean_prediction = tf.reduce_mean(self(x, training=True))
+      loss = self.compiled_loss(y, self(x, training=True)) + tf.square(
+          mean_prediction)
+    self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+    rows = tf.cast(tf.shape(y)[0], tf.float32)
+    self.tracker.update_state(mean_prediction, sample_weight=rows)
+    return {"loss": loss}
+
+
+def fit_undecided_merge_refused():
+  """The tracked mean prediction, read outside the divided step."""
+  def run():
+    model = _PenaltyTrackedSequential(_model().layers)
+    model.build((None, 8))
+    _fit(model)
+  _refused(run)
 
 
 def offload_in_pipeline_refused():

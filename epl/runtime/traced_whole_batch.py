@@ -1,0 +1,157 @@
+"""The ops of a traced step that run outside the part EPL's engine divides
+over replicas and micro-batches, and read the batch (Keras metric updates
+in a model's own `train_step`): they see the step on the whole batch.
+
+Such an op reads a batch argument whole (the rewrite divides it for the
+divided part only), and every batch-dependent tensor it takes from the
+divided part as that tensor merged over replicas and micro-batches
+(`merge_outputs.read_merged_values`), as a TF1 graph's Keras metrics do
+in graph mode:
+
+- a tensor whose first axis is the batch's (unknown in the trace, as the
+  batch arguments' is) is concatenated, in the batch's order;
+- a float scalar is averaged when it is a sum of terms of the loss the
+  gradients are taken of (scaled by batch-independent factors): EPL
+  averages the gradients of the parts, which equals the whole batch's
+  only when the loss and so its terms (Keras' loss of each output, its
+  reduction a mean over the batch) are means over the batch; the mean
+  over equal parts is then the whole batch's;
+- anything else has no merge EPL can decide, and raises.
+"""
+from epl import collections as epl_collections
+from epl.ir import graph_editor
+from epl.parallel.passes import merge_outputs
+from epl.parallel.passes import training_subgraph
+
+
+class UndecidedMerge(NotImplementedError):
+  """An op outside the divided step reads a tensor of the divided step
+  whose value over the whole batch EPL cannot make from the parts."""
+
+
+MERGED_KEYS = (epl_collections.GraphKeys.GLOBAL_MEAN_OBJECTS,
+              epl_collections.GraphKeys.GLOBAL_SUM_OBJECTS,
+              epl_collections.GraphKeys.GLOBAL_CONCAT_OBJECTS)
+
+# Ops through which a scalar stays a sum of terms scaled by factors.
+_SUMS = frozenset(["AddN", "AddV2", "Add", "Identity", "Cast"])
+_SCALINGS = frozenset(["Mul", "RealDiv"])
+
+
+def _terms(tensor, batch_dependent):
+  """Names of the batch-dependent terms `tensor` sums, through sums and
+  scalings by batch-independent factors (itself when it is no such
+  sum)."""
+  op = tensor.op
+  if op.type in _SUMS:
+    parts = [t for t in op.inputs if t.op.name in batch_dependent]
+  elif op.type in _SCALINGS:
+    parts = [t for t in op.inputs if t.op.name in batch_dependent]
+    if len(parts) != 1 or (op.type == "RealDiv" and
+                           parts[0] is not op.inputs[0]):
+      return {tensor.name}
+  else:
+    return {tensor.name}
+  found = set()
+  for part in parts:
+    found |= _terms(part, batch_dependent)
+  return found
+
+
+def _loss_terms(graph, losses, batch_dependent):
+  """The batch-dependent terms of the losses the gradients are taken of."""
+  found = set()
+  for name in losses:
+    found |= _terms(graph.get_tensor_by_name(name), batch_dependent)
+  return found
+
+
+def _merge_key(tensor, loss_terms, batch_dependent, reader, function_name):
+  """The merged collection `tensor`, read by `reader`, goes to."""
+  if tensor.shape.rank and tensor.shape[0] is None:
+    return epl_collections.GraphKeys.GLOBAL_CONCAT_OBJECTS
+  if (tensor.shape.rank == 0 and tensor.dtype.is_floating and
+      _terms(tensor, batch_dependent) <= loss_terms):
+    return epl_collections.GraphKeys.GLOBAL_MEAN_OBJECTS
+  raise UndecidedMerge(
+      "tf.function %s: %r (%s), outside the part EPL divides over replicas "
+      "and micro-batches, reads %r (shape %s), which that part computes "
+      "from its share of the batch; EPL makes the whole batch's value of "
+      "a tensor of the batch's rows (concatenated) or of a scalar that "
+      "sums terms of the loss (means over the batch, averaged) only. "
+      "Read per-row values there (the model's outputs) and reduce them "
+      "outside, or add the value to the loss as a term (docs/tf2.md)." % (
+          function_name, reader.name, reader.type, tensor.name,
+          tensor.shape))
+
+
+def _data_reachable(roots, neighbours):
+  return {op.name for op in graph_editor.reachable(roots, neighbours)}
+
+
+def read_whole_batch(graph, state, losses, arguments, roots, function_name):
+  """Leaves the ops of the step outside its divided part (the ops that
+  `roots`, the fetches and stateful ops, need, which neither the
+  gradients nor the losses need nor are computed from them, and which
+  read a batch argument or a term of the loss: metric updates, and what
+  reads their results) out of the part the engine
+  divides, and makes them read, once it rewrites `graph`, the batch whole
+  and each batch-dependent tensor of the divided part as its value merged
+  over replicas and micro-batches. `losses` are the names of the losses
+  the gradients are taken of, `arguments` the batch arguments'. Returns
+  the names of those ops."""
+  consumers = lambda op: [c for t in op.outputs for c in t.consumers()]
+  producers = lambda op: [t.op for t in op.inputs]
+  batch_dependent = _data_reachable(
+      [graph.get_tensor_by_name(name).op for name in arguments], consumers)
+  gradients = [grad.op for record in state.gradient_records
+               for grad, _ in record.pairs]
+  divided = _data_reachable(
+      gradients + [graph.get_tensor_by_name(name).op for name in losses],
+      producers)
+  training = divided | _data_reachable(gradients, consumers)
+  loss_terms = _loss_terms(graph, losses, batch_dependent)
+  needed = {op.name for op in graph_editor.ancestors(roots)}
+  # The variable writes (Keras' metric updates) computed from what reads
+  # the batch whole or a term of the loss, with the computation they
+  # need there and what reads them (a metric's result). What else reads
+  # the forward pass stays in the divided part: a batch norm's moving
+  # averages, an output the step returns (merged as a fetch is), a split
+  # layer's collectives (every replica runs its own).
+  whole = set(arguments) | loss_terms
+  readers = [graph.get_operation_by_name(name)
+             for name in (batch_dependent & needed) - training]
+  readers = [op for op in readers if any(t.name in whole for t in op.inputs)]
+  candidates = {op.name for op in graph_editor.descendants(readers)
+                if op.name not in training and op.type != "NoOp" and
+                not op.type.startswith("Collective")}
+  writers = [graph.get_operation_by_name(name) for name in candidates
+             if training_subgraph.written_variables(
+                 graph.get_operation_by_name(name))]
+  outside = [op for op in graph_editor.ancestors(writers) +
+             graph_editor.descendants(writers) if op.name in candidates]
+  names = {op.name for op in outside}
+  for op in graph.get_operations():
+    if op.name not in names:
+      # What waits for every side effect of the step (a function's control
+      # outputs) keeps the outside ops out of the divided part; the
+      # rewritten function runs them as it runs every stateful op.
+      for control in [c for c in op.control_inputs if c.name in names]:
+        graph_editor.remove_control_input(op, control)
+  merged = {}
+  for op in outside:
+    for tensor in op.inputs:
+      if tensor.op.name in divided and tensor.op.name in batch_dependent and (
+          tensor.op.type != "Placeholder"):
+        merged[tensor.name] = (tensor, _merge_key(
+            tensor, loss_terms, batch_dependent, op, function_name))
+  for key in MERGED_KEYS:
+    # The step's outputs computed there (a metric's result) run once.
+    kept = [t for t in graph.get_collection(key)
+            if getattr(t, "op", None) is None or t.op.name not in names]
+    graph.get_collection_ref(key)[:] = kept
+  for tensor, key in merged.values():
+    graph.add_to_collection(key, tensor)
+  merge_outputs.read_merged_values(
+      [op for op in outside if any(t.name in merged for t in op.inputs)])
+  return sorted(op.name for op in outside if op.name in batch_dependent)
