@@ -381,6 +381,9 @@ def run_sections(sections, pythons, smoke, in_process, timeout,
              for python in pythons}
   kept = {(r["name"], r["tf"]): r for r in done
           if r["status"] in ("ok", "skipped")}
+  selected = {s.name for s in sections}
+  # An earlier run's results of other benchmarks stay in what is saved.
+  others = [r for r in done if r["name"] not in selected]
   results = []
   for section in sections:
     for python in pythons if section.both_versions else pythons[:1]:
@@ -407,7 +410,7 @@ def run_sections(sections, pythons, smoke, in_process, timeout,
           section.name, result["tf"], result["status"], result["seconds"],
           result["cpu_seconds"]), flush=True)
       results.append(result)
-      save(results)
+      save(others + results)
   return results
 
 

@@ -101,6 +101,11 @@ def test_resume_keeps_what_succeeded_and_runs_again_what_failed():
   assert results == done[:1] and not saved  # nothing ran
   page = all_benchmarks.page([first], results, smoke=True, load=0.5)
   assert "kept" in page and "whole run: 0 minutes" in page
+  # Results of benchmarks outside this run are saved with it, not lost.
+  results = all_benchmarks.run_sections(
+      [second], [sys.executable], smoke=True, in_process=True, timeout=600,
+      done=done[:1], save=saved.append)
+  assert saved[-1][0] == done[0] and saved[-1][1:] == results
 
 
 def test_verdict_says_who_wins():
