@@ -296,6 +296,22 @@ def _sync_def(graph, result, names):
       graph.as_graph_def(), [group.name]), group.name
 
 
+def _run_def(graph, graph_def, fetches):
+  """`graph_def` (of `graph`) less the ops a TF1 session would not run
+  either: those neither the fetches nor a stateful op needs. A
+  tf.function does not leave them out before it checks the frames, and
+  some read the micro-batch loop's tensors from outside its frame (the
+  gradient of a loss's denominator, which tf.gradients builds and nothing
+  reads): ops with inputs from different frames. The v1 loop's own ops
+  all stay, so that its contexts come back whole (`_body`)."""
+  kept = [op.name for op in graph.get_operations()
+          if op.op_def.is_stateful or control_flow.context_of(op) is not None
+          or op.type in control_flow.V1_CONTROL_FLOW_TYPES]
+  kept += [name.split(":")[0] for name in fetches]
+  return tf.compat.v1.graph_util.extract_sub_graph(
+      graph_def, sorted(set(kept)))
+
+
 def _import(graph_def, input_map, return_elements):
   """Imports `graph_def` into the function being traced, mapping only the
   inputs it has (TensorFlow refuses a mapping of an absent one). A
@@ -347,7 +363,8 @@ class EngineStep:
           ", ".join(readers[:3]))
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
-    self._step_def = collective_order.unchain(graph.as_graph_def())
+    self._step_def = _run_def(
+        graph, collective_order.unchain(graph.as_graph_def()), self._fetches)
     # The micro-batch loop's v1 contexts, which the import into the
     # function must give back to its ops (`_body`).
     self._step_contexts = control_flow.context_defs(graph)

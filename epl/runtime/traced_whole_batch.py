@@ -89,6 +89,60 @@ def _data_reachable(roots, neighbours):
   return {op.name for op in graph_editor.reachable(roots, neighbours)}
 
 
+def _outside_ops(graph, whole, batch_dependent, training, roots):
+  """The variable writes (Keras' metric updates) computed from what reads
+  the tensors `whole` (the batch arguments, the loss's terms), with the
+  computation they need there and what reads them (a metric's result).
+  What else reads the forward pass stays in the divided part: a batch
+  norm's moving averages, an output the step returns (merged as a fetch
+  is), a split layer's collectives (every replica runs its own)."""
+  needed = {op.name for op in graph_editor.ancestors(roots)}
+  readers = [graph.get_operation_by_name(name)
+             for name in (batch_dependent & needed) - training]
+  readers = [op for op in readers if any(t.name in whole for t in op.inputs)]
+  candidates = {op.name for op in graph_editor.descendants(readers)
+                if op.name not in training and op.type != "NoOp" and
+                not op.type.startswith("Collective")}
+  writers = [graph.get_operation_by_name(name) for name in candidates
+             if training_subgraph.written_variables(
+                 graph.get_operation_by_name(name))]
+  return [op for op in graph_editor.ancestors(writers) +
+          graph_editor.descendants(writers) if op.name in candidates]
+
+
+def _release(graph, names):
+  """What waits for every side effect of the step (a function's control
+  outputs) no longer waits for the ops `names`, which keeps them out of
+  the divided part; the rewritten function runs them as it runs every
+  stateful op."""
+  for op in graph.get_operations():
+    if op.name not in names:
+      for control in [c for c in op.control_inputs if c.name in names]:
+        graph_editor.remove_control_input(op, control)
+
+
+def _merge_inputs(graph, outside, names, divided, batch_dependent,
+                  loss_terms, function_name):
+  """Makes the ops `outside` read each batch-dependent tensor of the
+  divided part merged; the step's outputs computed outside (a metric's
+  result) are no longer merged: they run once."""
+  merged = {}
+  for op in outside:
+    for tensor in op.inputs:
+      if tensor.op.name in divided and tensor.op.name in batch_dependent and (
+          tensor.op.type != "Placeholder"):
+        merged[tensor.name] = (tensor, _merge_key(
+            tensor, loss_terms, batch_dependent, op, function_name))
+  for key in MERGED_KEYS:
+    kept = [t for t in graph.get_collection(key)
+            if getattr(t, "op", None) is None or t.op.name not in names]
+    graph.get_collection_ref(key)[:] = kept
+  for tensor, key in merged.values():
+    graph.add_to_collection(key, tensor)
+  merge_outputs.read_merged_values(
+      [op for op in outside if any(t.name in merged for t in op.inputs)])
+
+
 def read_whole_batch(graph, state, losses, arguments, roots, function_name):
   """Leaves the ops of the step outside its divided part (the ops that
   `roots`, the fetches and stateful ops, need, which neither the
@@ -111,47 +165,10 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
       producers)
   training = divided | _data_reachable(gradients, consumers)
   loss_terms = _loss_terms(graph, losses, batch_dependent)
-  needed = {op.name for op in graph_editor.ancestors(roots)}
-  # The variable writes (Keras' metric updates) computed from what reads
-  # the batch whole or a term of the loss, with the computation they
-  # need there and what reads them (a metric's result). What else reads
-  # the forward pass stays in the divided part: a batch norm's moving
-  # averages, an output the step returns (merged as a fetch is), a split
-  # layer's collectives (every replica runs its own).
-  whole = set(arguments) | loss_terms
-  readers = [graph.get_operation_by_name(name)
-             for name in (batch_dependent & needed) - training]
-  readers = [op for op in readers if any(t.name in whole for t in op.inputs)]
-  candidates = {op.name for op in graph_editor.descendants(readers)
-                if op.name not in training and op.type != "NoOp" and
-                not op.type.startswith("Collective")}
-  writers = [graph.get_operation_by_name(name) for name in candidates
-             if training_subgraph.written_variables(
-                 graph.get_operation_by_name(name))]
-  outside = [op for op in graph_editor.ancestors(writers) +
-             graph_editor.descendants(writers) if op.name in candidates]
+  outside = _outside_ops(graph, set(arguments) | loss_terms, batch_dependent,
+                         training, roots)
   names = {op.name for op in outside}
-  for op in graph.get_operations():
-    if op.name not in names:
-      # What waits for every side effect of the step (a function's control
-      # outputs) keeps the outside ops out of the divided part; the
-      # rewritten function runs them as it runs every stateful op.
-      for control in [c for c in op.control_inputs if c.name in names]:
-        graph_editor.remove_control_input(op, control)
-  merged = {}
-  for op in outside:
-    for tensor in op.inputs:
-      if tensor.op.name in divided and tensor.op.name in batch_dependent and (
-          tensor.op.type != "Placeholder"):
-        merged[tensor.name] = (tensor, _merge_key(
-            tensor, loss_terms, batch_dependent, op, function_name))
-  for key in MERGED_KEYS:
-    # The step's outputs computed there (a metric's result) run once.
-    kept = [t for t in graph.get_collection(key)
-            if getattr(t, "op", None) is None or t.op.name not in names]
-    graph.get_collection_ref(key)[:] = kept
-  for tensor, key in merged.values():
-    graph.add_to_collection(key, tensor)
-  merge_outputs.read_merged_values(
-      [op for op in outside if any(t.name in merged for t in op.inputs)])
+  _release(graph, names)
+  _merge_inputs(graph, outside, names, divided, batch_dependent, loss_terms,
+                function_name)
   return sorted(op.name for op in outside if op.name in batch_dependent)

@@ -69,7 +69,11 @@ def merge_global_objects(ctx, copies):
         merged = across_workers.merge(ctx, key, merged,
                                       ctx.taskgraph_index(tensor.op))
         substitutes[tensor.name] = merged
-        for reader in tensor.consumers():
+        # Outside the micro-batch loop, readers read its value kept for
+        # micro-batch 0 (`accumulation_loop`), which they now read merged.
+        read = values[0] if tensor.name in (copies.loop_values or {}) else (
+            tensor)
+        for reader in read.consumers():
           if reader.type in SUMMARY_TYPES or reader.name in readers:
-            graph_editor.replace_input_in([reader], tensor, merged)
+            graph_editor.replace_input_in([reader], read, merged)
   return {"substitutes": substitutes}
