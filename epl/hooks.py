@@ -342,9 +342,8 @@ def _session_run(original, session, fetches, feed_dict=None, options=None,
     dry_run.refuse_run()
   session = keras_session.session_after_rewrite(session, saved)
   stale_sessions.check_run(session)
-  fetches, beside = epl_session.before_run(
-      session.graph, fetches, feed_dict,
-      one_worker=not env.cluster.is_distributed)
+  fetches, beside = epl_session.before_run(session.graph, fetches,
+                                          feed_dict)
   try:
     if beside:
       return original(session, [fetches, beside], feed_dict, options,

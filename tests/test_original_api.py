@@ -55,6 +55,73 @@ def test_init_again_resets_the_default_graph_outside_a_graph_block():
     assert graph.get_operation_by_name("inside")
 
 
+def _session_of_merged_step(config, batch_size):
+  """epl.init(config), data parallel; a graph whose loss is merged over
+  replicas and micro-batches, and an initialised Session of it. Returns
+  (session, train_op, loss, trainable variable names)."""
+  epl.init(epl.Config(config))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(batch_size)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    train_op = training.OPTIMIZERS["adam"]().minimize(loss)
+    names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+    session = tf.compat.v1.Session(graph=graph)
+    session.run(tf.compat.v1.global_variables_initializer())
+  return session, train_op, loss, names
+
+
+_FIRST = {"cluster.num_cpu_devices": 4, "pipeline.num_micro_batch": 2}
+
+
+def _train_first_graph(interleaved):
+  """Trains a graph of config _FIRST 4 steps; with `interleaved`, another
+  config's graph is built and trained between its steps (by a later
+  epl.init, as a script comparing configs in one process does). Returns
+  (trainable values by name, losses of the first graph)."""
+  session, train_op, loss, names = _session_of_merged_step(_FIRST, 2)
+  losses = [session.run([train_op, loss])[1]]
+  if interleaved:
+    other = _session_of_merged_step({"cluster.num_cpu_devices": 2}, 8)
+    other[0].run(other[1:3])
+  for _ in range(3):
+    losses.append(session.run([train_op, loss])[1])
+    if interleaved:
+      other[0].run(other[1:3])
+  values = training.read_variables(session, session.graph, names)
+  session.close()
+  return values, losses
+
+
+def test_graph_rewritten_before_a_later_init_keeps_its_config():
+  # Before, the first graph's state counted as none after the second
+  # epl.init: its fetched loss was replica 0's last micro-batch's instead
+  # of the mean over its replicas and micro-batches.
+  alone, alone_losses = _train_first_graph(interleaved=False)
+  interleaved, interleaved_losses = _train_first_graph(interleaved=True)
+  training.assert_close(interleaved, alone)
+  np.testing.assert_allclose(interleaved_losses, alone_losses, atol=1e-5)
+
+
+def test_step_never_run_before_a_later_init_is_refused():
+  epl.init(epl.Config({"cluster.num_cpu_devices": 2}))
+  epl.set_default_strategy(epl.replicate(1))
+  graph = tf.Graph()
+  with graph.as_default():
+    x, y = training.input_batch(8)
+    loss = tf.reduce_mean(tf.square(training.layers_model(x) - y))
+    train_op = training.OPTIMIZERS["sgd"]().minimize(loss)
+    init = tf.compat.v1.global_variables_initializer()
+  epl.init(epl.Config({"cluster.num_cpu_devices": 4}))
+  with tf.compat.v1.Session(graph=graph) as session:
+    with pytest.raises(RuntimeError, match="earlier epl.init.*once per "
+                       "process"):
+      session.run(init)
+      session.run(train_op)
+
+
 def test_first_init_keeps_what_was_built_before_it():
   epl.Env.install(None)
   tf.compat.v1.reset_default_graph()

@@ -185,16 +185,33 @@ def state_of(graph, create=False):
   """The GraphState of `graph` under the current environment.
 
   None when EPL is not initialised, or when the graph has none and not
-  `create`. A state left by an earlier `epl.init` counts as none.
+  `create`. A state left by an earlier `epl.init` counts as none, unless
+  the graph was rewritten under it: a rewritten graph keeps the plan,
+  config and cluster it was rewritten with (`rewrite_result.context`), so
+  that its steps run as they did before the later `epl.init` (its fetches
+  merged, its feeds split), whichever config is current.
   """
   if not Env.initialised():
     return None
   generation = Env.get().generation
   state = getattr(graph, _ATTRIBUTE, None)
-  if state is not None and state.generation == generation:
+  if state is not None and (state.generation == generation or
+                            state.rewrite_result is not None):
     return state
   if not create:
     return None
   state = GraphState(graph, generation)
   setattr(graph, _ATTRIBUTE, state)
+  return state
+
+
+def unrewritten_earlier_state(graph):
+  """The state an earlier `epl.init` left on `graph` with a training step
+  it never rewrote (None if there is none): the config it was built under
+  is gone, so it can no longer be rewritten as its user meant."""
+  state = getattr(graph, _ATTRIBUTE, None)
+  if (state is None or not Env.initialised() or
+      state.generation == Env.get().generation or
+      state.rewrite_result is not None or not state.gradient_records):
+    return None
   return state

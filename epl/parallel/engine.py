@@ -24,7 +24,7 @@ import weakref
 from epl.capture import capture
 from epl.env import Env
 from epl.ir import collectives
-from epl.ir.graph_state import state_of
+from epl.ir.graph_state import state_of, unrewritten_earlier_state
 from epl.parallel.passes.resolve import resolve_training_ops
 from epl.parallel.passes import grouped_apply
 from epl.parallel.plan import planner
@@ -343,11 +343,29 @@ def rewrite(graph, state, step, subgraph):
   return result
 
 
+def _refuse_unrewritten_earlier_step(graph):
+  """Raises, naming the fix, for a training step built under an earlier
+  epl.init and first run after a later one: its config is gone, and
+  running it unrewritten would silently train on one device."""
+  if unrewritten_earlier_state(graph) is None:
+    return
+  raise RuntimeError(
+      "EPL: this graph's training step was built under an earlier epl.init "
+      "and was never run (nor rewritten: epl.parallel.engine."
+      "ensure_rewritten) before a later epl.init replaced its config, so EPL "
+      "can no longer parallelise it as configured. Run (or rewrite) each "
+      "graph before the next epl.init, or call epl.init once per process "
+      "(one process per config).")
+
+
 def ensure_rewritten(graph):
   """Rewrites `graph` once, when it holds a training step under strategies:
   gradients recorded and variable updates built from them."""
   state = state_of(graph)
-  if state is None or not state.taskgraphs or not state.gradient_records:
+  if state is None:
+    _refuse_unrewritten_earlier_step(graph)
+    return None
+  if not state.taskgraphs or not state.gradient_records:
     return None
   if state.rewrite_result is None and _VERSION_WITHOUT_STEP.get(state) != (
       graph.version):

@@ -96,7 +96,7 @@ def _substitute(fetch, substitutes, graph):
   return fetch
 
 
-def before_run(graph, fetches, feed_dict=None, one_worker=True):
+def before_run(graph, fetches, feed_dict=None):
   """Rewrites the graph if needed and checks the fed batches; returns the
   fetches to really run and the ops to run beside them (the members of
   the collective groups the fetches reach, `collective_groups`)."""
@@ -111,6 +111,9 @@ def before_run(graph, fetches, feed_dict=None, one_worker=True):
   fetched = []
   coverage.fetched_ops(fetches, graph, fetched)
   _check_not_in_micro_batch_loop(fetched, state)
+  # The cluster the graph was rewritten for, which a later epl.init does
+  # not change.
+  one_worker = not state.rewrite_result.context.cluster.is_distributed
   return fetches, collective_groups.extra_targets(graph, fetched,
                                                   one_worker)
 
