@@ -423,7 +423,7 @@ def page(sections, results, smoke, load):
   """docs/benchmarks.md's text; `load`: the load average (1 minute) at
   the end of the run (each result has the one at its start)."""
   seconds = sum(r["seconds"] for r in results)
-  load = [results[0].get("load", load) if results else load, load]
+  starts = [r["load"] for r in results if "load" in r] or [load]
   lines = ["# Benchmarks", ""]
   if smoke:
     lines += ["**SMOKE SIZE: these outputs come from `python -m "
@@ -441,13 +441,14 @@ def page(sections, results, smoke, load):
       % (" --smoke" if smoke else ""), "",
       "- date: %s" % datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
       "- machine: %s" % _machine_line(results),
-      "- whole run: %.0f minutes (the benchmarks' times summed); load "
-      "average %.1f at its start and %.1f "
-      "at its end on %d cores: above the core count, other jobs shared "
-      "the machine, and step times move between runs (by 10-50%% on 2 "
-      "shared cores): compare the rows of one table, which ran together, "
-      "more than tables." % (seconds / 60.0, load[0], load[1],
-                              os.cpu_count()),
+      "- whole run: %.0f minutes (the benchmarks' times summed; a run "
+      "finished with --resume adds up its parts); load average %.1f to "
+      "%.1f at the benchmarks' starts (each section says its own) on %d "
+      "cores: above the core count, other jobs shared the machine, and "
+      "step times move between runs (by 10-50%% on 2 shared cores): "
+      "compare the rows of one table, which ran together, more than "
+      "tables." % (seconds / 60.0, min(starts), max(starts),
+                   os.cpu_count()),
       "",
       "Logical CPU devices (`cluster.num_cpu_devices`) are devices of one "
       "process that share the machine's cores: on a CPU machine a ratio "
@@ -465,8 +466,10 @@ def page(sections, results, smoke, load):
   for section in sections:
     lines += ["## %s" % section.heading, "", section.text.strip(), ""]
     for result in by_name[section.name]:
-      lines += ["`%s` (TensorFlow %s, %.0f s): %s" % (
+      load = result.get("load")
+      lines += ["`%s` (TensorFlow %s, %.0f s%s): %s" % (
           result["command"], result["tf"], result["seconds"],
+          "" if load is None else ", load average %.1f at its start" % load,
           result["status"]), "", "```", result["output"].rstrip(), "```",
                 ""]
   return "\n".join(lines)

@@ -79,7 +79,7 @@ def main(argv=None):
         "traced step" % (schedule.name, stages, args.devices,
                          micro_batches),
         by_device=schedule.virtual_stages > 1)
-    print("wrote", path)
+    print("wrote", os.path.relpath(path, os.getcwd()))
   return 0
 
 
