@@ -148,6 +148,14 @@ def test_own_train_step_updating_metrics_matches_plain_fit(scenario):
 
 
 @pytest.mark.timeout(300)
+def test_metrics_of_the_predictions_alone_match_plain_fit():
+  """A Mean of the predictions and one of their maximum, updated in the
+  model's own train_step, read neither the targets nor the loss: they
+  too run outside the divided step, on the predictions concatenated."""
+  assert "TF2_FIT_PREDICTION_METRICS_OK" in _run("fit_prediction_metrics_dp")
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_of_two_outputs_matches_plain_fit():
   assert "TF2_FIT_TWO_OUTPUTS_OK" in _run("fit_two_outputs_dp")
 
@@ -189,6 +197,9 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("fit_undecided_merge_refused", "'Mul_1' (Mul), outside the part EPL "
                                     "divides over replicas and "
                                     "micro-batches, reads 'Mean:0'"),
+    ("fit_undecided_prediction_merge_refused",
+     "'Sum_2' (Sum), outside the part EPL divides over replicas and "
+     "micro-batches, reads 'Max:0' (shape ())"),
     ("uneven_batch_refused", "The batch fed to placeholder 'x' has 30 "
                              "rows: EPL splits it into 4 equal parts"),
     ("iterator_step_refused", "takes an iterator or a dataset and draws "

@@ -89,17 +89,33 @@ def _data_reachable(roots, neighbours):
   return {op.name for op in graph_editor.reachable(roots, neighbours)}
 
 
-def _outside_ops(graph, whole, batch_dependent, training, roots):
+def _reads_whole_batch(tensor, whole, divided, batch_dependent):
+  """Whether an op outside the training computation that reads `tensor`
+  reads the batch: a batch argument, a loss term, or a tensor of the
+  divided part that is per row (the model's outputs) or a scalar (whose
+  merge `_merge_key` decides or refuses). A batch norm's statistics (one
+  value a channel) are neither: its moving averages stay divided."""
+  if tensor.name in whole:
+    return True
+  return (tensor.op.name in divided and tensor.op.name in batch_dependent
+          and (tensor.shape.rank == 0 or
+               (tensor.shape.rank and tensor.shape[0] is None)))
+
+
+def _outside_ops(graph, whole, divided, batch_dependent, training, roots):
   """The variable writes (Keras' metric updates) computed from what reads
-  the tensors `whole` (the batch arguments, the loss's terms), with the
-  computation they need there and what reads them (a metric's result).
-  What else reads the forward pass stays in the divided part: a batch
-  norm's moving averages, an output the step returns (merged as a fetch
-  is), a split layer's collectives (every replica runs its own)."""
+  the batch (`_reads_whole_batch`; `whole` are the batch arguments and the
+  loss's terms), with the computation they need there and what reads them
+  (a metric's result). What else reads the forward pass stays in the
+  divided part: a batch norm's moving averages, an output the step
+  returns (merged as a fetch is), a split layer's collectives (every
+  replica runs its own)."""
   needed = {op.name for op in graph_editor.ancestors(roots)}
   readers = [graph.get_operation_by_name(name)
              for name in (batch_dependent & needed) - training]
-  readers = [op for op in readers if any(t.name in whole for t in op.inputs)]
+  readers = [op for op in readers if any(
+      _reads_whole_batch(t, whole, divided, batch_dependent)
+      for t in op.inputs)]
   candidates = {op.name for op in graph_editor.descendants(readers)
                 if op.name not in training and op.type != "NoOp" and
                 not op.type.startswith("Collective")}
@@ -147,8 +163,8 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
   """Leaves the ops of the step outside its divided part (the ops that
   `roots`, the fetches and stateful ops, need, which neither the
   gradients nor the losses need nor are computed from them, and which
-  read a batch argument or a term of the loss: metric updates, and what
-  reads their results) out of the part the engine
+  read the batch (`_reads_whole_batch`): metric updates, and what reads
+  their results) out of the part the engine
   divides, and makes them read, once it rewrites `graph`, the batch whole
   and each batch-dependent tensor of the divided part as its value merged
   over replicas and micro-batches. `losses` are the names of the losses
@@ -165,8 +181,8 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
       producers)
   training = divided | _data_reachable(gradients, consumers)
   loss_terms = _loss_terms(graph, losses, batch_dependent)
-  outside = _outside_ops(graph, set(arguments) | loss_terms, batch_dependent,
-                         training, roots)
+  outside = _outside_ops(graph, set(arguments) | loss_terms, divided,
+                         batch_dependent, training, roots)
   names = {op.name for op in outside}
   _release(graph, names)
   _merge_inputs(graph, outside, names, divided, batch_dependent, loss_terms,

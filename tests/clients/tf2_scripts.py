@@ -49,6 +49,9 @@ conftest switched it off) and reads what they print.
   whole batch, data parallel on 4 replicas (also with a loop of 4
   micro-batches, fit_custom_step_accumulation) or in 2 stages x 2
   replicas x 4 micro-batches, equals plain fit: weights, each epoch's loss and mae.
+  fit_prediction_metrics_dp: the same (4 replicas x 2 micro-batches) with
+  a Mean of the predictions and one of their maximum, which read neither
+  the targets nor the loss, tracked in the train_step too.
   fit_two_outputs_dp: the same for Keras' own train_step of a model with
   two outputs (a weighted loss and an mae each).
 - split_head_<shards>x<micro batches>: a subclassed Keras classifier whose
@@ -67,6 +70,7 @@ conftest switched it off) and reads what they print.
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
   offload_in_pipeline_refused, fit_undecided_merge_refused,
+  fit_undecided_prediction_merge_refused,
   uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
 """
@@ -754,8 +758,11 @@ class _MetricsStep:
       loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
     gradients = tape.gradient(loss, self.trainable_variables)
     self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
-    self.compiled_metrics.update_state(y, y_pred)
+    self.update_metrics(y, y_pred)
     return {metric.name: metric.result() for metric in self.metrics}
+
+  def update_metrics(self, y, y_pred):
+    self.compiled_metrics.update_state(y, y_pred)
 
 
 class _CustomStepModel(_MetricsStep, _TwoStageModel):
@@ -766,8 +773,9 @@ class _CustomStepSequential(_MetricsStep, tf.keras.Sequential):
   """_model()'s layers in a Sequential whose train_step is its own."""
 
 
-def _custom_step_sequential():
-  model = _CustomStepSequential(_model().layers)
+def _custom_step_sequential(kind=_CustomStepSequential):
+  """_model()'s layers in a Sequential of the class `kind`."""
+  model = kind(_model().layers)
   model.build((None, 8))
   return model
 
@@ -786,6 +794,35 @@ def fit_custom_step_dp(micro_batches=1):
 
 def fit_custom_step_accumulation():
   fit_custom_step_dp(micro_batches=4)
+
+
+class _PredictionTrackedSequential(_CustomStepSequential):
+  """_custom_step_sequential()'s train_step that also tracks the mean and
+  the peak of the predictions alone (reading neither the targets nor the
+  loss): Keras computes both over the whole batch."""
+
+  def __init__(self, layers):
+    super().__init__(layers)
+    self.mean_tracker = tf.keras.metrics.Mean("mean_prediction")
+    self.peak_tracker = tf.keras.metrics.Mean("peak_prediction")
+
+  def update_metrics(self, y, y_pred):
+    super().update_metrics(y, y_pred)
+    self.mean_tracker.update_state(y_pred)
+    self.peak_tracker.update_state(tf.reduce_max(y_pred))
+
+
+def fit_prediction_metrics_dp():
+  """Keras fit of a data-parallel model (4 replicas x 2 micro-batches)
+  whose own train_step tracks metrics of its predictions alone: they read
+  the predictions merged, equal to plain fit."""
+  _init(micro_batches=2)
+  fitted = _fit(_custom_step_sequential(_PredictionTrackedSequential))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_custom_step_sequential(
+      _PredictionTrackedSequential)))
+  print("TF2_FIT_PREDICTION_METRICS_OK peak=%s" %
+        fitted[1]["peak_prediction"])
 
 
 def functional_fit_pipeline():
@@ -890,11 +927,32 @@ class _PenaltyTrackedSequential(tf.keras.Sequential):
 
 def fit_undecided_merge_refused():
   """The tracked mean prediction, read outside the divided step."""
-  def run():
-    model = _PenaltyTrackedSequential(_model().layers)
-    model.build((None, 8))
-    _fit(model)
-  _refused(run)
+  _refused(lambda: _fit(_custom_step_sequential(_PenaltyTrackedSequential)))
+
+
+class _PeakPenaltySequential(_CustomStepSequential):
+  """A train_step whose loss adds a penalty on the square of the peak
+  prediction, and which tracks that peak itself: a maximum of each part
+  that is no term of the loss, which EPL cannot merge over the parts."""
+
+  def __init__(self, layers):
+    super().__init__(layers)
+    self.peak_tracker = tf.keras.metrics.Mean("peak_prediction")
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      peak = tf.reduce_max(y_pred)
+      loss = self.compiled_loss(y, y_pred) + tf.square(peak)
+    self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+    self.peak_tracker.update_state(peak)
+    return {"loss": loss}
+
+
+def fit_undecided_prediction_merge_refused():
+  """The tracked peak prediction, computed in the divided step."""
+  _refused(lambda: _fit(_custom_step_sequential(_PeakPenaltySequential)))
 
 
 def offload_in_pipeline_refused():
