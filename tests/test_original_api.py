@@ -325,6 +325,9 @@ def test_profile_flops_and_memory_of_the_default_graph():
 
 
 def test_profile_flops_of_a_traced_step_and_the_hook_s_cmds(caplog):
+  # The profiler's tables are INFO records, whatever level an earlier test
+  # in this process left EPL's logger at (restored after the test).
+  caplog.set_level(logging.INFO, logger="epl")
   logger = logging.getLogger("epl")
   logger.addHandler(caplog.handler)
   try:
