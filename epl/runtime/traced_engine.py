@@ -289,11 +289,9 @@ def _sync_def(graph, result, names):
         if copy is not variable:
           writes.append(variable_sync.assign_value(
               copy, variable_sync.read_value(variable), None))
-    if not writes:
-      return None
-    group = tf.group(writes)
-  return tf.compat.v1.graph_util.extract_sub_graph(
-      graph.as_graph_def(), [group.name]), group.name
+  if not writes:
+    return None
+  return traced_shards.grouped_def(graph, writes, _SYNC + "/group")
 
 
 def _run_def(graph, graph_def, fetches):

@@ -43,10 +43,11 @@ def partitioned_names(result):
   return sorted(weights.shards) if weights else []
 
 
-def _extracted(graph, ops):
-  """A GraphDef of what `ops` need, and the name of the op grouping them."""
+def grouped_def(graph, ops, name):
+  """A GraphDef of what `ops` need, and the name of the op `name` that
+  groups them (what the traced step's transfer functions import)."""
   with graph.as_default(), capture.suspended():
-    group = tf.group(ops, name=_USER + "/group")
+    group = tf.group(ops, name=name)
   return tf.compat.v1.graph_util.extract_sub_graph(
       graph.as_graph_def(), [group.name]), group.name
 
@@ -80,6 +81,8 @@ class ShardTransfers:
               for handle, read in zip(handles, reads)]
     self.user_inputs = {name + ":0": handle.name
                         for name, handle in zip(names, handles)}
-    self.into_shards, self.into_shards_group = _extracted(
-        graph, [substitutes[write.name] for write in writes])
-    self.into_user, self.into_user_group = _extracted(graph, back)
+    self.into_shards, self.into_shards_group = grouped_def(
+        graph, [substitutes[write.name] for write in writes],
+        _USER + "/group")
+    self.into_user, self.into_user_group = grouped_def(
+        graph, back, _USER + "/group")
