@@ -48,15 +48,19 @@ import tensorflow as tf
 
 from epl import collections as epl_collections
 from epl.capture import capture
+from epl.env import Env
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.graph_state import GradientRecord, state_of
 from epl.ir.phase import Phase
 from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
+from epl.parallel.plan import planner
 from epl.parallel.passes import variable_sync
+from epl.runtime import failures
 from epl.runtime import traced_shards
 from epl.runtime import traced_whole_batch
+from epl.runtime import traced_workers
 from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
 
@@ -275,20 +279,27 @@ def _merged_outputs(graph, output_names):
   return sources
 
 
-def _sync_def(graph, result, names):
+def _sync_def(graph, result, names, from_worker_zero=False):
   """A GraphDef that copies the user's variables `names` into the copies
   the rewrite made of them (other replicas'), and the name of its group
-  op; None when the replicas share those variables (no copies: the
-  shared weights of one process's CPU devices)."""
-  writes = []
+  op; None when there is nothing to write (the replicas share those
+  variables: the shared weights of one process's CPU devices).
+  `from_worker_zero`: in a multi-worker job, worker 0's values are first
+  broadcast into every worker's user variables (`traced_workers`)."""
+  writes, values = [], {}
+  if from_worker_zero:
+    writes, values = traced_workers.broadcast_into_user_variables(
+        result.context, names)
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
       for name in names:
         variable = graph.get_operation_by_name(name)
         copy = result.copies.op(local, variable)
         if copy is not variable:
-          writes.append(variable_sync.assign_value(
-              copy, variable_sync.read_value(variable), None))
+          value = values.get(name)
+          if value is None:
+            value = variable_sync.read_value(variable)
+          writes.append(variable_sync.assign_value(copy, value, None))
   if not writes:
     return None
   return traced_shards.grouped_def(graph, writes, _SYNC + "/group")
@@ -328,7 +339,10 @@ def _import(graph_def, input_map, return_elements):
 class EngineStep:
   """A traced step rewritten by EPL's engine, run at every call."""
 
-  def __init__(self, concrete, traced, function_name, default_strategy):
+  def __init__(self, concrete, traced, function_name, default_strategy,
+               check_plan=None):
+    """`check_plan(plan)`, when given, raises for a plan of the step that
+    is not run (before the rewrite)."""
     self._concrete = concrete
     func_graph = concrete.graph
     graph, variables = _graph_copy(concrete, traced, default_strategy)
@@ -344,6 +358,9 @@ class EngineStep:
       readers = traced_whole_batch.read_whole_batch(
           graph, state_of(graph), traced.losses, self._arguments, roots,
           function_name)
+      plan = planner.plan_of(graph)
+      if check_plan is not None and plan is not None:
+        check_plan(plan)
       result = engine.ensure_rewritten(graph)
     if result is None:
       raise ValueError(
@@ -374,7 +391,8 @@ class EngineStep:
     trained = {variable.name for record in state_of(graph).gradient_records
                for _, variable in record.pairs}
     whole = lambda names: [n for n in names if n not in sharded]
-    self._first_sync = self._sync_function(graph, result, whole(variables))
+    self._first_sync = self._sync_function(graph, result, whole(variables),
+                                           from_worker_zero=True)
     self._sync = self._sync_function(graph, result, whole(trained))
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
@@ -402,10 +420,11 @@ class EngineStep:
           "them after it", function_name, len(sharded))
     return sharded
 
-  def _sync_function(self, graph, result, names):
+  def _sync_function(self, graph, result, names, from_worker_zero=False):
     """The function that copies variables `names` into their replicas'
-    copies, or None when they have none."""
-    found = _sync_def(graph, result, names)
+    copies (`from_worker_zero`: after worker 0's values reached every
+    worker), or None when there is nothing to write."""
+    found = _sync_def(graph, result, names, from_worker_zero)
     if found is None:
       return None
     return self._transfer_function(*found)
@@ -440,6 +459,20 @@ class EngineStep:
 
   def __call__(self, flat_arguments):
     self._check_batch(flat_arguments)
+    try:
+      outputs = self._synced_run(flat_arguments)
+    except tf.errors.OpError as error:
+      # A lost peer of a multi-worker job: one error naming the worker.
+      clear = failures.explain(Env.get(), error)
+      if clear is None:
+        raise
+      raise clear from error
+    structure = self._concrete.structured_outputs
+    if structure is None:
+      return None
+    return tf.nest.pack_sequence_as(structure, outputs, expand_composites=True)
+
+  def _synced_run(self, flat_arguments):
     if self._first_sync is not None:
       self._first_sync()
       self._first_sync = None
@@ -450,7 +483,4 @@ class EngineStep:
     outputs = self._run(*flat_arguments)
     if self._into_shards is not None:
       self._into_user()
-    structure = self._concrete.structured_outputs
-    if structure is None:
-      return None
-    return tf.nest.pack_sequence_as(structure, outputs, expand_composites=True)
+    return outputs

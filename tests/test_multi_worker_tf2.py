@@ -1,0 +1,93 @@
+"""A TF2 script (eager execution on, an eager loop over a `@tf.function`
+step with a Keras model and optimizer) in a multi-worker job: 2 workers x
+2 logical CPU devices, started by epl-launch in private namespaces
+(tests/multiworker.py), each running tests/workers/tf2_worker.py and
+calling the step with its half of every global batch of 32 rows. The
+step trains data parallel over the 4 replicas, equal to the same loop
+without EPL on the whole global batch (computed by each worker after
+epl.shutdown(), from worker 0's initial weights)."""
+import os
+
+import numpy as np
+import pytest
+
+from tests import multiworker
+from tests import tolerance
+
+pytestmark = pytest.mark.usefixtures("_namespaces")
+
+WORKER_SCRIPT = os.path.join(multiworker.ROOT, "tests", "workers",
+                             "tf2_worker.py")
+
+
+@pytest.fixture(scope="module")
+def _namespaces():
+  multiworker.require_namespaces()
+
+
+def _job(tmp_path, name, **options):
+  return multiworker.train_job(tmp_path, name, script=WORKER_SCRIPT,
+                               limit=240, **options)
+
+
+def _assert_equal_to_plain(job, results):
+  assert job.returncode == 0, job.output[-8000:]
+  for result in results:
+    assert result is not None, job.output[-8000:]
+    for actual, expected in zip(result["variables"],
+                                result["plain_variables"]):
+      tolerance.assert_equivalent(np.array(actual), np.array(expected))
+    # The step returns the mean loss of the whole global batch (merged
+    # over the 4 replicas of both workers).
+    tolerance.assert_equivalent(np.array(result["losses"]),
+                                np.array(result["plain_losses"]))
+  # Each worker's variables live on its own task: the eager context
+  # serves the worker.
+  assert [r["device"] for r in results] == [
+      "/job:worker/replica:0/task:%d/device:CPU:0" % w for w in range(2)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+def test_traced_step_trains_data_parallel_across_two_workers(tmp_path,
+                                                             optimizer):
+  # Worker 1 initialised other weights: the first call gave it worker 0's.
+  job, results = _job(tmp_path, "dp_" + optimizer, optimizer=optimizer)
+  _assert_equal_to_plain(job, results)
+  assert "serves at 127.0.0.1" in job.output
+  assert "through the eager context" in job.output
+
+
+@pytest.mark.timeout(300)
+def test_traced_step_with_a_loop_of_micro_batches_across_two_workers(
+    tmp_path):
+  # 4 replicas x 4 micro-batches of 2 rows: each worker's 16 rows.
+  job, results = _job(tmp_path, "micro", micro_batches=4)
+  _assert_equal_to_plain(job, results)
+  assert "micro-batches: loop" in job.output
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_stages_in_a_traced_step_across_workers_are_refused(
+    tmp_path):
+  job, results = _job(tmp_path, "stages", scenario="pipeline_refused")
+  assert job.returncode == 0, job.output[-8000:]
+  for result in results:
+    assert result["error"].startswith("NotSupportedInTracedStep: "), result
+    assert "pipeline stages (2 TaskGraphs)" in result["error"]
+    assert "not built yet" in result["error"]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_exits_fails_the_other_at_once(tmp_path):
+  # Worker 1 exits before step 3; worker 0 raises EPL's error without
+  # waiting for the collective timeout (60 s) or the launcher's grace.
+  job, results = _job(tmp_path, "exits", kill_at_step=3,
+                      collective_timeout=60,
+                      launcher=["--grace_period", "90"])
+  assert job.returncode != 0
+  assert results == [None, None]
+  worker0 = "\n".join(job.lines(0))
+  assert "WorkerFailureError: EPL worker 0 of 2" in worker0, worker0[-4000:]
+  assert "[epl-launch] worker 0 exited with status 1" in job.output
+  assert job.seconds < 60, job.seconds
