@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests import multiworker
+from tests import tf_versions
 from tests import tolerance
 
 pytestmark = pytest.mark.usefixtures("_namespaces")
@@ -30,7 +31,7 @@ def _job(tmp_path, name, **options):
                                limit=240, **options)
 
 
-def _assert_equal_to_plain(job, results):
+def _assert_equal_to_plain(job, results, devices=None):
   assert job.returncode == 0, job.output[-8000:]
   for result in results:
     assert result is not None, job.output[-8000:]
@@ -43,8 +44,8 @@ def _assert_equal_to_plain(job, results):
                                 np.array(result["plain_losses"]))
   # Each worker's variables live on its own task: the eager context
   # serves the worker.
-  assert [r["device"] for r in results] == [
-      "/job:worker/replica:0/task:%d/device:CPU:0" % w for w in range(2)]
+  assert [r["device"] for r in results] == (devices or [
+      "/job:worker/replica:0/task:%d/device:CPU:0" % w for w in range(2)])
 
 
 @pytest.mark.timeout(300)
@@ -65,6 +66,18 @@ def test_traced_step_with_a_loop_of_micro_batches_across_two_workers(
   job, results = _job(tmp_path, "micro", micro_batches=4)
   _assert_equal_to_plain(job, results)
   assert "micro-batches: loop" in job.output
+
+
+@pytest.mark.timeout(300)
+def test_traced_step_trains_data_parallel_over_horovod(tmp_path):
+  # horovodrun -np 2 (Gloo), no TF_CONFIG: each process's step all-reduces
+  # its 2 replicas' gradients, then Horovod across the processes.
+  tf_versions.require_horovod()
+  job, results = _job(tmp_path, "horovod", launcher=["--backend", "horovod"])
+  _assert_equal_to_plain(job, results, devices=[
+      "/job:localhost/replica:0/task:0/device:CPU:0"] * 2)
+  assert ('communication: Horovod, because communication.backend is '
+          '"horovod"') in job.output
 
 
 @pytest.mark.timeout(300)

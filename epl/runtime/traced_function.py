@@ -70,13 +70,6 @@ def _refuse_across_workers(name, env):
   (`traced_workers.refuse`, before the rewrite), None on one worker."""
   if not env.cluster.is_distributed:
     return None
-  if not env.cluster.runs_tf_server:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: communication.backend \"horovod\" with %d "
-        "processes is not built for a traced TF2 step yet. Use TF_CONFIG "
-        "and the default backend \"collective\" (epl-launch), where a "
-        "traced step trains data parallel across workers, or build the "
-        "step TF1 style (docs/horovod.md)." % (name, env.cluster.worker_num))
 
   def check(plan):
     reason = traced_workers.refuse(plan, env.config, name)
