@@ -81,14 +81,47 @@ def test_traced_step_trains_data_parallel_over_horovod(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_pipeline_stages_in_a_traced_step_across_workers_are_refused(
-    tmp_path):
-  job, results = _job(tmp_path, "stages", scenario="pipeline_refused")
+def test_pipeline_stages_in_each_worker_across_two_workers(tmp_path):
+  # 2 stages x 2 replicas (one a worker) x 4 micro-batches of 4 rows.
+  job, results = _job(tmp_path, "pipeline", scenario="pipeline",
+                      micro_batches=4)
+  _assert_equal_to_plain(job, results)
+  assert "2 model replica(s) x 2 TaskGraph(s), 4 micro-batch(es)" in (
+      job.output)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("zero", ["v1", "v2"])
+def test_zero_in_a_traced_step_across_two_workers(tmp_path, zero):
+  # Each worker deals the optimizer state out over its 2 replicas.
+  job, results = _job(tmp_path, "zero_" + zero, zero=zero)
+  _assert_equal_to_plain(job, results)
+  assert "ZeRO %s: TaskGraph 0's 4 variables dealt to 2 replicas" % zero in (
+      job.output)
+
+
+@pytest.mark.timeout(300)
+def test_zero_v3_in_a_traced_step_across_workers_is_refused(tmp_path):
+  job, results = _job(tmp_path, "zero_v3", zero="v3")
+  assert job.returncode != 0 and results == [None, None]
+  assert ("NotSupportedInTracedStep: tf.function train_step: zero.level "
+          "'v3' in a traced step of a multi-worker job is not built yet") in (
+              job.output), job.output[-6000:]
+
+
+@pytest.mark.timeout(300)
+def test_stages_across_workers_and_sessions_are_refused(tmp_path):
+  # 1 device a worker: the one replica's 2 stages would span both workers.
+  job, results = _job(tmp_path, "refused", devices=1, scenario="refused")
   assert job.returncode == 0, job.output[-8000:]
   for result in results:
-    assert result["error"].startswith("NotSupportedInTracedStep: "), result
-    assert "pipeline stages (2 TaskGraphs)" in result["error"]
-    assert "not built yet" in result["error"]
+    stages, session = result["errors"]
+    assert stages.startswith("NotSupportedInTracedStep: "), stages
+    assert ("model replica 0 puts its 2 pipeline stages on workers [0, 1]"
+            in stages), stages
+    assert session.startswith("RuntimeError: epl.init() ran with eager "
+                              "execution on"), session
+    assert "disable_eager_execution() before epl.init()" in session
 
 
 @pytest.mark.timeout(300)

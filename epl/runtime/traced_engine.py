@@ -279,17 +279,16 @@ def _merged_outputs(graph, output_names):
   return sources
 
 
-def _sync_def(graph, result, names, from_worker_zero=False):
+def _sync_def(graph, result, names, from_worker_zero=()):
   """A GraphDef that copies the user's variables `names` into the copies
   the rewrite made of them (other replicas'), and the name of its group
   op; None when there is nothing to write (the replicas share those
-  variables: the shared weights of one process's CPU devices).
-  `from_worker_zero`: in a multi-worker job, worker 0's values are first
-  broadcast into every worker's user variables (`traced_workers`)."""
-  writes, values = [], {}
-  if from_worker_zero:
-    writes, values = traced_workers.broadcast_into_user_variables(
-        result.context, names)
+  variables: the shared weights of one process's CPU devices). In a
+  multi-worker job, worker 0's values of the user's variables
+  `from_worker_zero` are first broadcast into every worker's
+  (`traced_workers`)."""
+  writes, values = traced_workers.broadcast_into_user_variables(
+      result.context, from_worker_zero)
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
       for name in names:
@@ -391,8 +390,9 @@ class EngineStep:
     trained = {variable.name for record in state_of(graph).gradient_records
                for _, variable in record.pairs}
     whole = lambda names: [n for n in names if n not in sharded]
-    self._first_sync = self._sync_function(graph, result, whole(variables),
-                                           from_worker_zero=True)
+    kept_whole = whole(variables)
+    self._first_sync = self._sync_function(graph, result, kept_whole,
+                                           from_worker_zero=kept_whole)
     self._sync = self._sync_function(graph, result, whole(trained))
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
@@ -420,9 +420,9 @@ class EngineStep:
           "them after it", function_name, len(sharded))
     return sharded
 
-  def _sync_function(self, graph, result, names, from_worker_zero=False):
+  def _sync_function(self, graph, result, names, from_worker_zero=()):
     """The function that copies variables `names` into their replicas'
-    copies (`from_worker_zero`: after worker 0's values reached every
+    copies (after worker 0's values of `from_worker_zero` reached every
     worker), or None when there is nothing to write."""
     found = _sync_def(graph, result, names, from_worker_zero)
     if found is None:

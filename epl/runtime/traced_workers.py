@@ -46,20 +46,13 @@ def refuse(plan, config, name):
         "tested on one worker only). Run the split step on one worker, or "
         "build it TF1 style, where split spans workers (docs/split.md)."
         % name)
-  if plan.num_stages > 1:
+  if config.zero.level == "v3":
     return (
-        "tf.function %s: pipeline stages (%d TaskGraphs) in a traced step "
-        "of a multi-worker job are not built yet. Train data parallel "
-        "(no stage scopes, epl.set_default_strategy(epl.replicate(1))), "
-        "run the pipeline on one worker, or build it TF1 style "
-        "(docs/tf2.md, multi-worker jobs)." % (name, plan.num_stages))
-  if config.zero.level:
-    return (
-        "tf.function %s: zero.level %r in a traced step of a multi-worker "
-        "job is not built yet (ZeRO deals the optimizer state out over "
-        "one worker's replicas; not checked across workers on a traced "
-        "step). Leave zero.level unset, or build the step TF1 style "
-        "(docs/zero.md)." % (name, config.zero.level))
+        "tf.function %s: zero.level 'v3' in a traced step of a multi-worker "
+        "job is not built yet (the step's own shards of a partitioned "
+        "variable are not written from worker 0's values at the first "
+        "call). Use zero.level 'v1' or 'v2' there, or build the step TF1 "
+        "style, where v3 spans workers (docs/zero.md)." % name)
   return None
 
 

@@ -12,9 +12,9 @@ step returned and the weights after --steps steps under EPL; then, after
 epl.shutdown(), the same loop without EPL on the whole global batch from
 worker 0's initial weights (the plain single-device reference).
 
---scenario pipeline_refused calls a step whose model opens two stage
-scopes and writes the error it raised; --kill_at_step K makes worker 1
-exit before step K.
+--scenario refused calls a step whose model opens two stage scopes, then
+opens a Session, and writes the errors they raised; --kill_at_step K
+makes worker 1 exit before step K.
 """
 import argparse
 import json
@@ -34,11 +34,12 @@ def _args():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
   parser.add_argument("--scenario", default="dp",
-                      choices=("dp", "pipeline_refused"))
+                      choices=("dp", "pipeline", "refused"))
   parser.add_argument("--optimizer", default="adam",
                       choices=("adam", "legacy"))
   parser.add_argument("--micro_batches", type=int, default=1)
   parser.add_argument("--collective_timeout", type=float, default=30.0)
+  parser.add_argument("--zero", default="")
   parser.add_argument("--kill_at_step", type=int, default=None)
   return parser.parse_args()
 
@@ -52,13 +53,25 @@ def _share(worker, workers):
   return feed
 
 
-def _model(worker):
+def _model(worker, scenario):
+  if scenario == "pipeline":
+    # Built lazily in the step, seeded: the same weights on every worker.
+    return tf2_scripts._TwoStageModel([  # pylint: disable=protected-access
+        epl.replicate(device_count=1, name="stage_0"),
+        epl.replicate(device_count=1, name="stage_1")])
   model = tf2_scripts._model()  # pylint: disable=protected-access
   if worker:
     rng = np.random.RandomState(100 + worker)
     model.set_weights([rng.normal(size=w.shape).astype(np.float32)
                        for w in model.get_weights()])
   return model
+
+
+def _plain_model(scenario):
+  """The model of `scenario` without EPL, from worker 0's weights."""
+  if scenario == "pipeline":
+    return tf2_scripts._TwoStageModel()  # pylint: disable=protected-access
+  return tf2_scripts._model()  # pylint: disable=protected-access
 
 
 def _kill_between(worker, at_step):
@@ -70,41 +83,50 @@ def _kill_between(worker, at_step):
   return between
 
 
-def _pipeline_refused(result):
+def _refused(result):
   model = tf2_scripts._TwoStageModel([  # pylint: disable=protected-access
       epl.replicate(device_count=1, name="stage_0"),
       epl.replicate(device_count=1, name="stage_1")])
+  result["errors"] = []
   try:
     tf2_scripts._train("adam", model)  # pylint: disable=protected-access
   except NotImplementedError as error:
-    result["error"] = "%s: %s" % (type(error).__name__, error)
+    result["errors"].append("%s: %s" % (type(error).__name__, error))
+  try:
+    with tf.Graph().as_default():
+      tf.compat.v1.Session()
+  except RuntimeError as error:
+    result["errors"].append("%s: %s" % (type(error).__name__, error))
 
 
 def main():
   args = _args()
   epl.init(epl.Config({
       "cluster.collective_timeout_seconds": args.collective_timeout,
-      "pipeline.num_micro_batch": args.micro_batches}))
+      "pipeline.num_micro_batch": args.micro_batches,
+      "zero.level": args.zero,
+      # zero.level v3 partitions the kernels and the hidden bias.
+      "zero.min_partition_size": 16}))
   assert tf.executing_eagerly()
   cluster = epl.Env.get().cluster
   worker = cluster.worker_index
   result = {"worker": worker, "losses": []}
-  if args.scenario == "pipeline_refused":
-    _pipeline_refused(result)
+  if args.scenario == "refused":
+    _refused(result)
   else:
-    epl.set_default_strategy(epl.replicate(device_count=1))
+    if args.scenario == "dp":
+      epl.set_default_strategy(epl.replicate(device_count=1))
     between = (_kill_between(worker, args.kill_at_step)
                if args.kill_at_step else None)
     model, _ = tf2_scripts._train(  # pylint: disable=protected-access
-        args.optimizer, _model(worker), feed=_share(worker, cluster.worker_num),
+        args.optimizer, _model(worker, args.scenario), feed=_share(worker, cluster.worker_num),
         losses=result["losses"], between=between)
     result["variables"] = [w.tolist() for w in model.get_weights()]
     result["device"] = model.trainable_variables[0].device
     epl.shutdown()
     plain_losses = []
     plain, _ = tf2_scripts._train(  # pylint: disable=protected-access
-        args.optimizer, tf2_scripts._model(),  # pylint: disable=protected-access
-        losses=plain_losses)
+        args.optimizer, _plain_model(args.scenario), losses=plain_losses)
     result["plain_variables"] = [w.tolist() for w in plain.get_weights()]
     result["plain_losses"] = plain_losses
   with open(os.path.join(args.out, "worker_%d.json" % worker), "w") as f:
