@@ -101,6 +101,34 @@ def test_zero_in_a_traced_step_across_two_workers(tmp_path, zero):
 
 
 @pytest.mark.timeout(300)
+def test_keras_fit_across_two_workers(tmp_path):
+  # Each worker fits on its rows of every global batch: the weights and
+  # each epoch's loss equal plain fit on the whole batches.
+  job, results = _job(tmp_path, "fit", scenario="fit")
+  assert job.returncode == 0, job.output[-8000:]
+  for result in results:
+    for actual, expected in zip(result["variables"],
+                                result["plain_variables"]):
+      tolerance.assert_equivalent(np.array(actual), np.array(expected))
+    assert sorted(result["history"]) == ["loss"]
+    tolerance.assert_equivalent(np.array(result["history"]["loss"]),
+                                np.array(result["plain_history"]["loss"]))
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_metrics_of_the_targets_across_workers_are_refused(
+    tmp_path):
+  job, results = _job(tmp_path, "fit_mae", scenario="fit_mae")
+  assert job.returncode == 0, job.output[-8000:]
+  for result in results:
+    error, = result["errors"]
+    assert error.startswith(
+        "NotSupportedInTracedStep: tf.function train_step: 1 op(s) outside "
+        "the part EPL divides over replicas"), error
+    assert "EPL does not gather a batch across workers" in error
+
+
+@pytest.mark.timeout(300)
 def test_zero_v3_in_a_traced_step_across_workers_is_refused(tmp_path):
   job, results = _job(tmp_path, "zero_v3", zero="v3")
   assert job.returncode != 0 and results == [None, None]
@@ -110,18 +138,22 @@ def test_zero_v3_in_a_traced_step_across_workers_is_refused(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_stages_across_workers_and_sessions_are_refused(tmp_path):
-  # 1 device a worker: the one replica's 2 stages would span both workers.
+def test_stages_and_split_across_workers_and_sessions_are_refused(tmp_path):
+  # 1 device a worker: the one replica's 2 stages would span both workers,
+  # and so would a head split over all devices.
   job, results = _job(tmp_path, "refused", devices=1, scenario="refused")
   assert job.returncode == 0, job.output[-8000:]
   for result in results:
-    stages, session = result["errors"]
+    stages, session, split = result["errors"]
     assert stages.startswith("NotSupportedInTracedStep: "), stages
     assert ("model replica 0 puts its 2 pipeline stages on workers [0, 1]"
             in stages), stages
     assert session.startswith("RuntimeError: epl.init() ran with eager "
                               "execution on"), session
     assert "disable_eager_execution() before epl.init()" in session
+    assert split.startswith("NotSupportedInTracedStep: tf.function "
+                            "train_step: epl.split in a traced step of a "
+                            "multi-worker job is not built yet"), split
 
 
 @pytest.mark.timeout(300)

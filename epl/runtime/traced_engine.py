@@ -304,6 +304,16 @@ def _sync_def(graph, result, names, from_worker_zero=()):
   return traced_shards.grouped_def(graph, writes, _SYNC + "/group")
 
 
+def _argument_readers(graph, names, arguments):
+  """The ops of `names` that read the rows of a batch argument (of
+  `arguments`, names), not only its shape (Keras weighs its loss tracker
+  by the batch's row count)."""
+  return [name for name in names
+          if graph.get_operation_by_name(name).type != "Shape" and any(
+              t.name in arguments
+              for t in graph.get_operation_by_name(name).inputs)]
+
+
 def _run_def(graph, graph_def, fetches):
   """`graph_def` (of `graph`) less the ops a TF1 session would not run
   either: those neither the fetches nor a stateful op needs. A
@@ -340,8 +350,9 @@ class EngineStep:
 
   def __init__(self, concrete, traced, function_name, default_strategy,
                check_plan=None):
-    """`check_plan(plan)`, when given, raises for a plan of the step that
-    is not run (before the rewrite)."""
+    """`check_plan(plan, names)`, when given, raises for a plan of the
+    step that is not run (before the rewrite); `names`: the ops outside
+    the divided step that read a batch argument's rows whole."""
     self._concrete = concrete
     func_graph = concrete.graph
     graph, variables = _graph_copy(concrete, traced, default_strategy)
@@ -359,7 +370,7 @@ class EngineStep:
           function_name)
       plan = planner.plan_of(graph)
       if check_plan is not None and plan is not None:
-        check_plan(plan)
+        check_plan(plan, _argument_readers(graph, readers, self._arguments))
       result = engine.ensure_rewritten(graph)
     if result is None:
       raise ValueError(

@@ -71,8 +71,9 @@ def _refuse_across_workers(name, env):
   if not env.cluster.is_distributed:
     return None
 
-  def check(plan):
-    reason = traced_workers.refuse(plan, env.config, name)
+  def check(plan, whole_batch_readers):
+    reason = traced_workers.refuse(plan, env.config, name,
+                                   whole_batch_readers)
     if reason is not None:
       raise NotSupportedInTracedStep(reason)
   return check

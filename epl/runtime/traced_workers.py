@@ -24,9 +24,11 @@ from epl.parallel.passes import variable_sync
 _FROM_WORKER_ZERO = "EPL_TRACED_FROM_WORKER_0"
 
 
-def refuse(plan, config, name):
+def refuse(plan, config, name, whole_batch_readers=()):
   """The reason a traced step of plan `plan` (on a multi-worker cluster)
-  is not run, naming the fix; None when it runs."""
+  is not run, naming the fix; None when it runs. `whole_batch_readers`:
+  the step's ops outside its divided part that read a batch argument
+  whole (`traced_whole_batch`)."""
   spanning = [r for r, workers in enumerate(plan.device_workers)
               if len(set(workers)) > 1]
   if spanning:
@@ -46,6 +48,21 @@ def refuse(plan, config, name):
         "tested on one worker only). Run the split step on one worker, or "
         "build it TF1 style, where split spans workers (docs/split.md)."
         % name)
+  if whole_batch_readers:
+    # They would read this worker's rows beside the divided part's values
+    # merged over every worker's rows.
+    return (
+        "tf.function %s: %d op(s) outside the part EPL divides over "
+        "replicas (%s), such as the updates of Keras metrics that read "
+        "the targets in Model.fit or a train_step, read this worker's "
+        "batch whole, beside values merged over the replicas of every "
+        "worker; EPL does not gather a "
+        "batch across workers for them yet. Across workers, compile "
+        "without such metrics (the loss is reported for the global "
+        "batch), return per-row values from the step and compute metrics "
+        "from them, or train on one worker (docs/tf2.md, multi-worker "
+        "jobs)." % (name, len(whole_batch_readers),
+                    ", ".join(whole_batch_readers[:3])))
   if config.zero.level == "v3":
     return (
         "tf.function %s: zero.level 'v3' in a traced step of a multi-worker "

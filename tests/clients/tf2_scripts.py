@@ -186,11 +186,14 @@ def checkpoint():
   print("TF2_CHECKPOINT_OK")
 
 
-def _fit(model):
-  model.compile(optimizer=_optimizer("adam"), loss="mse", metrics=["mae"])
+def _fit(model, workers=1, worker=0, metrics=("mae",)):
+  """Keras fit, 2 epochs; with `workers`, on worker `worker`'s rows of
+  every global batch (its share of them)."""
+  model.compile(optimizer=_optimizer("adam"), loss="mse",
+                metrics=list(metrics))
   history = model.fit(
-      tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
-      epochs=2, verbose=0, shuffle=False)
+      tf.data.Dataset.from_tensor_slices(_data()).shard(workers, worker)
+      .batch(GLOBAL_BATCH // workers), epochs=2, verbose=0, shuffle=False)
   return model.get_weights(), history.history
 
 

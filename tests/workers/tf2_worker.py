@@ -12,8 +12,9 @@ step returned and the weights after --steps steps under EPL; then, after
 epl.shutdown(), the same loop without EPL on the whole global batch from
 worker 0's initial weights (the plain single-device reference).
 
---scenario refused calls a step whose model opens two stage scopes, then
-opens a Session, and writes the errors they raised; --kill_at_step K
+--scenario refused calls a step whose model opens two stage scopes,
+opens a Session, calls a step whose model has a split head, and writes
+the errors they raised; --kill_at_step K
 makes worker 1 exit before step K.
 """
 import argparse
@@ -34,7 +35,7 @@ def _args():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
   parser.add_argument("--scenario", default="dp",
-                      choices=("dp", "pipeline", "refused"))
+                      choices=("dp", "pipeline", "fit", "fit_mae", "refused"))
   parser.add_argument("--optimizer", default="adam",
                       choices=("adam", "legacy"))
   parser.add_argument("--micro_batches", type=int, default=1)
@@ -97,6 +98,32 @@ def _refused(result):
       tf.compat.v1.Session()
   except RuntimeError as error:
     result["errors"].append("%s: %s" % (type(error).__name__, error))
+  try:
+    tf2_scripts._train_classifier(  # pylint: disable=protected-access
+        tf2_scripts._SplitHeadModel(  # pylint: disable=protected-access
+            epl.replicate(1, name="body"), epl.split(name="head")))
+  except NotImplementedError as error:
+    result["errors"].append("%s: %s" % (type(error).__name__, error))
+
+
+def _fit(worker, workers, result, metrics):
+  """Keras fit (2 epochs, Adam, mse, `metrics`) on this worker's rows of
+  every global batch, then plain fit on the whole batches; an error
+  raised is written instead."""
+  epl.set_default_strategy(epl.replicate(device_count=1))
+  try:
+    weights, history = tf2_scripts._fit(  # pylint: disable=protected-access
+        _model(worker, "fit"), workers, worker, metrics)
+  except NotImplementedError as error:
+    result["errors"] = ["%s: %s" % (type(error).__name__, error)]
+    return
+  result["variables"] = [w.tolist() for w in weights]
+  result["history"] = history
+  epl.shutdown()
+  weights, history = tf2_scripts._fit(  # pylint: disable=protected-access
+      tf2_scripts._model(), metrics=metrics)  # pylint: disable=protected-access
+  result["plain_variables"] = [w.tolist() for w in weights]
+  result["plain_history"] = history
 
 
 def main():
@@ -104,6 +131,7 @@ def main():
   epl.init(epl.Config({
       "cluster.collective_timeout_seconds": args.collective_timeout,
       "pipeline.num_micro_batch": args.micro_batches,
+      "cluster.colocate_split_and_replicate": args.scenario == "refused",
       "zero.level": args.zero,
       # zero.level v3 partitions the kernels and the hidden bias.
       "zero.min_partition_size": 16}))
@@ -113,6 +141,9 @@ def main():
   result = {"worker": worker, "losses": []}
   if args.scenario == "refused":
     _refused(result)
+  elif args.scenario.startswith("fit"):
+    _fit(worker, cluster.worker_num, result,
+         ["mae"] if args.scenario == "fit_mae" else [])
   else:
     if args.scenario == "dp":
       epl.set_default_strategy(epl.replicate(device_count=1))
