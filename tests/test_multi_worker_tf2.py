@@ -6,6 +6,7 @@ calling the step with its half of every global batch of 32 rows. The
 step trains data parallel over the 4 replicas, equal to the same loop
 without EPL on the whole global batch (computed by each worker after
 epl.shutdown(), from worker 0's initial weights)."""
+import json
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from tests import multiworker
 from tests import tf_versions
 from tests import tolerance
+from tests.clients import tf2_scripts
 
 pytestmark = pytest.mark.usefixtures("_namespaces")
 
@@ -31,19 +33,28 @@ def _job(tmp_path, name, **options):
                                limit=240, **options)
 
 
-def _assert_equal_to_plain(job, results, devices=None):
+def _assert_close(actual, expected, atol):
+  if atol is None:
+    tolerance.assert_equivalent(np.array(actual), np.array(expected))
+  else:
+    np.testing.assert_allclose(np.array(actual), np.array(expected),
+                               atol=atol)
+
+
+def _assert_equal_to_plain(job, results, devices=None, atol=None):
+  """Every worker's weights after the steps and the losses the step
+  returned equal plain TF's on the whole global batch (within the suite's
+  tolerance, or `atol`); its variables live on `devices` (by default each
+  on its own task: the eager context serves the worker)."""
   assert job.returncode == 0, job.output[-8000:]
   for result in results:
     assert result is not None, job.output[-8000:]
     for actual, expected in zip(result["variables"],
                                 result["plain_variables"]):
-      tolerance.assert_equivalent(np.array(actual), np.array(expected))
+      _assert_close(actual, expected, atol)
     # The step returns the mean loss of the whole global batch (merged
     # over the 4 replicas of both workers).
-    tolerance.assert_equivalent(np.array(result["losses"]),
-                                np.array(result["plain_losses"]))
-  # Each worker's variables live on its own task: the eager context
-  # serves the worker.
+    _assert_close(result["losses"], result["plain_losses"], atol)
   assert [r["device"] for r in results] == (devices or [
       "/job:worker/replica:0/task:%d/device:CPU:0" % w for w in range(2)])
 
@@ -91,13 +102,17 @@ def test_pipeline_stages_in_each_worker_across_two_workers(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("zero", ["v1", "v2"])
-def test_zero_in_a_traced_step_across_two_workers(tmp_path, zero):
-  # Each worker deals the optimizer state out over its 2 replicas.
-  job, results = _job(tmp_path, "zero_" + zero, zero=zero)
-  _assert_equal_to_plain(job, results)
-  assert "ZeRO %s: TaskGraph 0's 4 variables dealt to 2 replicas" % zero in (
-      job.output)
+@pytest.mark.parametrize("saver", ["recompute", "zero_v1", "zero_v2", "amp"])
+def test_memory_savers_in_a_traced_step_across_two_workers(tmp_path, saver):
+  # The one-worker scenarios' settings (tests/clients/tf2_scripts.py):
+  # ZeRO deals the optimizer state out over each worker's 2 replicas; AMP
+  # O1 is within the suite's AMP tolerance of float32.
+  config, says, atol = tf2_scripts._DATA_PARALLEL_SAVERS[saver]  # pylint: disable=protected-access
+  job, results = _job(tmp_path, saver, config=json.dumps(config))
+  _assert_equal_to_plain(job, results, atol=atol)
+  if saver.startswith("zero"):
+    says = "variables dealt to 2 replicas"
+  assert says in job.output
 
 
 @pytest.mark.timeout(300)
@@ -130,7 +145,8 @@ def test_keras_fit_metrics_of_the_targets_across_workers_are_refused(
 
 @pytest.mark.timeout(300)
 def test_zero_v3_in_a_traced_step_across_workers_is_refused(tmp_path):
-  job, results = _job(tmp_path, "zero_v3", zero="v3")
+  job, results = _job(tmp_path, "zero_v3", config=json.dumps(
+      {"zero.level": "v3", "zero.min_partition_size": 16}))
   assert job.returncode != 0 and results == [None, None]
   assert ("NotSupportedInTracedStep: tf.function train_step: zero.level "
           "'v3' in a traced step of a multi-worker job is not built yet") in (

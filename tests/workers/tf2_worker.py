@@ -40,7 +40,8 @@ def _args():
                       choices=("adam", "legacy"))
   parser.add_argument("--micro_batches", type=int, default=1)
   parser.add_argument("--collective_timeout", type=float, default=30.0)
-  parser.add_argument("--zero", default="")
+  parser.add_argument("--config", default="{}",
+                      help="more EPL config, as JSON")
   parser.add_argument("--kill_at_step", type=int, default=None)
   return parser.parse_args()
 
@@ -128,13 +129,10 @@ def _fit(worker, workers, result, metrics):
 
 def main():
   args = _args()
-  epl.init(epl.Config({
+  epl.init(epl.Config(dict(json.loads(args.config), **{
       "cluster.collective_timeout_seconds": args.collective_timeout,
       "pipeline.num_micro_batch": args.micro_batches,
-      "cluster.colocate_split_and_replicate": args.scenario == "refused",
-      "zero.level": args.zero,
-      # zero.level v3 partitions the kernels and the hidden bias.
-      "zero.min_partition_size": 16}))
+      "cluster.colocate_split_and_replicate": args.scenario == "refused"})))
   assert tf.executing_eagerly()
   cluster = epl.Env.get().cluster
   worker = cluster.worker_index
