@@ -360,23 +360,9 @@ class EngineStep:
                       for external, internal in func_graph.captures}
     self._arguments = [t.name for t in func_graph.inputs
                        if t.name not in self._captured]
-    with graph.as_default():
-      sources = _merged_outputs(graph, [t.name for t in func_graph.outputs])
-      roots = [graph.get_tensor_by_name(name).op for name in sources]
-      roots += [op for op in graph.get_operations()
-                if op.op_def.is_stateful]
-      readers = traced_whole_batch.read_whole_batch(
-          graph, state_of(graph), traced.losses, self._arguments, roots,
-          function_name)
-      plan = planner.plan_of(graph)
-      if check_plan is not None and plan is not None:
-        check_plan(plan, _argument_readers(graph, readers, self._arguments))
-      result = engine.ensure_rewritten(graph)
-    if result is None:
-      raise ValueError(
-          "tf.function %s computes gradients but EPL found no variable "
-          "update built from them in its trace: apply the gradients in the "
-          "step (optimizer.apply_gradients)." % function_name)
+    sources, readers, result = self._rewritten(
+        graph, [t.name for t in func_graph.outputs], traced.losses,
+        function_name, check_plan)
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self._rewrite = result
@@ -410,6 +396,29 @@ class EngineStep:
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _rewritten(self, graph, outputs, losses, function_name, check_plan):
+    """Rewrites the copy `graph` of the step whose outputs and losses are
+    `outputs` and `losses` (names); returns (the names the outputs are
+    read from, the ops outside the divided step, the RewriteResult)."""
+    with graph.as_default():
+      sources = _merged_outputs(graph, outputs)
+      roots = [graph.get_tensor_by_name(name).op for name in sources]
+      roots += [op for op in graph.get_operations()
+                if op.op_def.is_stateful]
+      readers = traced_whole_batch.read_whole_batch(
+          graph, state_of(graph), losses, self._arguments, roots,
+          function_name)
+      plan = planner.plan_of(graph)
+      if check_plan is not None and plan is not None:
+        check_plan(plan, _argument_readers(graph, readers, self._arguments))
+      result = engine.ensure_rewritten(graph)
+    if result is None:
+      raise ValueError(
+          "tf.function %s computes gradients but EPL found no variable "
+          "update built from them in its trace: apply the gradients in the "
+          "step (optimizer.apply_gradients)." % function_name)
+    return sources, readers, result
 
   def _shard_transfers(self, graph, result, function_name):
     """zero.level v3: replica 0's shards are the function's own variables,
