@@ -159,7 +159,8 @@ def _say_what_the_job_exposes(cluster):
 
 
 def current():
-  """The server this process started, or None."""
+  """The tf.distribute.Server this process started, EAGER when the eager
+  context serves this worker, or None."""
   return _server["server"]
 
 
