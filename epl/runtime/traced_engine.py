@@ -26,7 +26,9 @@ context's resource manager. At the first call they are all copied from
 the user's variables; before every call, the trained ones again, so they
 follow any write made eagerly between steps (`assign`, `set_weights`, a
 checkpoint restore). The optimizer's state of the other replicas is then
-their own (under ZeRO, each updates its share).
+their own (under ZeRO, each updates its share). In a multi-worker job
+the first call writes worker 0's values into every worker's variables
+before that (`traced_workers`).
 
 Before the rewrite, the copy is made to look as a TF1 graph captured by
 EPL does: ops built outside every stage scope (the loss after the model,
@@ -388,6 +390,7 @@ class EngineStep:
                for _, variable in record.pairs}
     whole = lambda names: [n for n in names if n not in sharded]
     kept_whole = whole(variables)
+    # In a multi-worker job worker 0's values reach every worker first.
     self._first_sync = self._sync_function(graph, result, kept_whole,
                                            from_worker_zero=kept_whole)
     self._sync = self._sync_function(graph, result, whole(trained))

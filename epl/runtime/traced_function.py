@@ -10,7 +10,8 @@ if tracing recorded gradients (`epl.capture.traced_step`), the call runs
 the rewritten step instead of the traced function. Other functions (an
 evaluation) run as traced. A step that opens no strategy scope runs under
 the default strategy, which must then be `epl.replicate(device_count=1)`:
-data parallelism over every device of the worker.
+data parallelism over every device of the worker (of every worker, in a
+multi-worker job: `traced_workers`).
 """
 import weakref
 
