@@ -83,7 +83,8 @@ def init(config=None):
   Leaves eager execution as the script set it (a TF1 script switches it
   off itself; a TF2 script's `tf.function` steps are rewritten when
   traced: docs/tf2.md), reads the cluster (TF_CONFIG, devices), installs the capture and session hooks, and
-  in a multi-worker job starts this worker's tf.distribute.Server.
+  in a multi-worker job starts this worker's tf.distribute.Server (with
+  eager execution on, the eager context serves the worker instead).
   Calling it again starts afresh with the new config, in the same
   `epl.Env.get()` object; as in the original EPL, it then also resets
   TensorFlow's default graph unless a `with graph.as_default():` block is
@@ -118,7 +119,7 @@ def init(config=None):
     logger.log(*notice)
   # A multi-worker job (TF_CONFIG) starts this worker's gRPC server now, so
   # that peers can reach it before the first collective.
-  server.get_or_start(env)
+  server.start(env)
   logger.info("epl.init: %s", env.cluster)
   return env
 

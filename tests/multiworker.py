@@ -109,8 +109,10 @@ def launch(launcher_args, timeout=240, env=None):
 
 
 def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
-              limit=240, env=None, processes_per_worker=1, **options):
-  """Runs tests/workers/train_worker.py on `num_workers` workers of
+              limit=240, env=None, processes_per_worker=1,
+              script=WORKER_SCRIPT, **options):
+  """Runs `script` (tests/workers/train_worker.py, or another worker
+  script taking --out and `options`) on `num_workers` workers of
   `devices` devices, each worker as `processes_per_worker` processes (with
   `env` added to their environment); returns (job, [each process's result
   dict or None], in TF_CONFIG order)."""
@@ -118,7 +120,7 @@ def train_job(tmp_path, name, num_workers=2, devices=2, launcher=(),
   out.mkdir()
   args = ["--num_workers", str(num_workers), "--gpu_per_worker",
           str(devices), "--processes_per_worker", str(processes_per_worker),
-          "--cpu"] + list(launcher) + [WORKER_SCRIPT, "--out", str(out)]
+          "--cpu"] + list(launcher) + [script, "--out", str(out)]
   for key, value in options.items():
     if value is True:
       args.append("--" + key)

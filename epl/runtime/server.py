@@ -11,6 +11,12 @@ cluster is an error.
 All workers form one job, `worker`, in TF_CONFIG order with the chief (if
 any) first, so the device `/job:worker/replica:0/task:k` is worker k and
 task 0 leads the collective groups.
+
+A TF2 script (eager execution on at `epl.init`) runs its steps as
+`tf.function`s in the eager context, whose collectives across processes
+need the context itself to serve the worker (`epl.tf_compat.eager_cluster`):
+there the eager context's own server takes the worker's address instead
+of a `tf.distribute.Server`, and sessions cannot reach the job.
 """
 import logging
 
@@ -18,13 +24,17 @@ import tensorflow as tf
 
 from epl.parallel.plan import planner
 from epl.runtime import network_namespace
+from epl.tf_compat import eager_cluster
 
 logger = logging.getLogger("epl")
 
 JOB = "worker"
 GROUP_LEADER = "/job:worker/replica:0/task:0"
 
+# "server": the tf.distribute.Server, or EAGER when the eager context
+# serves this worker.
 _server = {"server": None, "key": None}
+EAGER = "the eager context"
 
 
 def task_filter(worker):
@@ -44,29 +54,84 @@ def base_config(cluster, config):
   return proto
 
 
-def get_or_start(env):
-  """This worker's server, started on first use; None for one worker."""
+def _key(cluster):
+  return (tuple(cluster.worker_addresses), cluster.worker_index,
+          cluster.device_type, cluster.devices_per_worker)
+
+
+def _reuse(cluster):
+  """The server this process already runs for `cluster`, or None when it
+  runs none; raises when it serves another cluster."""
+  if _server["server"] is None:
+    return None
+  if _server["key"] != _key(cluster):
+    raise RuntimeError(
+        "This process already runs the EPL server of worker %d of %s; "
+        "TensorFlow cannot stop it, so epl.init cannot move this process "
+        "to worker %d of %s. Start a new process for another cluster." % (
+            _server["key"][1], list(_server["key"][0]),
+            cluster.worker_index, cluster.worker_addresses))
+  return _server["server"]
+
+
+def start(env):
+  """Starts this worker's server at epl.init: the eager context's when
+  execution is eager (a TF2 script), else a tf.distribute.Server; None
+  for one worker."""
   cluster = env.cluster
   if not cluster.runs_tf_server:
     return None
-  key = (tuple(cluster.worker_addresses), cluster.worker_index,
-         cluster.device_type, cluster.devices_per_worker)
-  if _server["server"] is not None:
-    if _server["key"] != key:
-      raise RuntimeError(
-          "This process already runs the EPL server of worker %d of %s; "
-          "TensorFlow cannot stop it, so epl.init cannot move this process "
-          "to worker %d of %s. Start a new process for another cluster." % (
-              _server["key"][1], list(_server["key"][0]),
-              cluster.worker_index, cluster.worker_addresses))
+  if tf.executing_eagerly():
+    return _serve_eagerly(env)
+  return get_or_start(env)
+
+
+def _serve_eagerly(env):
+  cluster = env.cluster
+  if _reuse(cluster) is not None:
     return _server["server"]
+  if eager_cluster.started():
+    raise RuntimeError(
+        "epl.init() joins worker %d of a %d-worker job through TensorFlow's "
+        "eager runtime, which must be started with the cluster, but it "
+        "already started (an op or a tf.data pipeline ran before "
+        "epl.init()). Call epl.init() at the top of the script, before "
+        "anything runs." % (cluster.worker_index, cluster.worker_num))
+  spec = tf.train.ClusterSpec({JOB: cluster.worker_addresses})
+  devices = eager_cluster.serve(spec, JOB, cluster.worker_index,
+                                GROUP_LEADER, task_filter(cluster.worker_index))
+  _server.update(server=EAGER, key=_key(cluster))
+  _say_what_the_job_exposes(cluster)
+  logger.info("epl.init: worker %d of %d serves at %s through the eager "
+              "context (a TF2 script: tf.function steps), devices %s",
+              cluster.worker_index, cluster.worker_num,
+              cluster.worker_addresses[cluster.worker_index],
+              ", ".join(devices))
+  return EAGER
+
+
+def get_or_start(env):
+  """This worker's tf.distribute.Server, started on first use; None for
+  one worker."""
+  cluster = env.cluster
+  if not cluster.runs_tf_server:
+    return None
+  server = _reuse(cluster)
+  if server is EAGER:
+    raise RuntimeError(
+        "epl.init() ran with eager execution on, so this worker of the "
+        "multi-worker job serves its TF2 tf.function steps through the "
+        "eager context's own gRPC server, and a Session cannot join the "
+        "job. A TF1 script calls tf.compat.v1.disable_eager_execution() "
+        "before epl.init() (docs/tf2.md, multi-worker jobs).")
+  if server is not None:
+    return server
   spec = tf.train.ClusterSpec({JOB: cluster.worker_addresses})
   server = tf.distribute.Server(
       spec, job_name=JOB, task_index=cluster.worker_index,
       config=base_config(cluster, env.config), protocol="grpc", start=True)
-  _server.update(server=server, key=key)
-  if cluster.worker_index == 0:
-    _say_what_the_job_exposes(cluster)
+  _server.update(server=server, key=_key(cluster))
+  _say_what_the_job_exposes(cluster)
   logger.info("epl.init: worker %d of %d serves %s at %s (%d %s device(s))",
               cluster.worker_index, cluster.worker_num, server.target,
               cluster.worker_addresses[cluster.worker_index],
@@ -79,6 +144,8 @@ def _say_what_the_job_exposes(cluster):
   machine's network is reachable from other hosts (not so in the private
   network namespace epl-launch gives a one-machine job): TensorFlow's
   servers listen on every interface and authenticate nobody."""
+  if cluster.worker_index != 0:
+    return
   interfaces = sorted(network_namespace.exposed_interfaces())
   if not interfaces:
     return
@@ -92,7 +159,8 @@ def _say_what_the_job_exposes(cluster):
 
 
 def current():
-  """The server this process started, or None."""
+  """The tf.distribute.Server this process started, EAGER when the eager
+  context serves this worker, or None."""
   return _server["server"]
 
 

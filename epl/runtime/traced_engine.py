@@ -26,7 +26,9 @@ context's resource manager. At the first call they are all copied from
 the user's variables; before every call, the trained ones again, so they
 follow any write made eagerly between steps (`assign`, `set_weights`, a
 checkpoint restore). The optimizer's state of the other replicas is then
-their own (under ZeRO, each updates its share).
+their own (under ZeRO, each updates its share). In a multi-worker job
+the first call writes worker 0's values into every worker's variables
+before that (`traced_workers`).
 
 Before the rewrite, the copy is made to look as a TF1 graph captured by
 EPL does: ops built outside every stage scope (the loss after the model,
@@ -48,15 +50,19 @@ import tensorflow as tf
 
 from epl import collections as epl_collections
 from epl.capture import capture
+from epl.env import Env
 from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.ir.graph_state import GradientRecord, state_of
 from epl.ir.phase import Phase
 from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
+from epl.parallel.plan import planner
 from epl.parallel.passes import variable_sync
+from epl.runtime import failures
 from epl.runtime import traced_shards
 from epl.runtime import traced_whole_batch
+from epl.runtime import traced_workers
 from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
 
@@ -275,23 +281,39 @@ def _merged_outputs(graph, output_names):
   return sources
 
 
-def _sync_def(graph, result, names):
+def _sync_def(graph, result, names, from_worker_zero=()):
   """A GraphDef that copies the user's variables `names` into the copies
   the rewrite made of them (other replicas'), and the name of its group
-  op; None when the replicas share those variables (no copies: the
-  shared weights of one process's CPU devices)."""
-  writes = []
+  op; None when there is nothing to write (the replicas share those
+  variables: the shared weights of one process's CPU devices). In a
+  multi-worker job, worker 0's values of the user's variables
+  `from_worker_zero` are first broadcast into every worker's
+  (`traced_workers`)."""
+  writes, values = traced_workers.broadcast_into_user_variables(
+      result.context, from_worker_zero)
   with graph.as_default(), capture.suspended(), tf.name_scope(_SYNC):
     for local in range(1, len(result.copies.clones)):
       for name in names:
         variable = graph.get_operation_by_name(name)
         copy = result.copies.op(local, variable)
         if copy is not variable:
-          writes.append(variable_sync.assign_value(
-              copy, variable_sync.read_value(variable), None))
+          value = values.get(name)
+          if value is None:
+            value = variable_sync.read_value(variable)
+          writes.append(variable_sync.assign_value(copy, value, None))
   if not writes:
     return None
   return traced_shards.grouped_def(graph, writes, _SYNC + "/group")
+
+
+def _argument_readers(graph, names, arguments):
+  """The ops of `names` that read the rows of a batch argument (of
+  `arguments`, names), not only its shape (Keras weighs its loss tracker
+  by the batch's row count)."""
+  return [name for name in names
+          if graph.get_operation_by_name(name).type != "Shape" and any(
+              t.name in arguments
+              for t in graph.get_operation_by_name(name).inputs)]
 
 
 def _run_def(graph, graph_def, fetches):
@@ -328,7 +350,11 @@ def _import(graph_def, input_map, return_elements):
 class EngineStep:
   """A traced step rewritten by EPL's engine, run at every call."""
 
-  def __init__(self, concrete, traced, function_name, default_strategy):
+  def __init__(self, concrete, traced, function_name, default_strategy,
+               check_plan=None):
+    """`check_plan(plan, names)`, when given, raises for a plan of the
+    step that is not run (before the rewrite); `names`: the ops outside
+    the divided step that read a batch argument's rows whole."""
     self._concrete = concrete
     func_graph = concrete.graph
     graph, variables = _graph_copy(concrete, traced, default_strategy)
@@ -336,20 +362,9 @@ class EngineStep:
                       for external, internal in func_graph.captures}
     self._arguments = [t.name for t in func_graph.inputs
                        if t.name not in self._captured]
-    with graph.as_default():
-      sources = _merged_outputs(graph, [t.name for t in func_graph.outputs])
-      roots = [graph.get_tensor_by_name(name).op for name in sources]
-      roots += [op for op in graph.get_operations()
-                if op.op_def.is_stateful]
-      readers = traced_whole_batch.read_whole_batch(
-          graph, state_of(graph), traced.losses, self._arguments, roots,
-          function_name)
-      result = engine.ensure_rewritten(graph)
-    if result is None:
-      raise ValueError(
-          "tf.function %s computes gradients but EPL found no variable "
-          "update built from them in its trace: apply the gradients in the "
-          "step (optimizer.apply_gradients)." % function_name)
+    sources, readers, result = self._rewritten(
+        graph, [t.name for t in func_graph.outputs], traced.losses,
+        function_name, check_plan)
     self._fetches = [getattr(result.substitutes.get(name), "name", name)
                      for name in sources]
     self._rewrite = result
@@ -374,13 +389,39 @@ class EngineStep:
     trained = {variable.name for record in state_of(graph).gradient_records
                for _, variable in record.pairs}
     whole = lambda names: [n for n in names if n not in sharded]
-    self._first_sync = self._sync_function(graph, result, whole(variables))
+    kept_whole = whole(variables)
+    # In a multi-worker job worker 0's values reach every worker first.
+    self._first_sync = self._sync_function(graph, result, kept_whole,
+                                           from_worker_zero=kept_whole)
     self._sync = self._sync_function(graph, result, whole(trained))
     self._run = tf.function(self._body, autograph=False).get_concrete_function(
         *[tf.TensorSpec(t.shape, t.dtype) for t in (
             func_graph.get_tensor_by_name(n) for n in self._arguments)])
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
+
+  def _rewritten(self, graph, outputs, losses, function_name, check_plan):
+    """Rewrites the copy `graph` of the step whose outputs and losses are
+    `outputs` and `losses` (names); returns (the names the outputs are
+    read from, the ops outside the divided step, the RewriteResult)."""
+    with graph.as_default():
+      sources = _merged_outputs(graph, outputs)
+      roots = [graph.get_tensor_by_name(name).op for name in sources]
+      roots += [op for op in graph.get_operations()
+                if op.op_def.is_stateful]
+      readers = traced_whole_batch.read_whole_batch(
+          graph, state_of(graph), losses, self._arguments, roots,
+          function_name)
+      plan = planner.plan_of(graph)
+      if check_plan is not None and plan is not None:
+        check_plan(plan, _argument_readers(graph, readers, self._arguments))
+      result = engine.ensure_rewritten(graph)
+    if result is None:
+      raise ValueError(
+          "tf.function %s computes gradients but EPL found no variable "
+          "update built from them in its trace: apply the gradients in the "
+          "step (optimizer.apply_gradients)." % function_name)
+    return sources, readers, result
 
   def _shard_transfers(self, graph, result, function_name):
     """zero.level v3: replica 0's shards are the function's own variables,
@@ -402,10 +443,11 @@ class EngineStep:
           "them after it", function_name, len(sharded))
     return sharded
 
-  def _sync_function(self, graph, result, names):
+  def _sync_function(self, graph, result, names, from_worker_zero=()):
     """The function that copies variables `names` into their replicas'
-    copies, or None when they have none."""
-    found = _sync_def(graph, result, names)
+    copies (after worker 0's values of `from_worker_zero` reached every
+    worker), or None when there is nothing to write."""
+    found = _sync_def(graph, result, names, from_worker_zero)
     if found is None:
       return None
     return self._transfer_function(*found)
@@ -440,6 +482,20 @@ class EngineStep:
 
   def __call__(self, flat_arguments):
     self._check_batch(flat_arguments)
+    try:
+      outputs = self._synced_run(flat_arguments)
+    except tf.errors.OpError as error:
+      # A lost peer of a multi-worker job: one error naming the worker.
+      clear = failures.explain(Env.get(), error)
+      if clear is None:
+        raise
+      raise clear from error
+    structure = self._concrete.structured_outputs
+    if structure is None:
+      return None
+    return tf.nest.pack_sequence_as(structure, outputs, expand_composites=True)
+
+  def _synced_run(self, flat_arguments):
     if self._first_sync is not None:
       self._first_sync()
       self._first_sync = None
@@ -450,7 +506,4 @@ class EngineStep:
     outputs = self._run(*flat_arguments)
     if self._into_shards is not None:
       self._into_user()
-    structure = self._concrete.structured_outputs
-    if structure is None:
-      return None
-    return tf.nest.pack_sequence_as(structure, outputs, expand_composites=True)
+    return outputs

@@ -10,7 +10,8 @@ if tracing recorded gradients (`epl.capture.traced_step`), the call runs
 the rewritten step instead of the traced function. Other functions (an
 evaluation) run as traced. A step that opens no strategy scope runs under
 the default strategy, which must then be `epl.replicate(device_count=1)`:
-data parallelism over every device of the worker.
+data parallelism over every device of the worker (of every worker, in a
+multi-worker job: `traced_workers`).
 """
 import weakref
 
@@ -20,6 +21,7 @@ import tensorflow as tf
 from epl.capture import traced_step
 from epl.parallel.ops import split_lowering
 from epl.runtime import traced_engine
+from epl.runtime import traced_workers
 
 
 class NotSupportedInTracedStep(NotImplementedError):
@@ -64,12 +66,18 @@ def _refuse_unsupported_gradients(step, name):
         "TF1 style (docs/tf2.md)." % (name, variable, kind))
 
 
-def _refuse_multi_worker(name, env):
-  if env.cluster.is_distributed:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: a traced TF2 step is parallelised over the "
-        "devices of one worker only; this job has %d workers "
-        "(docs/tf2.md)." % (name, env.cluster.worker_num))
+def _refuse_across_workers(name, env):
+  """Returns the check of a multi-worker job's plan for the traced step
+  (`traced_workers.refuse`, before the rewrite), None on one worker."""
+  if not env.cluster.is_distributed:
+    return None
+
+  def check(plan, whole_batch_readers):
+    reason = traced_workers.refuse(plan, env.config, name,
+                                   whole_batch_readers)
+    if reason is not None:
+      raise NotSupportedInTracedStep(reason)
+  return check
 
 
 def _refuse_without_default_replicate(name, env):
@@ -118,7 +126,6 @@ def _refuse_untrained_split(graph, name):
 def _refuse_in_engine(step, name, env):
   """Raises for what EPL's engine does not do yet for a traced step."""
   _refuse_unsupported_gradients(step, name)
-  _refuse_multi_worker(name, env)
   # Gradient checkpointing, AMP and ZeRO v0-v3 come through the engine's
   # own passes (tested; v3's shards are the function's own variables,
   # traced_shards); offload and grouped apply are not checked on a traced
@@ -183,4 +190,5 @@ def _engine_step(env, concrete, traced, name):
   """The traced step `concrete` as EPL's engine rewrites it."""
   _refuse_in_engine(traced, name, env)
   return traced_engine.EngineStep(concrete, traced, name,
-                                  env.default_strategy)
+                                  env.default_strategy,
+                                  _refuse_across_workers(name, env))

@@ -120,9 +120,13 @@ def _halve_weights_after_step_2(model, step, optimizer):
     model.set_weights([0.5 * w for w in model.get_weights()])
 
 
-def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
+def _train(kind, model=None, batch=GLOBAL_BATCH, between=None, feed=None,
+           losses=None):
   """The script of the issue's first row: returns the model and the last
-  loss. `between(model, step, optimizer)` runs eagerly after each step."""
+  loss. `between(model, step, optimizer)` runs eagerly after each step;
+  `feed(x, y)` gives the rows of each batch the step is called with (a
+  worker's share; all of them by default); `losses` (a list) gets every
+  step's loss."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -140,7 +144,9 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
   loss = None
   batches = tf.data.Dataset.from_tensor_slices(_data()).batch(batch)
   for step, (x, y) in enumerate(batches):
-    loss = train_step(x, y)
+    loss = train_step(*(feed(x, y) if feed else (x, y)))
+    if losses is not None:
+      losses.append(float(loss))
     if between is not None:
       between(model, step, optimizer)
   return model, float(loss)
@@ -180,11 +186,14 @@ def checkpoint():
   print("TF2_CHECKPOINT_OK")
 
 
-def _fit(model):
-  model.compile(optimizer=_optimizer("adam"), loss="mse", metrics=["mae"])
+def _fit(model, workers=1, worker=0, metrics=("mae",)):
+  """Keras fit, 2 epochs; with `workers`, on worker `worker`'s rows of
+  every global batch (its share of them)."""
+  model.compile(optimizer=_optimizer("adam"), loss="mse",
+                metrics=list(metrics))
   history = model.fit(
-      tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH),
-      epochs=2, verbose=0, shuffle=False)
+      tf.data.Dataset.from_tensor_slices(_data()).shard(workers, worker)
+      .batch(GLOBAL_BATCH // workers), epochs=2, verbose=0, shuffle=False)
   return model.get_weights(), history.history
 
 
