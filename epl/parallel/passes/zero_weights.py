@@ -10,9 +10,10 @@ the weights, slots and reduced gradients.
 
 - Forward and backward: every use of the weight in a replica's step
   reads an all-gather of the shards over the worker's replicas, made for
-  that use alone and started one use ahead (`zero_gathers`), so the full
-  weight exists only around the op that needs it (backward gathers again
-  instead of keeping the forward's copy). Shape, Size and Rank of the
+  that use alone and started zero.prefetch_layers uses ahead
+  (`zero_gathers`), so the full weight exists only around the op that
+  needs it (backward gathers again instead of keeping the forward's
+  copy). Shape, Size and Rank of the
   weight read constants; VariableShape too; ResourceGather gathers rows
   from the full weight.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
