@@ -64,6 +64,8 @@ LEVELS = (("none", {}),
           ("v3 rings", {"zero.level": "v3",
                         "communication.local_cpu_reduce": False}))
 DEVICES = 4
+# Other processes' cores under which a round of `--in_turn` counts as quiet.
+QUIET = 0.1
 MIB = 1024.0 * 1024.0
 
 
@@ -132,7 +134,9 @@ def time_in_turn(levels, args):
   step in turn (each round starting one level later), so that load from
   other processes hits them alike; prints each level's median and best
   step, its CPU time a step, and the median over the rounds of its step
-  and CPU time over v2's of the same round."""
+  and CPU time over v2's of the same round; and the step over v2's over
+  the quiet rounds alone (other processes kept under QUIET cores busy:
+  both cores were this process's)."""
   runs = [(name,) + _built(settings, args.layers, args.width,
                            args.batch_size) for name, settings in levels]
   # A session's first steps after other sessions were built are slow.
@@ -142,31 +146,39 @@ def time_in_turn(levels, args):
   load = os.getloadavg()[0]
   others = host_load.OtherProcesses()
   timed = {name: [] for name, _, _ in runs}
+  quiet = []
   for round_index in range(args.steps):
     start = round_index % len(runs)
+    in_round = host_load.OtherProcesses()
     for name, session, train_op in runs[start:] + runs[:start]:
       timed[name].append(_timed_step(session, train_op))
+    in_round = in_round.cores()
+    quiet.append(in_round is not None and in_round < QUIET)
   others = others.cores()
   for _, session, _ in runs:
     session.close()
-  print("timed in turn, %d rounds; load average %.1f at the start, %.1f at "
-        "the end; other processes kept %s cores busy" % (
-            args.steps, load, os.getloadavg()[0],
+  print("timed in turn, %d rounds, %d of them quiet (other processes under "
+        "%.2f cores); load average %.1f at the start, %.1f at the end; "
+        "other processes kept %s cores busy" % (
+            args.steps, sum(quiet), QUIET, load, os.getloadavg()[0],
             "n/a" if others is None else "%.2f" % others))
   print(" | ".join(["%-10s" % "run", "%-16s" % "step ms (median)",
                     "%-14s" % "step ms (best)", "%-13s" % "CPU ms a step",
-                    "%-18s" % "step / v2 (median)", "CPU / v2 (median)"]))
+                    "%-18s" % "step / v2 (median)", "%-17s" % "CPU / v2 (median)",
+                    "step / v2 (quiet rounds)"]))
   base = timed["zero v2"]
   for name, _, _ in runs:
     walls, cpus = zip(*timed[name])
+    ratios = [w / b[0] for (w, _), b in zip(timed[name], base)]
+    calm = [r for r, q in zip(ratios, quiet) if q]
     print(" | ".join([
         "%-10s" % name, "%-16.1f" % (statistics.median(walls) * 1000),
         "%-14.1f" % (min(walls) * 1000),
         "%-13.1f" % (statistics.median(cpus) * 1000),
-        "%-18s" % ("%.2fx" % statistics.median(
-            w / b[0] for (w, _), b in zip(timed[name], base))),
-        "%.2fx" % statistics.median(
-            c / b[1] for (_, c), b in zip(timed[name], base))]))
+        "%-18s" % ("%.2fx" % statistics.median(ratios)),
+        "%-17s" % ("%.2fx" % statistics.median(
+            c / b[1] for (_, c), b in zip(timed[name], base))),
+        "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
 
 
 def _row(source, name, settings, args):
