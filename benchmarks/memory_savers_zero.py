@@ -241,7 +241,7 @@ def main(argv=None):
   if args.model == "mlp":
     if args.smoke:
       args.layers, args.width, args.steps = 2, 256, 3
-    return zero_mlp.main(args)
+    return zero_mlp.run(args)
   if args.smoke:
     args.num_layers, args.seq_length, args.batch_size, args.steps = (
         2, 16, 2, 3)

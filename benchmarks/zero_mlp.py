@@ -66,6 +66,8 @@ LEVELS = (("none", {}),
 DEVICES = 4
 # Other processes' cores under which a round of `--in_turn` counts as quiet.
 QUIET = 0.1
+# Issue 35's goal for v3's step, over v2's.
+GOAL = 1.15
 MIB = 1024.0 * 1024.0
 
 
@@ -179,6 +181,12 @@ def time_in_turn(levels, args):
         "%-17s" % ("%.2fx" % statistics.median(
             c / b[1] for (_, c), b in zip(timed[name], base))),
         "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
+  for name, _, _ in runs:
+    if name.startswith("v3") or name == "zero v3":
+      step = statistics.median(w / b[0] for (w, _), b in zip(timed[name],
+                                                              base))
+      print("%s: step %.2fx v2's (lower is better; goal at most %.2fx): %s"
+            % (name, step, GOAL, "meets" if step <= GOAL else "misses"))
 
 
 def _row(source, name, settings, args):
@@ -253,7 +261,7 @@ def report(sources, names, results):
                    for r in rows[name]], 1.0)]))
 
 
-def main(args):
+def run(args):
   """Every level with this tree's EPL (and `args.compare_with`'s),
   interleaved, `args.repeats` times; prints the tables (with
   `args.in_turn`, `time_in_turn` instead)."""
@@ -279,8 +287,17 @@ def main(args):
   return 0
 
 
+def main(argv=None):
+  """`memory_savers_zero.py --model mlp` with `argv` (benchmarks.all runs
+  this module by its name)."""
+  # It imports this module: imported here, not at the top.
+  from benchmarks import memory_savers_zero  # pylint: disable=import-outside-toplevel
+  return memory_savers_zero.main(["--model", "mlp"] + list(
+      sys.argv[1:] if argv is None else argv))
+
+
 if __name__ == "__main__":
   if len(sys.argv) == 3 and sys.argv[1] == "--child":
     fresh_process.answer_child(sys.argv[2], measure)
   else:
-    sys.exit("run it as benchmarks/memory_savers_zero.py --model mlp")
+    sys.exit(main())
