@@ -131,6 +131,54 @@ def measure(settings, layers, width, batch, steps):
           "steps": list(times)}
 
 
+def _rounds(runs, rounds):
+  """({name: [(wall s, CPU s) of each round's step]}, [whether each round
+  was quiet], cores other processes kept busy) of `rounds` rounds of one
+  step of each of `runs` ([(name, session, train op)]), each round
+  starting one run later."""
+  others = host_load.OtherProcesses()
+  timed = {name: [] for name, _, _ in runs}
+  quiet = []
+  for round_index in range(rounds):
+    start = round_index % len(runs)
+    in_round = host_load.OtherProcesses()
+    for name, session, train_op in runs[start:] + runs[:start]:
+      timed[name].append(_timed_step(session, train_op))
+    in_round = in_round.cores()
+    quiet.append(in_round is not None and in_round < QUIET)
+  return timed, quiet, others.cores()
+
+
+def _in_turn_table(timed, quiet):
+  """Prints each run's median and best step, CPU a step, and its step and
+  CPU over v2's (median over the rounds, and over the quiet ones); then
+  whether each v3 run meets GOAL."""
+  print(" | ".join(["%-10s" % "run", "%-16s" % "step ms (median)",
+                    "%-14s" % "step ms (best)", "%-13s" % "CPU ms a step",
+                    "%-18s" % "step / v2 (median)",
+                    "%-17s" % "CPU / v2 (median)",
+                    "step / v2 (quiet rounds)"]))
+  base = timed["zero v2"]
+  steps = {}
+  for name, pairs in timed.items():
+    walls, cpus = zip(*pairs)
+    ratios = [w / b[0] for (w, _), b in zip(pairs, base)]
+    calm = [r for r, q in zip(ratios, quiet) if q]
+    steps[name] = statistics.median(ratios)
+    print(" | ".join([
+        "%-10s" % name, "%-16.1f" % (statistics.median(walls) * 1000),
+        "%-14.1f" % (min(walls) * 1000),
+        "%-13.1f" % (statistics.median(cpus) * 1000),
+        "%-18s" % ("%.2fx" % steps[name]),
+        "%-17s" % ("%.2fx" % statistics.median(
+            c / b[1] for (_, c), b in zip(pairs, base))),
+        "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
+  for name, step in steps.items():
+    if "v3" in name:
+      print("%s: step %.2fx v2's (lower is better; goal at most %.2fx): %s"
+            % (name, step, GOAL, "meets" if step <= GOAL else "misses"))
+
+
 def time_in_turn(levels, args):
   """Every level of `levels` built in this process, then timed step by
   step in turn (each round starting one level later), so that load from
@@ -146,17 +194,7 @@ def time_in_turn(levels, args):
     for _ in range(2):
       session.run(train_op)
   load = os.getloadavg()[0]
-  others = host_load.OtherProcesses()
-  timed = {name: [] for name, _, _ in runs}
-  quiet = []
-  for round_index in range(args.steps):
-    start = round_index % len(runs)
-    in_round = host_load.OtherProcesses()
-    for name, session, train_op in runs[start:] + runs[:start]:
-      timed[name].append(_timed_step(session, train_op))
-    in_round = in_round.cores()
-    quiet.append(in_round is not None and in_round < QUIET)
-  others = others.cores()
+  timed, quiet, others = _rounds(runs, args.steps)
   for _, session, _ in runs:
     session.close()
   print("timed in turn, %d rounds, %d of them quiet (other processes under "
@@ -164,29 +202,7 @@ def time_in_turn(levels, args):
         "other processes kept %s cores busy" % (
             args.steps, sum(quiet), QUIET, load, os.getloadavg()[0],
             "n/a" if others is None else "%.2f" % others))
-  print(" | ".join(["%-10s" % "run", "%-16s" % "step ms (median)",
-                    "%-14s" % "step ms (best)", "%-13s" % "CPU ms a step",
-                    "%-18s" % "step / v2 (median)", "%-17s" % "CPU / v2 (median)",
-                    "step / v2 (quiet rounds)"]))
-  base = timed["zero v2"]
-  for name, _, _ in runs:
-    walls, cpus = zip(*timed[name])
-    ratios = [w / b[0] for (w, _), b in zip(timed[name], base)]
-    calm = [r for r, q in zip(ratios, quiet) if q]
-    print(" | ".join([
-        "%-10s" % name, "%-16.1f" % (statistics.median(walls) * 1000),
-        "%-14.1f" % (min(walls) * 1000),
-        "%-13.1f" % (statistics.median(cpus) * 1000),
-        "%-18s" % ("%.2fx" % statistics.median(ratios)),
-        "%-17s" % ("%.2fx" % statistics.median(
-            c / b[1] for (_, c), b in zip(timed[name], base))),
-        "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
-  for name, _, _ in runs:
-    if name.startswith("v3") or name == "zero v3":
-      step = statistics.median(w / b[0] for (w, _), b in zip(timed[name],
-                                                              base))
-      print("%s: step %.2fx v2's (lower is better; goal at most %.2fx): %s"
-            % (name, step, GOAL, "meets" if step <= GOAL else "misses"))
+  _in_turn_table(timed, quiet)
 
 
 def _row(source, name, settings, args):
