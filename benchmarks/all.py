@@ -204,6 +204,22 @@ better** (loss: 1.00 expected).""",
         # Its smoke size trains every saver; one is enough for the check.
         smoke_args=("--smoke", "--runs", "zero v1")),
     _section(
+        "zero_mlp", "ZeRO-3 step against ZeRO-2", [
+            "--in_turn", "--batch_size", "32", "--steps", "60", "--runs",
+            "zero v2,zero v3"],
+        "step / v2", """
+ZeRO-3 (`zero.level` "v3": weights partitioned too, each gathered before
+its use) against ZeRO-2 on the MLP of issue 35: 8 blocks of dense 1024 x
+1024, Adam, 4 replicas on 4 logical CPU devices, 32 examples a replica.
+Both are built in one process and timed step by step in turn, so that
+load from other jobs hits them alike; **step / v2: lower is better**,
+the goal is at most 1.15x. "other processes kept ... cores busy" says
+how much of the 2 cores other jobs took meanwhile (with about one, a
+step takes its CPU time; with none, about half). Peak memory needs a
+fresh process a level: `python benchmarks/memory_savers_zero.py --model
+mlp --repeats 3` ([zero.md](zero.md#measured-the-mlp-of-8-blocks-of-1024-x-1024)).""",
+        both_versions=True, smoke_args=("--smoke", "--in_turn")),
+    _section(
         "plan_estimate", "Estimated against measured memory", [], "est/meas",
         """
 EPL's memory estimate (what `epl-plan` prints) against each device's
@@ -272,6 +288,7 @@ ANCHORS = """
 | EPL split head (100k classes) vs DP | [Split and MoE](#split-and-moe) | split over DP: state, bytes, step time (lower) |
 | MoE split vs replicated | [Mixture of experts](#mixture-of-experts) | tokens/s (higher), expert bytes (lower) |
 | each memory saver vs none | [Memory savers](#memory-savers), [ZeRO](#zero-offload-grouped-apply) | peak x none (lower) |
+| ZeRO-2's step (issue 35's goal for ZeRO-3: at most 1.15x) | [ZeRO-3 step](#zero-3-step-against-zero-2) | v3's step over v2's, timed in turn (lower) |
 | time to first step vs MirroredStrategy (8 replicas) and plain TF | [Start-up time](#start-up-time) | to step 1 x plain, x Mirrored (lower) |
 | TF2 eager loop under MirroredStrategy and plain TF | [TF2 eager loop](#tf2-eager-loop-epl-against-mirroredstrategy) | steps/s over Mirrored's, plain's (higher); to step 1 (lower) |
 | NVIDIA's TF2 BERT-Large pre-training, AMP, one A100-80GB: 485.6 sequences/s at sequence 128, ~40% MFU | `benchmarks/gpu_check.sh` on one GPU (not on this page's CPUs; about 8 minutes) | examples/s over 485.6, and MFU (higher) |

@@ -42,6 +42,7 @@ against another source tree side by side (`benchmarks/zero_mlp.py`):
 
     python benchmarks/memory_savers_zero.py --model mlp --repeats 3 \
         [--compare_with /tmp/epl-before]
+    python benchmarks/memory_savers_zero.py --model mlp --in_turn --steps 60
 """
 import argparse
 import logging
@@ -232,11 +233,15 @@ def main(argv=None):
                       help="mlp: runs of every row")
   parser.add_argument("--compare_with", default="",
                       help="mlp: another source tree to run side by side")
+  parser.add_argument("--in_turn", action="store_true",
+                      help="mlp: time the levels step by step in turn in "
+                      "this process (their step times under the same "
+                      "load; no peak memory) instead of fresh processes")
   args = parser.parse_args(argv)
   if args.model == "mlp":
     if args.smoke:
       args.layers, args.width, args.steps = 2, 256, 3
-    return zero_mlp.main(args)
+    return zero_mlp.run(args)
   if args.smoke:
     args.num_layers, args.seq_length, args.batch_size, args.steps = (
         2, 16, 2, 3)

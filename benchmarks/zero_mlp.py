@@ -16,8 +16,16 @@ benchmark's files copied in: each row runs DIR's script), the two
 interleaved row by row and `--repeats` times, so that both see the same
 load on a shared machine; the table gives the median and the spread
 (min-max) of each figure. Step times are the median and the best of
-the timed steps: on a loaded machine the best says more about the
-step's own cost.
+the timed steps. Each row also gives the cores other processes kept
+busy while it ran (`host_load`): on 2 cores shared with other jobs a
+step that keeps both busy takes about half its CPU time when nothing
+else runs and all of it when another process holds a core, so wall
+times of two rows compare only where that figure is alike.
+
+With `--in_turn` the levels are built in one process and timed step by
+step in turn instead (no peak memory: they share the allocator); each
+level's step over v2's is taken round by round, steps a few tens of
+milliseconds apart, so the load from other processes hits both alike.
 """
 import os
 import statistics
@@ -37,16 +45,29 @@ if ROOT not in sys.path:
 
 import epl  # noqa: E402
 from benchmarks import fresh_process  # noqa: E402
+from benchmarks import host_load  # noqa: E402
 
 # With every replica a CPU device of this process, the plan's
 # communication is local sums (v3 gathers by one concatenation per use);
 # "v3 rings" asks for TensorFlow's collectives (CollectiveGatherV2).
-LEVELS = (("none", {}), ("zero v1", {"zero.level": "v1"}),
+# "v3 ahead k" starts each gather k uses ahead (zero.prefetch_layers).
+# "none" shares one copy of the weights and optimizer state among the
+# replicas (communication.shared_weights, with local sums); "copies" is
+# no ZeRO with a copy on every replica, as without local sums.
+LEVELS = (("none", {}),
+          ("copies", {"communication.shared_weights": False}),
+          ("zero v1", {"zero.level": "v1"}),
           ("zero v2", {"zero.level": "v2"}),
           ("zero v3", {"zero.level": "v3"}),
+          ("v3 ahead 2", {"zero.level": "v3", "zero.prefetch_layers": 2}),
+          ("v3 ahead 3", {"zero.level": "v3", "zero.prefetch_layers": 3}),
           ("v3 rings", {"zero.level": "v3",
                         "communication.local_cpu_reduce": False}))
 DEVICES = 4
+# Other processes' cores under which a round of `--in_turn` counts as quiet.
+QUIET = 0.1
+# Issue 35's goal for v3's step, over v2's.
+GOAL = 1.15
 MIB = 1024.0 * 1024.0
 
 
@@ -66,30 +87,122 @@ def _model(layers, width, batch):
   return tf.reduce_mean(tf.square(output - labels))
 
 
-def measure(settings, layers, width, batch, steps):
-  """One row, in this process: {peak, step (median s), best, cpu (median
-  process CPU s a step), steps (s each)}."""
+def _built(settings, layers, width, batch):
+  """(session, train op) of the MLP in a graph of its own under EPL with
+  `settings`, initialised (the graph keeps its config when a later
+  epl.init changes EPL's)."""
   tf.disable_eager_execution()
   epl.init(epl.Config(dict(settings, **{
       "cluster.num_cpu_devices": DEVICES})))
   epl.set_default_strategy(epl.replicate(device_count=1))
-  with tf.Graph().as_default():
+  graph = tf.Graph()
+  with graph.as_default():
     loss = _model(layers, width, batch)
     train_op = tf.train.AdamOptimizer(1e-4).minimize(loss)
-    with tf.Session() as session:
-      session.run(tf.global_variables_initializer())
-      for _ in range(2):
-        session.run(train_op)
-      tf.config.experimental.reset_memory_stats("CPU:0")
-      times, cpu = [], []
-      for _ in range(steps):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        session.run(train_op)
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-      peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    init = tf.global_variables_initializer()
+  session = tf.Session(graph=graph)
+  session.run(init)
+  return session, train_op
+
+
+def _timed_step(session, train_op):
+  """(wall s, process CPU s) of one step."""
+  start, start_cpu = time.perf_counter(), time.process_time()
+  session.run(train_op)
+  return time.perf_counter() - start, time.process_time() - start_cpu
+
+
+def measure(settings, layers, width, batch, steps):
+  """One row, in this process: {peak, step (median s), best, cpu (median
+  process CPU s a step), others (cores other processes kept busy meanwhile,
+  `host_load`), steps (s each)}."""
+  session, train_op = _built(settings, layers, width, batch)
+  with session:
+    for _ in range(2):
+      session.run(train_op)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    others = host_load.OtherProcesses()
+    times, cpu = zip(*[_timed_step(session, train_op)
+                       for _ in range(steps)])
+    others = others.cores()
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   return {"peak": peak, "step": statistics.median(times), "best": min(times),
-          "cpu": statistics.median(cpu), "steps": times}
+          "cpu": statistics.median(cpu), "others": others,
+          "steps": list(times)}
+
+
+def _rounds(runs, rounds):
+  """({name: [(wall s, CPU s) of each round's step]}, [whether each round
+  was quiet], cores other processes kept busy) of `rounds` rounds of one
+  step of each of `runs` ([(name, session, train op)]), each round
+  starting one run later."""
+  others = host_load.OtherProcesses()
+  timed = {name: [] for name, _, _ in runs}
+  quiet = []
+  for round_index in range(rounds):
+    start = round_index % len(runs)
+    in_round = host_load.OtherProcesses()
+    for name, session, train_op in runs[start:] + runs[:start]:
+      timed[name].append(_timed_step(session, train_op))
+    in_round = in_round.cores()
+    quiet.append(in_round is not None and in_round < QUIET)
+  return timed, quiet, others.cores()
+
+
+def _in_turn_table(timed, quiet):
+  """Prints each run's median and best step, CPU a step, and its step and
+  CPU over v2's (median over the rounds, and over the quiet ones); then
+  whether each v3 run meets GOAL."""
+  print(" | ".join(["%-10s" % "run", "%-16s" % "step ms (median)",
+                    "%-14s" % "step ms (best)", "%-13s" % "CPU ms a step",
+                    "%-18s" % "step / v2 (median)",
+                    "%-17s" % "CPU / v2 (median)",
+                    "step / v2 (quiet rounds)"]))
+  base = timed["zero v2"]
+  steps = {}
+  for name, pairs in timed.items():
+    walls, cpus = zip(*pairs)
+    ratios = [w / b[0] for (w, _), b in zip(pairs, base)]
+    calm = [r for r, q in zip(ratios, quiet) if q]
+    steps[name] = statistics.median(ratios)
+    print(" | ".join([
+        "%-10s" % name, "%-16.1f" % (statistics.median(walls) * 1000),
+        "%-14.1f" % (min(walls) * 1000),
+        "%-13.1f" % (statistics.median(cpus) * 1000),
+        "%-18s" % ("%.2fx" % steps[name]),
+        "%-17s" % ("%.2fx" % statistics.median(
+            c / b[1] for (_, c), b in zip(pairs, base))),
+        "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
+  for name, step in steps.items():
+    if "v3" in name:
+      print("%s: step %.2fx v2's (lower is better; goal at most %.2fx): %s"
+            % (name, step, GOAL, "meets" if step <= GOAL else "misses"))
+
+
+def time_in_turn(levels, args):
+  """Every level of `levels` built in this process, then timed step by
+  step in turn (each round starting one level later), so that load from
+  other processes hits them alike; prints each level's median and best
+  step, its CPU time a step, and the median over the rounds of its step
+  and CPU time over v2's of the same round; and the step over v2's over
+  the quiet rounds alone (other processes kept under QUIET cores busy:
+  both cores were this process's)."""
+  runs = [(name,) + _built(settings, args.layers, args.width,
+                           args.batch_size) for name, settings in levels]
+  # A session's first steps after other sessions were built are slow.
+  for _, session, train_op in runs:
+    for _ in range(2):
+      session.run(train_op)
+  load = os.getloadavg()[0]
+  timed, quiet, others = _rounds(runs, args.steps)
+  for _, session, _ in runs:
+    session.close()
+  print("timed in turn, %d rounds, %d of them quiet (other processes under "
+        "%.2f cores); load average %.1f at the start, %.1f at the end; "
+        "other processes kept %s cores busy" % (
+            args.steps, sum(quiet), QUIET, load, os.getloadavg()[0],
+            "n/a" if others is None else "%.2f" % others))
+  _in_turn_table(timed, quiet)
 
 
 def _row(source, name, settings, args):
@@ -99,11 +212,14 @@ def _row(source, name, settings, args):
   result = fresh_process.measure_in_child(
       script, [settings, args.layers, args.width, args.batch_size,
                args.steps], timeout=1800)
-  print("  %-10s %-8s peak %8.1f MiB, step %7.1f ms (best %7.1f), CPU "
-        "%7.1f ms a step" % (
+  others = result.get("others")
+  print("  %-10s %-10s peak %8.1f MiB, step %7.1f ms (best %7.1f), CPU "
+        "%7.1f ms a step, other processes %s cores, load %.1f" % (
             os.path.basename(source.rstrip("/")), name, result["peak"] / MIB,
             result["step"] * 1000, result["best"] * 1000,
-            result.get("cpu", float("nan")) * 1000), flush=True)
+            result.get("cpu", float("nan")) * 1000,
+            "n/a" if others is None else "%.2f" % others, os.getloadavg()[0]),
+        flush=True)
   return result
 
 
@@ -121,39 +237,50 @@ def _ratios(rows, name, base, key):
 
 def report(sources, names, results):
   """One table per source: median (min-max) over the repeats of the peak,
-  the median and the best step, the CPU time a step, peak(none) / peak,
+  the median and the best step, the CPU time a step, peak(none) / peak
+  and peak(copies) / peak (where "copies" ran),
   and the median and best step and the CPU time over v2's of the same
-  repeat (the machine's load changes between repeats)."""
+  repeat (the machine's load changes between repeats), and the cores
+  other processes kept busy meanwhile (wall times compare only where
+  those are alike)."""
   for source in sources:
     print("\nEPL from %s" % source)
-    print(" | ".join(["%-8s" % "run", "%-22s" % "peak MiB",
+    print(" | ".join(["%-10s" % "run", "%-22s" % "peak MiB",
                       "%-22s" % "step ms (median)", "%-22s" % "step ms (best)",
                       "%-22s" % "CPU ms a step",
                       "%-18s" % "less peak than none",
+                      "%-18s" % "than copies",
                       "%-18s" % "step / v2 (median)",
-                      "%-18s" % "step / v2 (best)", "%-18s" % "CPU / v2"]))
+                      "%-18s" % "step / v2 (best)", "%-18s" % "CPU / v2",
+                      "other processes' cores"]))
     rows = results[source]
     for name in names:
       less = [1.0 / r for r in _ratios(rows, name, "none", "peak")]
+      less_copies = [1.0 / r for r in _ratios(rows, name, "copies", "peak")
+                     ] if "copies" in rows else [float("nan")]
       print(" | ".join([
-          "%-8s" % name,
+          "%-10s" % name,
           "%-22s" % _spread([r["peak"] for r in rows[name]], MIB),
           "%-22s" % _spread([r["step"] for r in rows[name]], 0.001),
           "%-22s" % _spread([r["best"] for r in rows[name]], 0.001),
           "%-22s" % _spread([r.get("cpu", float("nan"))
                              for r in rows[name]], 0.001),
           "%-18s" % (_spread(less, 1.0) + "x"),
+          "%-18s" % (_spread(less_copies, 1.0) + "x"),
           "%-18s" % (_spread(_ratios(rows, name, "zero v2", "step"),
                              1.0) + "x"),
           "%-18s" % (_spread(_ratios(rows, name, "zero v2", "best"),
                              1.0) + "x"),
           "%-18s" % (_spread(_ratios(rows, name, "zero v2", "cpu"),
-                             1.0) + "x")]))
+                             1.0) + "x"),
+          _spread([float("nan") if r.get("others") is None else r["others"]
+                   for r in rows[name]], 1.0)]))
 
 
-def main(args):
+def run(args):
   """Every level with this tree's EPL (and `args.compare_with`'s),
-  interleaved, `args.repeats` times; prints the tables."""
+  interleaved, `args.repeats` times; prints the tables (with
+  `args.in_turn`, `time_in_turn` instead)."""
   sources = [ROOT] + ([args.compare_with] if args.compare_with else [])
   print("MLP %d x %dx%d, Adam, %d replicas on %d logical CPU devices, batch "
         "%d per replica, %d timed steps, %d repeat(s)" % (
@@ -163,6 +290,9 @@ def main(args):
   wanted = set(args.runs.split(",") + ["none", "zero v2"]) if args.runs \
       else {name for name, _ in LEVELS}
   levels = [(name, settings) for name, settings in LEVELS if name in wanted]
+  if args.in_turn:
+    time_in_turn(levels, args)
+    return 0
   results = {source: {name: [] for name, _ in levels} for source in sources}
   for _ in range(args.repeats):
     for name, settings in levels:
@@ -173,8 +303,17 @@ def main(args):
   return 0
 
 
+def main(argv=None):
+  """`memory_savers_zero.py --model mlp` with `argv` (benchmarks.all runs
+  this module by its name)."""
+  # It imports this module: imported here, not at the top.
+  from benchmarks import memory_savers_zero  # pylint: disable=import-outside-toplevel
+  return memory_savers_zero.main(["--model", "mlp"] + list(
+      sys.argv[1:] if argv is None else argv))
+
+
 if __name__ == "__main__":
   if len(sys.argv) == 3 and sys.argv[1] == "--child":
     fresh_process.answer_child(sys.argv[2], measure)
   else:
-    sys.exit("run it as benchmarks/memory_savers_zero.py --model mlp")
+    sys.exit(main())

@@ -360,6 +360,11 @@ _KEYS = (
        "replica (their optimizer state and gradients partitioned as with "
        "\"v2\"); DeepSpeed's stage3_param_persistence_threshold.",
        built=True),
+    _k("zero", "prefetch_layers", _Int(minimum=1), 1,
+       "zero.level \"v3\": how many uses of partitioned weights (layers) "
+       "ahead of its use each weight's all-gather starts; a device holds "
+       "up to this many gathered weights besides the one in use.",
+       built=True),
     # offload
     _k("offload", "level", _Choice(["", "v0"]), "",
        "Offload to host memory; \"v0\" puts variables, optimizer state and "

@@ -31,6 +31,7 @@ EXPECTED_DEFAULTS = {
     "io.drop_last_files": False,
     "zero.level": "",
     "zero.min_partition_size": 100000,
+    "zero.prefetch_layers": 1,
     "offload.level": "",
     "communication.num_communicators": 2,
     "communication.local_cpu_reduce": True,

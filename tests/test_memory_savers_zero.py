@@ -1,6 +1,7 @@
 """ZeRO, offload and grouped apply train like single-device TensorFlow on
 the same global batch, with data parallelism, micro-batches and pipelines;
 where their state lives; checkpoints both ways; errors."""
+import itertools
 import logging
 
 import numpy as np
@@ -245,34 +246,36 @@ def _gathers_and_uses(step):
   return found
 
 
-def _alive_together(gathers):
-  """Triples of `gathers` (of one device) that the graph lets exist at
-  once: for none of the pairs do all readers of one come before the
-  other's gather."""
+def _alive_together(gathers, count):
+  """Groups of `count` of `gathers` (of one device) that the graph lets
+  exist at once: for none of their pairs do all readers of one come before
+  the other's gather."""
   before = {gather.name: {a.name for a in graph_editor.ancestors([gather])}
             for gather, _ in gathers}
 
   def ordered(first, second):
     return (all(r.name in before[second[0].name] for r in first[1]) or
             all(r.name in before[first[0].name] for r in second[1]))
-  return [(a[0].name, b[0].name, c[0].name)
-          for i, a in enumerate(gathers)
-          for j, b in enumerate(gathers[i + 1:])
-          for c in gathers[i + j + 2:]
-          if not (ordered(a, b) or ordered(a, c) or ordered(b, c))]
+  return [tuple(g[0].name for g in group)
+          for group in itertools.combinations(gathers, count)
+          if not any(ordered(a, b)
+                     for a, b in itertools.combinations(group, 2))]
 
 
-@pytest.mark.parametrize("local_sums", [False, True])
-def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use(local_sums):
+@pytest.mark.parametrize("local_sums,window", [(False, 1), (True, 1),
+                                               (True, 2)])
+def test_zero_v3_gathers_ahead_and_frees_after_use(local_sums, window):
   """Every forward and backward use of a partitioned weight reads an
   all-gather of its shards made for it alone (CollectiveGatherV2 on each
   of the 4 replicas' devices; with local sums one concatenation the 4
   replicas read); by the rewritten graph's dependencies, a device never
-  holds more than the gathered weight in use and the one prefetched for
-  the next use; the step computes no full-size weight gradient (each
-  shard's rows are made from the layer's inputs)."""
+  holds more than the gathered weight in use and the `window`
+  (zero.prefetch_layers) prefetched for the next uses, and may hold that
+  many; the step computes no full-size weight gradient (each shard's rows
+  are made from the layer's inputs)."""
   graph = _check("dp4", "adam", dict(
-      V3, **{"communication.local_cpu_reduce": local_sums}),
+      V3, **{"communication.local_cpu_reduce": local_sums,
+             "zero.prefetch_layers": window}),
                  model=training.four_equal_layers)
   # What minimize returned: the global step's increment.
   step = graph_editor.ancestors([graph.get_operation_by_name("Adam")])
@@ -287,8 +290,11 @@ def test_zero_v3_gathers_one_layer_ahead_and_frees_after_use(local_sums):
     assert [r.type for r in readers] == ["MatMul"] * (4 if local_sums else 1)
     if not local_sums:
       assert readers[0].device == gather.device
-  for device, pairs in found.items():
-    assert _alive_together(pairs) == [], device
+  # With local sums the worker holds one copy of each gathered weight,
+  # wherever its concatenation runs: count them all together.
+  for pairs in [gathers] if local_sums else found.values():
+    assert _alive_together(pairs, window + 2) == [], pairs[0][0].device
+    assert _alive_together(pairs, window + 1) != [], pairs[0][0].device
   full = [op.name for op in step if op.type == "MatMul" and
           op.outputs[0].shape.as_list() == [training.FEATURES] * 2]
   assert full == []

@@ -1,6 +1,7 @@
 """ZeRO v3's gathers: each use of a partitioned weight in the step reads
-an all-gather of its shards over the worker's replicas, started one use
-ahead (prefetch) and read by that use alone (freed right after it).
+an all-gather of its shards over the worker's replicas, started
+`zero.prefetch_layers` uses ahead (prefetch) and read by that use alone
+(freed right after it).
 
 A *use* is an op of replica 0's step that reads a partitioned weight (a
 MatMul in forward, its input gradient's MatMul in backward, a
@@ -18,14 +19,20 @@ forward, then its backward, which gathers again rather than keep the
 forward's weight alive) form a *chain*: its forward uses, then its
 backward ones, each in the step's topological order (a collective's
 members also run their collectives in the order built).
-Use k+1's shard reads wait for use k's other inputs: its gather starts
-when use k can start computing, so at most two gathered weights of a
-chain exist at a time on a device, the one in use and the one
-prefetched. The first use of a chain gathers just in time (its own other
-inputs). Each gathered weight is read by that use alone (its copy in
-each replica), so TensorFlow frees it when that use is done. Chains are
-independent (groups of their own): a pipeline's schedule orders
-micro-batches as it likes.
+With a window of w = zero.prefetch_layers, use k+w's shard reads wait
+for use k's other inputs: its gather starts when use k can start
+computing, so at most w + 1 gathered weights of a chain exist at a time
+on a device, the one in use and the w prefetched. The first use of a
+chain gathers just in time (its own other inputs), the next w - 1 when
+the first can start. Each gathered weight is read by that use alone (its
+copy in each replica), so TensorFlow frees it when that use is done.
+A gather joins every replica's shard, so it waits for every replica to
+reach use k: a wider window lets a replica that lags (its thread
+descheduled on a shared host) fall further behind before the others
+wait for it, at w weights' memory (on docs/zero.md's MLP of 8 wide
+layers, windows of 2 and 3 measured no faster than 1, the default).
+Chains are independent (groups of their own): a pipeline's schedule
+orders micro-batches as it likes.
 
 Uses inside a TF1 while-loop (a collective cannot run once per
 iteration under one key) concatenate fresh reads of the shards on the
@@ -154,21 +161,20 @@ def _read_by(ctx, copies, local, use, full):
                                   full)
 
 
-def _gather(ctx, copies, weights, communicator, use, previous):
+def _gather(ctx, copies, weights, communicator, use, ahead):
   """The all-gather of `use` over the local replicas, which each copy of
-  the use reads; its shard reads wait for the start of `previous` (a
-  (Use, {local: the weight it reads}) of the chain) or, first in its
-  chain, of `use` itself. Returns {local: the gathered weight}."""
+  the use reads; its shard reads wait for the start of `ahead` (a (Use,
+  {local: the weight it reads}) earlier in the chain) or, None, of `use`
+  itself. Returns {local: the gathered weight}."""
   variable = ctx.graph.get_operation_by_name(use.name)
   info, shape = weights.shards[use.name], weights.full_shapes[use.name]
   reads = []
   for local in range(len(ctx.replicas)):
-    if previous is None:
+    if ahead is None:
       waits = started(copies.op(local, use.consumer),
                       copies.tensor(local, use.read))
     else:
-      waits = started(copies.op(local, previous[0].consumer),
-                      previous[1][local])
+      waits = started(copies.op(local, ahead[0].consumer), ahead[1][local])
     shard = copies.op(local, variable)
     # On the shard's device: a PlaceholderWithDefault without a device
     # would run on the host and carry every shard there and back.
@@ -197,12 +203,13 @@ def _concatenate(ctx, copies, weights, use):
 
 def gather_uses(ctx, copies, weights, uses):
   """Every local copy of each Use in `uses` reads its weight all-gathered
-  from the shards in `weights` (ShardedWeights), one use ahead of need in
-  its chain (see the module's note)."""
+  from the shards in `weights` (ShardedWeights), zero.prefetch_layers
+  uses ahead of need in its chain (see the module's note)."""
+  window = ctx.config.zero.prefetch_layers
   in_loops = 0
   found = chains(ctx, copies, uses)
   for (taskgraph, micro_batch), chain in found.items():
-    communicator, previous = None, None
+    communicator, gathered = None, []
     for use in chain:
       if control_flow.in_loop(use.consumer):
         _concatenate(ctx, copies, weights, use)
@@ -210,11 +217,13 @@ def gather_uses(ctx, copies, weights, uses):
         continue
       communicator = communicator or _communicator(ctx, taskgraph,
                                                    micro_batch)
-      previous = (use, _gather(ctx, copies, weights, communicator, use,
-                               previous))
+      ahead = gathered[max(len(gathered) - window, 0)] if gathered else None
+      gathered.append((use, _gather(ctx, copies, weights, communicator, use,
+                                    ahead)))
   logger.info(
       "ZeRO v3: %d use(s) of partitioned weights all-gathered over %d "
-      "replicas, one use ahead, in %d chain(s) (TaskGraph, micro-batch)%s",
-      len(uses) - in_loops, len(ctx.replicas), len(found),
+      "replicas, %d use(s) ahead, in %d chain(s) (TaskGraph, "
+      "micro-batch)%s",
+      len(uses) - in_loops, len(ctx.replicas), window, len(found),
       "; %d in while-loops concatenate the shards each iteration" %
       in_loops if in_loops else "")

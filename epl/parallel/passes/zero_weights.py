@@ -10,11 +10,11 @@ the weights, slots and reduced gradients.
 
 - Forward and backward: every use of the weight in a replica's step
   reads an all-gather of the shards over the worker's replicas, made for
-  that use alone and started one use ahead (`zero_gathers`), so the full
-  weight exists only around the op that needs it (backward gathers again
-  instead of keeping the forward's copy). Shape, Size and Rank of the
-  weight read constants; VariableShape too; ResourceGather gathers rows
-  from the full weight.
+  that use alone and started zero.prefetch_layers uses ahead
+  (`zero_gathers`), so the full weight exists only around the op that
+  needs it (backward gathers again instead of keeping the forward's
+  copy). Shape, Size and Rank of the weight read constants;
+  VariableShape too; ResourceGather gathers rows from the full weight.
 - Gradients (reduce-scatter): shard r's gradient is the sum over
   replicas (and, where the micro-batch sum is the update's alone, over
   micro-batches, as v2) of those rows of each replica's gradient, made on
