@@ -56,6 +56,7 @@ from epl.parallel import engine
 from epl.parallel.passes import training_subgraph
 from epl.parallel.passes import variable_sync
 from epl.runtime import traced_shards
+from epl.runtime import traced_split_weights
 from epl.runtime import traced_whole_batch
 from epl.tf_compat import collective_order
 from epl.tf_compat import ops as tf_ops
@@ -105,15 +106,26 @@ def _graph_copy(concrete, traced, default_strategy):
       kept = [i for i in node.input if not i.startswith("^")]
       del node.input[:]
       node.input.extend(kept)
-  graph = tf.Graph()
-  with graph.as_default(), capture.suspended():
-    tf.graph_util.import_graph_def(graph_def, name="")
-  state = _tag_copy(graph, state_of(func_graph), default_strategy)
-  _batches_through_identity(graph, state, func_graph)
+  graph = _imported(graph_def)
   placeholder_of = {id(external): internal.op.name
                     for external, internal in func_graph.captures}
+  split = traced_split_weights.shard_weights(
+      graph, graph_def, state_of(func_graph).split.traced_shards,
+      {placeholder_of[id(variable.handle)]: grad.name
+       for grad, variable in traced.gradients},
+      sorted(traced.losses) + [t.name for t in func_graph.outputs],
+      {placeholder_of[id(variable.handle)]: variable.name
+       for _, variable in traced.gradients})
+  if split is not None:
+    graph = _imported(split.graph_def)
+  renamed = split.gradients if split is not None else {}
+  state = _tag_copy(graph, state_of(func_graph), default_strategy)
+  if split is not None:
+    state.split.variables.update(split.variables)
+    state.split.written_by_caller.update(split.variables)
+  _batches_through_identity(graph, state, func_graph)
   state.gradient_records.append(GradientRecord(tuple(
-      (graph.get_tensor_by_name(grad.name),
+      (graph.get_tensor_by_name(renamed.get(grad.name, grad.name)),
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
@@ -123,6 +135,14 @@ def _graph_copy(concrete, traced, default_strategy):
   if not traced.strategies:
     _tag_data_parallel(graph, state, default_strategy)
   return graph, variables
+
+
+def _imported(graph_def):
+  """A tf.Graph of `graph_def`, its names kept."""
+  graph = tf.Graph()
+  with graph.as_default(), capture.suspended():
+    tf.graph_util.import_graph_def(graph_def, name="")
+  return graph
 
 
 def _past_identity_n(graph, pairs):
@@ -178,12 +198,17 @@ def _tag_copy(graph, source, default_strategy):
               Phase.FORWARD if phase is Phase.OTHER else phase)
   # A split head's lowering, for the rewrite's `lower_split`: the roles of
   # its shard index and collectives, and its sharded logits (by name).
+  # (Ops a split weight's shard no longer needs were left out of the copy:
+  # traced_split_weights.)
+  names = {op.name for op in graph.get_operations()}
   for name, role in source.provenance.roles().items():
-    state.provenance.record_role(graph.get_operation_by_name(name), role)
+    if name in names:
+      state.provenance.record_role(graph.get_operation_by_name(name), role)
   state.split = dataclasses.replace(
       source.split, logits=dict(source.split.logits),
       predictions=dict(source.split.predictions),
-      variables=dict(source.split.variables))
+      variables=dict(source.split.variables), traced_shards={},
+      written_by_caller=set())
   return state
 
 
@@ -383,23 +408,26 @@ class EngineStep:
                 function_name, result.plan.describe())
 
   def _shard_transfers(self, graph, result, function_name):
-    """zero.level v3: replica 0's shards are the function's own variables,
+    """The variables the rewrite made shards of (zero.level v3's, a split
+    layer's): every replica's shards are the function's own variables,
     written from the user's before every call and back after it
-    (`traced_shards`); returns the names of the partitioned variables."""
-    sharded = traced_shards.partitioned_names(result)
+    (`traced_shards`); returns their names."""
+    sharded = traced_shards.sharded_variables(result)
     self._sharded_inputs, self._into_shards = {}, None
     if sharded:
-      shards = traced_shards.ShardTransfers(graph, sharded)
+      shards = traced_shards.ShardTransfers(graph, result.copies, sharded)
       self._sharded_inputs = shards.user_inputs
       self._into_shards = self._transfer_function(
           shards.into_shards, shards.into_shards_group)
       self._into_user = self._transfer_function(
           shards.into_user, shards.into_user_group)
       logger.info(
-          "epl: tf.function %s: zero.level v3 keeps the shards of %d "
-          "variable(s) in the function's own variables; the user's whole "
-          "variables are written into them before every call and from "
-          "them after it", function_name, len(sharded))
+          "epl: tf.function %s keeps %d variable(s) in shards, one on each "
+          "replica's device (the function's own variables: %s); the user's "
+          "whole variables are written into them before every call and "
+          "from them after it", function_name, len(sharded),
+          ", ".join("%s axis %d" % (name, sharding.axis)
+                    for name, sharding in sorted(sharded.items())))
     return sharded
 
   def _sync_function(self, graph, result, names):
@@ -414,19 +442,29 @@ class EngineStep:
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
     return tf.function(
-        lambda: _import(graph_def, self._inputs(), [group]) and None,
+        lambda: _import(graph_def, self._transfer_inputs(), [group]) and None,
         autograph=False).get_concrete_function()
 
-  def _inputs(self, arguments=()):
-    # The traced step's captures (variable handles, constants) enter the
-    # function as its own captures.
-    inputs = {self._sharded_inputs.get(name, name): tf.identity(external)
-              for name, external in self._captured.items()}
+  def _transfer_inputs(self):
+    """The captures of a transfer function: every variable handle, a
+    sharded variable's at its input for the user's variable."""
+    return {self._sharded_inputs.get(name, name): tf.identity(external)
+            for name, external in self._captured.items()}
+
+  def _step_inputs(self, arguments):
+    """The step's inputs: the traced step's captures (variable handles,
+    constants) as the function's own captures, but the user's sharded
+    variables (the step reads its own shards of them), and the call's
+    arguments."""
+    inputs = {name: tf.identity(external)
+              for name, external in self._captured.items()
+              if name not in self._sharded_inputs}
     inputs.update(zip(self._arguments, arguments))
     return inputs
 
   def _body(self, *arguments):
-    fetched = _import(self._step_def, self._inputs(arguments), self._fetches)
+    fetched = _import(self._step_def, self._step_inputs(arguments),
+                      self._fetches)
     control_flow.restore_contexts(tf.compat.v1.get_default_graph(),
                                   self._step_contexts)
     return fetched
