@@ -77,6 +77,15 @@ def _variables_by_placeholder(func_graph):
   return found
 
 
+def _user_names(func_graph):
+  """{capture placeholder name: the name of the user's variable it
+  stands for} (what EPL's messages call it)."""
+  names = {id(v.handle): v.name for v in func_graph.variables}
+  return {internal.op.name: names[id(external)]
+          for external, internal in func_graph.captures
+          if id(external) in names}
+
+
 def _as_variable_node(node, variable):
   """Turns capture placeholder `node` into the VarHandleOp of `variable`
   (dtype, shape, device)."""
@@ -114,8 +123,7 @@ def _graph_copy(concrete, traced, default_strategy):
       {placeholder_of[id(variable.handle)]: grad.name
        for grad, variable in traced.gradients},
       sorted(traced.losses) + [t.name for t in func_graph.outputs],
-      {placeholder_of[id(variable.handle)]: variable.name
-       for _, variable in traced.gradients})
+      _user_names(func_graph))
   if split is not None:
     graph = _imported(split.graph_def)
   renamed = split.gradients if split is not None else {}
@@ -414,6 +422,7 @@ class EngineStep:
     (`traced_shards`); returns their names."""
     sharded = traced_shards.sharded_variables(result)
     self._sharded_inputs, self._into_shards = {}, None
+    shown = _user_names(self._concrete.graph)
     if sharded:
       shards = traced_shards.ShardTransfers(graph, result.copies, sharded)
       self._sharded_inputs = shards.user_inputs
@@ -426,8 +435,11 @@ class EngineStep:
           "replica's device (the function's own variables: %s); the user's "
           "whole variables are written into them before every call and "
           "from them after it", function_name, len(sharded),
-          ", ".join("%s axis %d" % (name, sharding.axis)
-                    for name, sharding in sorted(sharded.items())))
+          ", ".join(sorted("%s %s (axis %d of %d)" % (
+              shown.get(name, name),
+              tf.TensorShape(graph.get_operation_by_name(name).get_attr(
+                  "shape")), sharding.axis, sharding.full_size)
+                           for name, sharding in sharded.items())))
     return sharded
 
   def _sync_function(self, graph, result, names):
@@ -468,6 +480,13 @@ class EngineStep:
     control_flow.restore_contexts(tf.compat.v1.get_default_graph(),
                                   self._step_contexts)
     return fetched
+
+  @property
+  def function(self):
+    """The concrete function that runs the rewritten step (to inspect:
+    its graph holds the step's own variables, the replicas' copies and
+    shards, and captures the user's variables it reads)."""
+    return self._run
 
   def _check_batch(self, flat_arguments):
     """Raises, before the step runs, for a batch the replicas and
