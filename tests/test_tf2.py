@@ -185,6 +185,13 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
     ("split_softmax_refused", "Op 'Softmax' (Softmax) reads the sharded "
                               "logits"),
+    ("split_clipnorm_refused", "The update of the split weight "
+                               "private__split_head_model/kernel:0 is not "
+                               "elementwise (Greater, Sum"),
+    ("split_weight_read_elsewhere_refused",
+     "Op 'Square/ReadVariableOp' (ReadVariableOp) of the traced step reads "
+     "the split weight private__split_head_model/kernel:0 outside its "
+     "layer in epl.split"),
     ("split_evaluation_refused", "computes the split layer output "
                                  "private__split_head_model/dense_1/BiasAdd:0 "
                                  "but trains nothing"),

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from epl.parallel.ops.split_lowering import ShardedVariable
 from epl.parallel.passes.training_subgraph import written_variables
+from epl.parallel.plan import weight_partition
 
 # Ops between a variable and the value a split layer slices.
 _READ_CHAIN_TYPES = ("Identity", "Cast", "ReadVariableOp")
@@ -73,50 +74,68 @@ def _ancestors(tensors):
   return seen
 
 
-def _written_from(gradient):
-  """The variable ops written by ops computed from `gradient` (through a
-  Keras optimizer's IdentityN of all gradients, only its own output)."""
-  written, seen, pending = {}, set(), [gradient]
+def _update_from(gradient):
+  """The ops computed from `gradient` (through a Keras optimizer's
+  IdentityN of all gradients, only its own output; the IdentityN left
+  out), and the names of the tensors that pass the gradient on."""
+  ops, passed, pending = {}, set(), [gradient]
   while pending:
     tensor = pending.pop()
-    if tensor.name in seen:
+    if tensor.name in passed:
       continue
-    seen.add(tensor.name)
+    passed.add(tensor.name)
     for consumer in tensor.consumers():
-      for variable in written_variables(consumer):
-        written[variable.name] = variable
       if consumer.type == "IdentityN":
         pending.extend(out for t, out in zip(consumer.inputs,
                                              consumer.outputs)
                        if t is tensor)
       else:
+        ops[consumer.name] = consumer
         pending.extend(consumer.outputs)
-  return written
+  return list(ops.values()), passed
 
 
 def _shape(variable):
   return tf.TensorShape(variable.get_attr("shape"))
 
 
-def _slots(variable, gradient, sharding, trained):
+def _slots(variable, gradient, sharding, trained, shown):
   """The optimizer slots of split `variable`: the untrained variables of
   its shape that ops computed from its `gradient` write. Raises for state
-  of another shape written so (it would need the whole gradient)."""
+  of another shape written so, and for an update that is not elementwise
+  (either would need the whole gradient); `shown`: names for people."""
+  update, passed = _update_from(gradient)
   slots = []
-  for name, written in sorted(_written_from(gradient).items()):
+  written = {v.name: v for op in update for v in written_variables(op)}
+  for name, state in sorted(written.items()):
     if name == variable.name or name in trained:
       continue
-    shape = _shape(written)
+    shape = _shape(state)
     if shape == _shape(variable):
-      slots.append(written)
+      slots.append(state)
     elif shape.rank:
       raise ValueError(
-          "The optimizer keeps %r of shape %s for the split weight %r "
+          "The optimizer keeps %s of shape %s for the split weight %s "
           "(shape %s) and computes it from its gradient: EPL shards a "
           "split weight's optimizer state only when it has the weight's "
           "shape (Adam's, SGD's momentum), along axis %d. Use such an "
           "optimizer for a step with epl.split." % (
-              name, shape, variable.name, _shape(variable), sharding.axis))
+              shown.get(name, name), shape,
+              shown.get(variable.name, variable.name), _shape(variable),
+              sharding.axis))
+  # What the update reads of the weight and its slots is theirs.
+  update += [reader for held in [variable] + slots
+             for reader in held.outputs[0].consumers()
+             if reader.type == "ReadVariableOp"]
+  reasons = weight_partition.not_elementwise(update, variable, passed)
+  if reasons:
+    raise ValueError(
+        "The update of the split weight %s is not elementwise (%s): each "
+        "device updates its shard with its shard's gradient alone, so an "
+        "update that reads the whole gradient or weight (clipnorm, a "
+        "norm) would see one shard. Drop it for this step, or build the "
+        "step TF1 style." % (shown.get(variable.name, variable.name),
+                             ", ".join(reasons)))
   return slots
 
 
@@ -254,7 +273,7 @@ def shard_weights(graph, graph_def, records, trained, roots, shown):
       renamed[trained[name]] = shard_gradient
       edits.point(trained[name], shard_gradient)
       sharded += _slots(variable, graph.get_tensor_by_name(trained[name]),
-                        sharding, trained)
+                        sharding, trained, shown)
     for op in sharded:
       shape = _shape(op).as_list()
       shape[sharding.axis] = sharding.columns

@@ -72,7 +72,8 @@ conftest switched it off) and reads what they print.
   log says so), and holds them (and their Adam slots) alone, and weights
   and loss equal the same script without EPL.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
-  fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
+  fit_run_eagerly_refused, split_softmax_refused, split_clipnorm_refused,
+  split_weight_read_elsewhere_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
   offload_in_pipeline_refused, fit_undecided_merge_refused,
   fit_undecided_prediction_merge_refused,
@@ -335,12 +336,12 @@ class _SplitHeadModel(tf.keras.Model):
       return self.head(hidden)
 
 
-def _train_classifier(model, between=None):
+def _train_classifier(model, between=None, optimizer=None):
   """An eager loop over a tf.function step that trains `model` with a
-  sparse softmax cross-entropy (Keras Adam); returns the last loss and
-  the accuracy of the last step's predictions. `between(model, step,
-  optimizer)` runs eagerly after each step."""
-  optimizer = _optimizer("adam")
+  sparse softmax cross-entropy (`optimizer`, Keras Adam by default);
+  returns the last loss and the accuracy of the last step's predictions.
+  `between(model, step, optimizer)` runs eagerly after each step."""
+  optimizer = optimizer or _optimizer("adam")
   x, _ = _data()
   labels = (np.abs(x[:, 0] * 7).astype(np.int64)) % CLASSES
 
@@ -471,6 +472,43 @@ def split_softmax_refused():
       return loss
 
     train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_clipnorm_refused():
+  """Keras Adam with clipnorm (a norm of each whole gradient) on a split
+  head: EPL's error naming the weight (each device would clip its
+  shard's gradient by the shard's norm)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(2, name="head"))
+    _train_classifier(model, optimizer=tf.keras.optimizers.Adam(
+        0.01, clipnorm=1.0))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_weight_read_elsewhere_refused():
+  """A loss that also reads the split head's kernel (an L2 penalty
+  outside the split layer): EPL's error naming the op and the weight
+  (the op would see one shard)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(2, name="head"))
+    optimizer = _optimizer("adam")
+
+    @tf.function
+    def train_step(x, y):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=model(x)))
+        loss += 1e-3 * tf.reduce_sum(tf.square(model.head.kernel))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+
+    x = _data(GLOBAL_BATCH)[0]
+    train_step(x, np.zeros(GLOBAL_BATCH, np.int64))
   _refused(run, default_strategy=False, config=SPLIT_CONFIG)
 
 
