@@ -220,18 +220,6 @@ def _tag_copy(graph, source, default_strategy):
   return state
 
 
-def _data_ancestors(op):
-  """Names of `op` and the ops its data inputs come from (control edges,
-  which a traced step adds between all its stateful ops, left out)."""
-  seen, pending = set(), [op]
-  while pending:
-    op = pending.pop()
-    if op.name not in seen:
-      seen.add(op.name)
-      pending.extend(t.op for t in op.inputs)
-  return seen
-
-
 def _tag_updates(graph, state, losses):
   """Tags APPLY what a TF1 graph's optimizer hook would: the variable
   writes that read a gradient or were built outside every scope (a Keras
@@ -242,12 +230,12 @@ def _tag_updates(graph, state, losses):
   gradient_part = set()
   for op in gradient_ops + [graph.get_tensor_by_name(name).op
                             for name in losses]:
-    gradient_part |= _data_ancestors(op)
+    gradient_part |= graph_editor.data_ancestor_names([op])
   gradient_names = {op.name for op in gradient_ops}
   for op in graph.get_operations():
     if not training_subgraph.written_variables(op):
       continue
-    needs = _data_ancestors(op)
+    needs = graph_editor.data_ancestor_names([op])
     if state.taskgraph_of(op) is not None and not needs & gradient_names:
       continue  # a forward state update (moving averages) of a stage
     for name in needs - gradient_part:
@@ -270,7 +258,8 @@ def _stage_unscoped_variables(graph, state, variables):
     writers = [c for c in variable.outputs[0].consumers()
                if variable in training_subgraph.written_variables(c)]
     for writer in writers:
-      stages = [gradient_stage[n] for n in _data_ancestors(writer)
+      stages = [gradient_stage[n]
+                for n in graph_editor.data_ancestor_names([writer])
                 if n in gradient_stage]
       if stages:
         state.tag(variable, stages[0], Phase.FORWARD)

@@ -21,14 +21,16 @@ what a TF1 graph's split weight is:
 The user's eager variables then stay whole outside the step, kept in
 step with the shards by `traced_shards`. Raises for a split weight that
 the step also reads outside its split layer (that op would see one
-shard) and for optimizer state of another shape computed from its
-gradient.
+shard), for optimizer state of another shape computed from its gradient
+and for an update of it that is not elementwise (Keras' clipnorm): each
+would need the whole weight or gradient.
 """
 import dataclasses
 from typing import Dict
 
 import tensorflow as tf
 
+from epl.ir import graph_editor
 from epl.parallel.ops.split_lowering import ShardedVariable
 from epl.parallel.passes.training_subgraph import written_variables
 from epl.parallel.plan import weight_partition
@@ -60,18 +62,6 @@ def _read_chain(tensor):
         "EPL: a split layer of the traced step sliced %s, which is not a "
         "read of a variable; please report this." % tensor.name)
   return [tensor.op] + chain
-
-
-def _ancestors(tensors):
-  """Names of the ops the data of `tensors` come from (control edges,
-  which a traced step adds between its stateful ops, left out)."""
-  seen, pending = set(), [t.op for t in tensors]
-  while pending:
-    op = pending.pop()
-    if op.name not in seen:
-      seen.add(op.name)
-      pending.extend(t.op for t in op.inputs)
-  return seen
 
 
 def _update_from(gradient):
@@ -139,6 +129,21 @@ def _slots(variable, gradient, sharding, trained, shown):
   return slots
 
 
+def _gradient_parts(graph, gradient, shard_gradients):
+  """Those of `shard_gradients` (names) that the whole `gradient` (name)
+  is computed from: a shard's gradients of another backward pass (a
+  second GradientTape.gradient) are not part of it."""
+  sources = graph_editor.data_ancestor_names(
+      [graph.get_tensor_by_name(gradient).op])
+  parts = [g for g in shard_gradients if g.split(":")[0] in sources]
+  if not parts:
+    raise RuntimeError(
+        "EPL: the gradient %s of a split weight of the traced step does not "
+        "come from the shards its split layer took; please report this." %
+        gradient)
+  return parts
+
+
 def _refuse_other_uses(variable, chains, slicing, needed, shown):
   """Raises for an op of the step's forward or backward (`needed`) that
   reads `variable` other than through its split layers' `chains` and the
@@ -194,8 +199,9 @@ class _Edits:
 
   def apply(self, shapes, stateless):
     """Re-points the readers, sets the `shapes` ({variable op name:
-    TensorShape}) of the variables it unpins, and leaves out the ops named by `stateless` (a
-    predicate) that lost every reader, and what only they read."""
+    TensorShape}) of the variables it unpins, and leaves out the ops
+    named by `stateless` (a predicate) that lost every reader, and what
+    only they read."""
     was_read = {_op_name(i) for node in self.graph_def.node
                 for i in node.input}
     for node in self.graph_def.node:
@@ -248,27 +254,31 @@ def shard_weights(graph, graph_def, records, trained, roots, shown):
     if shardings.setdefault(variable.name, record.sharding) != (
         record.sharding):
       raise ValueError(
-          "The split weight %r is cut in two ways in the traced step (%s "
+          "The split weight %s is cut in two ways in the traced step (%s "
           "and %s): use one split layer per weight." % (
-              variable.name, shardings[variable.name], record.sharding))
+              shown.get(variable.name, variable.name),
+              shardings[variable.name], record.sharding))
     chains.setdefault(variable.name, []).append((chain, shard_name))
     gradients.setdefault(variable.name, []).extend(record.gradients)
-  needed = _ancestors(
-      [graph.get_tensor_by_name(n) for n in roots] +
-      [graph.get_tensor_by_name(g) for g in trained.values()])
+  needed = graph_editor.data_ancestor_names(
+      [graph.get_tensor_by_name(n).op for n in roots] +
+      [graph.get_tensor_by_name(g).op for g in trained.values()])
   edits = _Edits(graph_def)
   shapes, variables, renamed = {}, {}, {}
   for name, sharding in shardings.items():
     variable = graph.get_operation_by_name(name)
     shards = [graph.get_tensor_by_name(n) for _, n in chains[name]]
-    _refuse_other_uses(variable, [c for c, _ in chains[name]],
-                       _ancestors(shards), needed, shown.get(name, name))
+    _refuse_other_uses(
+        variable, [c for c, _ in chains[name]],
+        graph_editor.data_ancestor_names([t.op for t in shards]), needed,
+        shown.get(name, name))
     for chain, shard_name in chains[name]:
       edits.point(shard_name, chain[-1].outputs[0].name)
     sharded = [variable]
     if name in trained:
       shard_gradient = edits.summed(
-          name + "/shard_gradient_sum", gradients[name],
+          name + "/shard_gradient_sum",
+          _gradient_parts(graph, trained[name], gradients[name]),
           variable.get_attr("dtype"))
       renamed[trained[name]] = shard_gradient
       edits.point(trained[name], shard_gradient)
