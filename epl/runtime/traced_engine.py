@@ -66,14 +66,14 @@ _SYNC = "EPL_TRACED_SYNC"
 
 
 def _variables_by_placeholder(func_graph):
-  """{capture placeholder name: (dtype enum, shape proto, device)} of every
+  """{capture placeholder name: (dtype enum, shape proto)} of every
   variable the trace captured (its handle)."""
   found = {}
   for external, internal in func_graph.captures:
     if external.dtype == tf.resource:
       spec = tf_ops.variable_spec(external)
       if spec is not None:
-        found[internal.op.name] = spec + (external.device,)
+        found[internal.op.name] = spec
   return found
 
 
@@ -88,11 +88,14 @@ def _user_names(func_graph):
 
 def _as_variable_node(node, variable):
   """Turns capture placeholder `node` into the VarHandleOp of `variable`
-  (dtype, shape, device)."""
+  (dtype, shape), placed by the rewrite: the device eager execution gave
+  the user's variable is no choice of the script (on CPU the rewrite
+  would keep it for every replica's copy, as a TF1 script's deliberate
+  host placement), and replica 0's copy is the user's variable itself."""
   name = node.name
-  dtype, shape, device = variable
+  dtype, shape = variable
   node.Clear()
-  node.name, node.op, node.device = name, "VarHandleOp", device
+  node.name, node.op = name, "VarHandleOp"
   node.attr["dtype"].type = dtype
   node.attr["shape"].shape.CopyFrom(shape)
   node.attr["container"].s = b""

@@ -199,7 +199,7 @@ class _Edits:
 
   def apply(self, shapes, stateless):
     """Re-points the readers, sets the `shapes` ({variable op name:
-    TensorShape}) of the variables it unpins, and leaves out the ops
+    TensorShape}) of variables, and leaves out the ops
     named by `stateless` (a predicate) that lost every reader, and what
     only they read."""
     was_read = {_op_name(i) for node in self.graph_def.node
@@ -207,10 +207,6 @@ class _Edits:
     for node in self.graph_def.node:
       if node.name in shapes:
         node.attr["shape"].shape.CopyFrom(shapes[node.name].as_proto())
-        # A shard is no longer the user's variable: the rewrite places each
-        # replica's copy on its device (a CPU device it found set would be
-        # kept, as a TF1 script's deliberate host placement).
-        node.device = ""
       pointed = [self._pointed.get(i, i) for i in node.input]
       del node.input[:]
       node.input.extend(pointed)
