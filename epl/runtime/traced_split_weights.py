@@ -233,16 +233,10 @@ class _Edits:
     self.graph_def.node.extend(kept)
 
 
-def shard_weights(graph, graph_def, records, trained, roots, shown):
-  """Makes the weights the split layers of a traced step sliced shards
-  of their own in `graph_def` (what `graph`, the copy, was imported
-  from). `records`: {shard tensor name: TracedShard} of the trace;
-  `trained`: {variable op name: its whole gradient tensor name};
-  `roots`: names of the tensors the step computes (losses, outputs);
-  `shown`: {variable op name: the user's name of its variable}.
-  Returns ShardedWeights, or None without split layers."""
-  if not records:
-    return None
+def _by_variable(graph, records, shown):
+  """The TracedShard `records` by variable op name: {name: [(its read
+  chain, the shard's tensor name)]}, {name: its ShardedVariable}, {name:
+  [its shard gradients' names]}. Raises for a weight cut in two ways."""
   chains, shardings, gradients = {}, {}, {}
   for shard_name, record in records.items():
     chain = _read_chain(graph.get_tensor_by_name(record.whole))
@@ -256,6 +250,20 @@ def shard_weights(graph, graph_def, records, trained, roots, shown):
               shardings[variable.name], record.sharding))
     chains.setdefault(variable.name, []).append((chain, shard_name))
     gradients.setdefault(variable.name, []).extend(record.gradients)
+  return chains, shardings, gradients
+
+
+def shard_weights(graph, graph_def, records, trained, roots, shown):
+  """Makes the weights the split layers of a traced step sliced shards
+  of their own in `graph_def` (what `graph`, the copy, was imported
+  from). `records`: {shard tensor name: TracedShard} of the trace;
+  `trained`: {variable op name: its whole gradient tensor name};
+  `roots`: names of the tensors the step computes (losses, outputs);
+  `shown`: {variable op name: the user's name of its variable}.
+  Returns ShardedWeights, or None without split layers."""
+  if not records:
+    return None
+  chains, shardings, gradients = _by_variable(graph, records, shown)
   needed = graph_editor.data_ancestor_names(
       [graph.get_tensor_by_name(n).op for n in roots] +
       [graph.get_tensor_by_name(g).op for g in trained.values()])
