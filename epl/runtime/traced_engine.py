@@ -21,8 +21,8 @@ user's variables (replica 0's) map to the eager variables' handles, the
 argument placeholders to the call's whole batch (the rewrite splits it over
 replicas and micro-batches as it splits a fed batch); the copies the
 rewrite made of the variables (other replicas') are `VarHandleOp`s with
-their own `shared_name`, which persist between calls in the eager
-context's resource manager. At the first call they are all copied from
+their own `shared_name`, on their replica's device, which persist between
+calls in the eager context's resource manager. At the first call they are all copied from
 the user's variables; before every call, the trained ones again, so they
 follow any write made eagerly between steps (`assign`, `set_weights`, a
 checkpoint restore). The optimizer's state of the other replicas is then
@@ -37,9 +37,10 @@ optimizer hook tags them; its slots go to the stage of their variable.
 reads its own gradient, which ZeRO v3 slices for that update alone.) The
 backward pass reads each batch argument through an Identity that every
 copy of the step makes, so what passes build from those reads read the
-copy's part of the batch. Under ZeRO v3, replica 0's shards are the
-function's own variables, kept in step with the user's
-(`traced_shards`).
+copy's part of the batch. A split layer's weights become variables of
+the shard's shape in the copy (`traced_split_weights`); under ZeRO v3,
+and for those, every replica's shards are the function's own variables,
+kept in step with the user's whole ones (`traced_shards`).
 """
 import dataclasses
 import logging
@@ -414,8 +415,8 @@ class EngineStep:
     (`traced_shards`); returns their names."""
     sharded = traced_shards.sharded_variables(result)
     self._sharded_inputs, self._into_shards = {}, None
-    shown = _user_names(self._concrete.graph)
     if sharded:
+      shown = _user_names(self._concrete.graph)
       shards = traced_shards.ShardTransfers(graph, result.copies, sharded)
       self._sharded_inputs = shards.user_inputs
       self._into_shards = self._transfer_function(
