@@ -444,10 +444,11 @@ def _install_estimator_hooks():
 
 def _tracing_eagerly():
   """Whether ops are built with eager execution on (eagerly, or for a
-  tf.function traced so): a TF2 step, whose split layers are lowered on
-  the user's whole eager weights (`_dense_layer_call`,
-  `expert_lowering.traced_einsum`); the lowerings that build variables of
-  their own are TF1 graph only."""
+  tf.function traced so): a TF2 step, whose split layers take their
+  shards of the user's whole eager weights (`_dense_layer_call`,
+  `expert_lowering.traced_einsum`), which the rewrite makes variables of
+  the shard's shape; the lowerings that build variables of their own are
+  TF1 graph only."""
   return tf.compat.v1.executing_eagerly_outside_functions()
 
 
@@ -458,8 +459,8 @@ _GRAPH_ONLY_LOWERINGS = {
 }
 
 # Lowerings that differ in a traced TF2 step's split scope, where they
-# work on the user's whole eager weights; None: the original call (Keras
-# makes a layer's weights eagerly, whole, traced or not).
+# take shards of the user's whole eager weights; None: the original call
+# (Keras makes a layer's weights eagerly, whole, traced or not).
 _TRACED_LOWERINGS = {
     "einsum": expert_lowering.traced_einsum,
     "add_weight": None,
@@ -512,8 +513,8 @@ def _dense_layer_call(original, layer, *args, **kwargs):
   than Keras' Dense: `original` is the wrong one for it, so the instance's
   next __call__ in its own class order is called instead. In a traced TF2
   step, a Dense layer in a split scope (its own, or the one it was called
-  in while a functional model was built) computes its shard of its whole
-  weights (`split_lowering.traced_dense_layer_call`)."""
+  in while a functional model was built) computes with its shard of its
+  whole weights (`split_lowering.traced_dense_layer_call`)."""
   del original
   env = active()
 

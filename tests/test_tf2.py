@@ -112,6 +112,15 @@ def test_functional_model_built_with_a_split_head_matches_single_device():
 
 
 @pytest.mark.timeout(300)
+def test_split_head_shards_follow_eager_writes_and_checkpoints():
+  # An eager set_weights after step 1; after step 2 a tf.train.Checkpoint
+  # of model and Adam, everything zeroed, restored, the slots halved: the
+  # shards each device holds follow, and the checkpoint is whole.
+  printed = _run("split_weights_round_trip")
+  assert "TF2_SPLIT_OK" in printed and "TF2_SPLIT_ROUND_TRIP_OK" in printed
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("shards, micro_batches", [
     (4, 1),  # one expert a shard, one shard group
     (2, 1),  # two experts a shard, two shard groups
@@ -176,6 +185,13 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("fit_run_eagerly_refused", "runs eagerly (run_eagerly=True)"),
     ("split_softmax_refused", "Op 'Softmax' (Softmax) reads the sharded "
                               "logits"),
+    ("split_clipnorm_refused", "The update of the split weight "
+                               "private__split_head_model/kernel:0 is not "
+                               "elementwise (Greater, Sum"),
+    ("split_weight_read_elsewhere_refused",
+     "Op 'Square/ReadVariableOp' (ReadVariableOp) of the traced step reads "
+     "the split weight private__split_head_model/kernel:0 outside its "
+     "layer in epl.split"),
     ("split_evaluation_refused", "computes the split layer output "
                                  "private__split_head_model/dense_1/BiasAdd:0 "
                                  "but trains nothing"),

@@ -61,6 +61,13 @@ def ancestors(roots):
   return reachable(roots, input_ops)
 
 
+def data_ancestor_names(roots):
+  """Names of `roots` and of every op their data come from (control
+  edges left out: a traced step has them between all its stateful ops)."""
+  return {op.name for op in reachable(roots, lambda op: [
+      t.op for t in op.inputs])}
+
+
 def descendants(roots):
   """`roots` and every op that depends on them, through data and control
   edges."""

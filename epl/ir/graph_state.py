@@ -52,6 +52,13 @@ class SplitRecords:
   predictions: dict = dataclasses.field(default_factory=dict)
   # Variable op name -> ShardedVariable of each variable built sharded.
   variables: dict = dataclasses.field(default_factory=dict)
+  # Tensor name -> TracedShard of each shard a split layer of a traced TF2
+  # step took of a user's whole eager weight.
+  traced_shards: dict = dataclasses.field(default_factory=dict)
+  # Names of the split variables (among `variables`) whose shards the
+  # caller of a traced step writes before every run
+  # (epl.runtime.traced_shards): the graph has no initializer for them.
+  written_by_caller: set = dataclasses.field(default_factory=set)
 
 
 class GraphState:

@@ -21,8 +21,8 @@ user's variables (replica 0's) map to the eager variables' handles, the
 argument placeholders to the call's whole batch (the rewrite splits it over
 replicas and micro-batches as it splits a fed batch); the copies the
 rewrite made of the variables (other replicas') are `VarHandleOp`s with
-their own `shared_name`, which persist between calls in the eager
-context's resource manager. At the first call they are all copied from
+their own `shared_name`, on their replica's device, which persist between
+calls in the eager context's resource manager. At the first call they are all copied from
 the user's variables; before every call, the trained ones again, so they
 follow any write made eagerly between steps (`assign`, `set_weights`, a
 checkpoint restore). The optimizer's state of the other replicas is then
@@ -39,9 +39,10 @@ optimizer hook tags them; its slots go to the stage of their variable.
 reads its own gradient, which ZeRO v3 slices for that update alone.) The
 backward pass reads each batch argument through an Identity that every
 copy of the step makes, so what passes build from those reads read the
-copy's part of the batch. Under ZeRO v3, replica 0's shards are the
-function's own variables, kept in step with the user's
-(`traced_shards`).
+copy's part of the batch. A split layer's weights become variables of
+the shard's shape in the copy (`traced_split_weights`); under ZeRO v3,
+and for those, every replica's shards are the function's own variables,
+kept in step with the user's whole ones (`traced_shards`).
 """
 import dataclasses
 import logging
@@ -61,6 +62,7 @@ from epl.parallel.plan import planner
 from epl.parallel.passes import variable_sync
 from epl.runtime import failures
 from epl.runtime import traced_shards
+from epl.runtime import traced_split_weights
 from epl.runtime import traced_whole_batch
 from epl.runtime import traced_workers
 from epl.tf_compat import collective_order
@@ -71,24 +73,36 @@ _SYNC = "EPL_TRACED_SYNC"
 
 
 def _variables_by_placeholder(func_graph):
-  """{capture placeholder name: (dtype enum, shape proto, device)} of every
+  """{capture placeholder name: (dtype enum, shape proto)} of every
   variable the trace captured (its handle)."""
   found = {}
   for external, internal in func_graph.captures:
     if external.dtype == tf.resource:
       spec = tf_ops.variable_spec(external)
       if spec is not None:
-        found[internal.op.name] = spec + (external.device,)
+        found[internal.op.name] = spec
   return found
+
+
+def _user_names(func_graph):
+  """{capture placeholder name: the name of the user's variable it
+  stands for} (what EPL's messages call it)."""
+  names = {id(v.handle): v.name for v in func_graph.variables}
+  return {internal.op.name: names[id(external)]
+          for external, internal in func_graph.captures
+          if id(external) in names}
 
 
 def _as_variable_node(node, variable):
   """Turns capture placeholder `node` into the VarHandleOp of `variable`
-  (dtype, shape, device)."""
+  (dtype, shape), placed by the rewrite: the device eager execution gave
+  the user's variable is no choice of the script (on CPU the rewrite
+  would keep it for every replica's copy, as a TF1 script's deliberate
+  host placement), and replica 0's copy is the user's variable itself."""
   name = node.name
-  dtype, shape, device = variable
+  dtype, shape = variable
   node.Clear()
-  node.name, node.op, node.device = name, "VarHandleOp", device
+  node.name, node.op = name, "VarHandleOp"
   node.attr["dtype"].type = dtype
   node.attr["shape"].shape.CopyFrom(shape)
   node.attr["container"].s = b""
@@ -111,15 +125,25 @@ def _graph_copy(concrete, traced, default_strategy):
       kept = [i for i in node.input if not i.startswith("^")]
       del node.input[:]
       node.input.extend(kept)
-  graph = tf.Graph()
-  with graph.as_default(), capture.suspended():
-    tf.graph_util.import_graph_def(graph_def, name="")
-  state = _tag_copy(graph, state_of(func_graph), default_strategy)
-  _batches_through_identity(graph, state, func_graph)
+  graph = _imported(graph_def)
   placeholder_of = {id(external): internal.op.name
                     for external, internal in func_graph.captures}
+  split = traced_split_weights.shard_weights(
+      graph, graph_def, state_of(func_graph).split.traced_shards,
+      {placeholder_of[id(variable.handle)]: grad.name
+       for grad, variable in traced.gradients},
+      sorted(traced.losses) + [t.name for t in func_graph.outputs],
+      _user_names(func_graph))
+  if split is not None:
+    graph = _imported(split.graph_def)
+  renamed = split.gradients if split is not None else {}
+  state = _tag_copy(graph, state_of(func_graph), default_strategy)
+  if split is not None:
+    state.split.variables.update(split.variables)
+    state.split.written_by_caller.update(split.variables)
+  _batches_through_identity(graph, state, func_graph)
   state.gradient_records.append(GradientRecord(tuple(
-      (graph.get_tensor_by_name(grad.name),
+      (graph.get_tensor_by_name(renamed.get(grad.name, grad.name)),
        graph.get_operation_by_name(placeholder_of[id(variable.handle)]))
       for grad, variable in traced.gradients)))
   state.loss_seeds.update(traced.loss_seeds)
@@ -129,6 +153,14 @@ def _graph_copy(concrete, traced, default_strategy):
   if not traced.strategies:
     _tag_data_parallel(graph, state, default_strategy)
   return graph, variables
+
+
+def _imported(graph_def):
+  """A tf.Graph of `graph_def`, its names kept."""
+  graph = tf.Graph()
+  with graph.as_default(), capture.suspended():
+    tf.graph_util.import_graph_def(graph_def, name="")
+  return graph
 
 
 def _past_identity_n(graph, pairs):
@@ -184,25 +216,18 @@ def _tag_copy(graph, source, default_strategy):
               Phase.FORWARD if phase is Phase.OTHER else phase)
   # A split head's lowering, for the rewrite's `lower_split`: the roles of
   # its shard index and collectives, and its sharded logits (by name).
+  # (Ops a split weight's shard no longer needs were left out of the copy:
+  # traced_split_weights.)
+  names = {op.name for op in graph.get_operations()}
   for name, role in source.provenance.roles().items():
-    state.provenance.record_role(graph.get_operation_by_name(name), role)
+    if name in names:
+      state.provenance.record_role(graph.get_operation_by_name(name), role)
   state.split = dataclasses.replace(
       source.split, logits=dict(source.split.logits),
       predictions=dict(source.split.predictions),
-      variables=dict(source.split.variables))
+      variables=dict(source.split.variables), traced_shards={},
+      written_by_caller=set())
   return state
-
-
-def _data_ancestors(op):
-  """Names of `op` and the ops its data inputs come from (control edges,
-  which a traced step adds between all its stateful ops, left out)."""
-  seen, pending = set(), [op]
-  while pending:
-    op = pending.pop()
-    if op.name not in seen:
-      seen.add(op.name)
-      pending.extend(t.op for t in op.inputs)
-  return seen
 
 
 def _tag_updates(graph, state, losses):
@@ -215,12 +240,12 @@ def _tag_updates(graph, state, losses):
   gradient_part = set()
   for op in gradient_ops + [graph.get_tensor_by_name(name).op
                             for name in losses]:
-    gradient_part |= _data_ancestors(op)
+    gradient_part |= graph_editor.data_ancestor_names([op])
   gradient_names = {op.name for op in gradient_ops}
   for op in graph.get_operations():
     if not training_subgraph.written_variables(op):
       continue
-    needs = _data_ancestors(op)
+    needs = graph_editor.data_ancestor_names([op])
     if state.taskgraph_of(op) is not None and not needs & gradient_names:
       continue  # a forward state update (moving averages) of a stage
     for name in needs - gradient_part:
@@ -243,7 +268,8 @@ def _stage_unscoped_variables(graph, state, variables):
     writers = [c for c in variable.outputs[0].consumers()
                if variable in training_subgraph.written_variables(c)]
     for writer in writers:
-      stages = [gradient_stage[n] for n in _data_ancestors(writer)
+      stages = [gradient_stage[n]
+                for n in graph_editor.data_ancestor_names([writer])
                 if n in gradient_stage]
       if stages:
         state.tag(variable, stages[0], Phase.FORWARD)
@@ -424,23 +450,30 @@ class EngineStep:
     return sources, readers, result
 
   def _shard_transfers(self, graph, result, function_name):
-    """zero.level v3: replica 0's shards are the function's own variables,
+    """The variables the rewrite made shards of (zero.level v3's, a split
+    layer's): every replica's shards are the function's own variables,
     written from the user's before every call and back after it
-    (`traced_shards`); returns the names of the partitioned variables."""
-    sharded = traced_shards.partitioned_names(result)
+    (`traced_shards`); returns their names."""
+    sharded = traced_shards.sharded_variables(result)
     self._sharded_inputs, self._into_shards = {}, None
     if sharded:
-      shards = traced_shards.ShardTransfers(graph, sharded)
+      shown = _user_names(self._concrete.graph)
+      shards = traced_shards.ShardTransfers(graph, result.copies, sharded)
       self._sharded_inputs = shards.user_inputs
       self._into_shards = self._transfer_function(
           shards.into_shards, shards.into_shards_group)
       self._into_user = self._transfer_function(
           shards.into_user, shards.into_user_group)
       logger.info(
-          "epl: tf.function %s: zero.level v3 keeps the shards of %d "
-          "variable(s) in the function's own variables; the user's whole "
-          "variables are written into them before every call and from "
-          "them after it", function_name, len(sharded))
+          "epl: tf.function %s keeps %d variable(s) in shards, one on each "
+          "replica's device (the function's own variables: %s); the user's "
+          "whole variables are written into them before every call and "
+          "from them after it", function_name, len(sharded),
+          ", ".join(sorted("%s %s (axis %d of %d)" % (
+              shown.get(name, name),
+              tf.TensorShape(graph.get_operation_by_name(name).get_attr(
+                  "shape")), sharding.axis, sharding.full_size)
+                           for name, sharding in sharded.items())))
     return sharded
 
   def _sync_function(self, graph, result, names, from_worker_zero=()):
@@ -456,22 +489,39 @@ class EngineStep:
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
     return tf.function(
-        lambda: _import(graph_def, self._inputs(), [group]) and None,
+        lambda: _import(graph_def, self._transfer_inputs(), [group]) and None,
         autograph=False).get_concrete_function()
 
-  def _inputs(self, arguments=()):
-    # The traced step's captures (variable handles, constants) enter the
-    # function as its own captures.
-    inputs = {self._sharded_inputs.get(name, name): tf.identity(external)
-              for name, external in self._captured.items()}
+  def _transfer_inputs(self):
+    """The captures of a transfer function: every variable handle, a
+    sharded variable's at its input for the user's variable."""
+    return {self._sharded_inputs.get(name, name): tf.identity(external)
+            for name, external in self._captured.items()}
+
+  def _step_inputs(self, arguments):
+    """The step's inputs: the traced step's captures (variable handles,
+    constants) as the function's own captures, but the user's sharded
+    variables (the step reads its own shards of them), and the call's
+    arguments."""
+    inputs = {name: tf.identity(external)
+              for name, external in self._captured.items()
+              if name not in self._sharded_inputs}
     inputs.update(zip(self._arguments, arguments))
     return inputs
 
   def _body(self, *arguments):
-    fetched = _import(self._step_def, self._inputs(arguments), self._fetches)
+    fetched = _import(self._step_def, self._step_inputs(arguments),
+                      self._fetches)
     control_flow.restore_contexts(tf.compat.v1.get_default_graph(),
                                   self._step_contexts)
     return fetched
+
+  @property
+  def function(self):
+    """The concrete function that runs the rewritten step (to inspect:
+    its graph holds the step's own variables, the replicas' copies and
+    shards, and captures the user's variables it reads)."""
+    return self._run
 
   def _check_batch(self, flat_arguments):
     """Raises, before the step runs, for a batch the replicas and

@@ -186,6 +186,12 @@ def call(env, function, original, args, kwargs):
   return step(_flat_tensor_arguments(concrete, args, kwargs))
 
 
+def rewritten_steps():
+  """The traced steps EPL's engine rewrote (traced_engine.EngineStep),
+  of the traced graphs still alive."""
+  return list(_rewritten.values())
+
+
 def _engine_step(env, concrete, traced, name):
   """The traced step `concrete` as EPL's engine rewrites it."""
   _refuse_in_engine(traced, name, env)

@@ -58,22 +58,29 @@ conftest switched it off) and reads what they print.
   `call` opens `epl.replicate` around its hidden layer and `epl.split`
   around its Dense head, trained with a sparse softmax cross-entropy on 4
   CPU replicas: weights, loss and the accuracy of the split logits equal
-  the same script without EPL. functional_split_head: the same
-  classifier as a functional model whose layers were called in the scopes
-  while it was built.
+  the same script without EPL, and each replica's device holds its
+  shard of the head's weights and Adam slots, the step nothing whole of
+  them. functional_split_head: the same classifier as a functional model
+  whose layers were called in the scopes while it was built.
+  split_weights_round_trip: the head split over 4 with an eager set_weights
+  and a tf.train.Checkpoint round trip of model and optimizer between
+  steps.
 - moe_experts_<shards>x<micro batches>: a subclassed Keras model whose
   `call` runs the MoE layer of examples/moe (top-2 gating, 4 experts)
   with its experts and their einsums inside `epl.split(shards)`, trained
   on 4 CPU replicas: each shard computes with its experts alone (EPL's
-  log says so), and weights and loss equal the same script without EPL.
+  log says so), and holds them (and their Adam slots) alone, and weights
+  and loss equal the same script without EPL.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
-  fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
+  fit_run_eagerly_refused, split_softmax_refused, split_clipnorm_refused,
+  split_weight_read_elsewhere_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
   offload_in_pipeline_refused, fit_undecided_merge_refused,
   fit_undecided_prediction_merge_refused,
   uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
 """
+import collections
 import contextlib
 import logging
 import sys
@@ -83,6 +90,7 @@ import numpy as np
 import tensorflow as tf
 
 import epl
+from epl.runtime import traced_function
 from examples.moe import model as moe
 from tests import tolerance
 
@@ -337,11 +345,12 @@ class _SplitHeadModel(tf.keras.Model):
       return self.head(hidden)
 
 
-def _train_classifier(model):
+def _train_classifier(model, between=None, optimizer=None):
   """An eager loop over a tf.function step that trains `model` with a
-  sparse softmax cross-entropy (Keras Adam); returns the last loss and
-  the accuracy of the last step's predictions."""
-  optimizer = _optimizer("adam")
+  sparse softmax cross-entropy (`optimizer`, Keras Adam by default);
+  returns the last loss and the accuracy of the last step's predictions.
+  `between(model, step, optimizer)` runs eagerly after each step."""
+  optimizer = optimizer or _optimizer("adam")
   x, _ = _data()
   labels = (np.abs(x[:, 0] * 7).astype(np.int64)) % CLASSES
 
@@ -360,28 +369,70 @@ def _train_classifier(model):
   result = None
   batches = tf.data.Dataset.from_tensor_slices((x, labels)).batch(
       GLOBAL_BATCH)
-  for x_batch, y_batch in batches:
+  for step, (x_batch, y_batch) in enumerate(batches):
     result = train_step(x_batch, y_batch)
+    if between is not None:
+      between(model, step, optimizer)
   return [float(value) for value in result]
 
 
-def split_head(shards, micro_batches=1, functional=False):
+def _assert_sharded_in_step(weights, shards):
+  """The rewritten step holds each of the user's split `weights` ((eager
+  variable, the axis it is split on)) and its two Adam slots as shards of
+  its own, 3 variables of the shard's shape on each of the 4 replicas'
+  devices (`shards` replicas a group), and neither reads the user's
+  variables nor computes any tensor of a whole weight's shape."""
+  steps = traced_function.rewritten_steps()
+  assert len(steps) == 1, steps
+  graph = steps[0].function.graph
+  captured = {id(external) for external, _ in graph.captures}
+  shapes = [tuple(t.shape.as_list()) for op in graph.get_operations()
+            for t in op.outputs if t.shape.rank]
+  held = collections.Counter(
+      (tf.DeviceSpec.from_string(op.device).device_index,
+       tuple(tf.TensorShape(op.get_attr("shape")).as_list()))
+      for op in graph.get_operations() if op.type == "VarHandleOp")
+  for variable, axis in weights:
+    whole = variable.shape.as_list()
+    shard = list(whole)
+    shard[axis] = -(-whole[axis] // shards)
+    assert id(variable.handle) not in captured, variable.name
+    assert tuple(whole) not in shapes, (variable.name, whole)
+    assert tuple(whole) not in {shape for _, shape in held}, variable.name
+    for device in range(REPLICAS):
+      assert held[(device, tuple(shard))] == 3, (variable.name, device, held)
+
+
+def _split_round_trip(model, step, optimizer):
+  """An eager set_weights after step 1; after step 2, a checkpoint round
+  trip of the model and Adam (every weight and slot zeroed in between)
+  and Adam's slots halved eagerly."""
+  if step == 1:
+    model.set_weights([0.5 * w for w in model.get_weights()])
+  _restore_after_zeros(model, step, optimizer)
+
+
+def split_head(shards, micro_batches=1, functional=False, between=None):
   """A Keras classifier whose hidden layer is data parallel over 4
   replicas and whose 10-class head is split over `shards` devices (4: one
   shard group, the last shards padded; 2: two groups), trained 5 steps:
   weights, loss and the accuracy of the split logits (tf.argmax,
   tf.equal) equal the same script without EPL, and so do the logits of
-  an eager call after training."""
+  an eager call after training. Each replica's device holds its shard of
+  the head's kernel and bias and of their slots, the step nothing whole
+  of them. `between` runs after each step, with EPL and without."""
   _init(micro_batches, default_strategy=False, config=SPLIT_CONFIG)
   build = _functional_classifier if functional else _SplitHeadModel
   model = build(epl.replicate(1, name="body"), epl.split(shards, name="head"))
-  loss, accuracy = _train_classifier(model)
+  loss, accuracy = _train_classifier(model, between)
+  head = model.layers[-1]
+  _assert_sharded_in_step([(head.kernel, 1), (head.bias, 0)], shards)
   x = _data(GLOBAL_BATCH)[0]
   # Eagerly, the split head computes whole, on the trained weights.
   logits = model(x).numpy()
   epl.shutdown()
   expected = build()
-  expected_loss, expected_accuracy = _train_classifier(expected)
+  expected_loss, expected_accuracy = _train_classifier(expected, between)
   tolerance.assert_equivalent(logits, expected(x).numpy())
   differences = [float(np.max(np.abs(a - b))) for a, b in zip(
       model.get_weights(), expected.get_weights())]
@@ -393,12 +444,24 @@ def split_head(shards, micro_batches=1, functional=False):
         "loss=%.6f accuracy=%.4f max_abs_diff=%.3g" % (
             tf.__version__, type(model).__name__, shards, REPLICAS,
             micro_batches, loss, accuracy, max(differences)))
+  return model
 
 
 def functional_split_head():
   """The classifier as a functional model whose head was called in
   epl.split(4) while it was built: split in the traced step too."""
   split_head(4, functional=True)
+
+
+def split_weights_round_trip():
+  """The split head over 4 devices with an eager set_weights and a
+  tf.train.Checkpoint round trip of the model and Adam between steps
+  (the shards follow both), equal to plain TF doing the same; a
+  checkpoint of the model then restores, whole, into a model built
+  without EPL."""
+  model = split_head(4, between=_split_round_trip)
+  _restores_without_epl(model, _SplitHeadModel)
+  print("TF2_SPLIT_ROUND_TRIP_OK")
 
 
 def split_softmax_refused():
@@ -418,6 +481,43 @@ def split_softmax_refused():
       return loss
 
     train_step(tf.constant(_data(GLOBAL_BATCH)[0]))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_clipnorm_refused():
+  """Keras Adam with clipnorm (a norm of each whole gradient) on a split
+  head: EPL's error naming the weight (each device would clip its
+  shard's gradient by the shard's norm)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(2, name="head"))
+    _train_classifier(model, optimizer=tf.keras.optimizers.Adam(
+        0.01, clipnorm=1.0))
+  _refused(run, default_strategy=False, config=SPLIT_CONFIG)
+
+
+def split_weight_read_elsewhere_refused():
+  """A loss that also reads the split head's kernel (an L2 penalty
+  outside the split layer): EPL's error naming the op and the weight
+  (the op would see one shard)."""
+  def run():
+    model = _SplitHeadModel(epl.replicate(1, name="body"),
+                            epl.split(2, name="head"))
+    optimizer = _optimizer("adam")
+
+    @tf.function
+    def train_step(x, y):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=model(x)))
+        loss += 1e-3 * tf.reduce_sum(tf.square(model.head.kernel))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+
+    x = _data(GLOBAL_BATCH)[0]
+    train_step(x, np.zeros(GLOBAL_BATCH, np.int64))
   _refused(run, default_strategy=False, config=SPLIT_CONFIG)
 
 
@@ -481,6 +581,8 @@ def moe_experts(shards, micro_batches=1):
   group = 8 // micro_batches
   model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts"),
                                          tokens_per_group=group))
+  _assert_sharded_in_step([(model.experts.inner, 0),
+                           (model.experts.outer, 0)], shards)
   epl.shutdown()
   # Each shard's einsums read its experts alone (so the tokens went to
   # them by all-to-all: the experts axes would not meet otherwise).
@@ -552,12 +654,12 @@ class _Logged(logging.Handler):
     self.lines.append(record.getMessage())
 
 
-def _restores_without_epl(model):
+def _restores_without_epl(model, build=_TwoStageModel):
   """A checkpoint of `model`, trained under EPL, holds one full copy of
-  each weight under its own name: it restores into the model built
-  without EPL, equal."""
+  each weight under its own name: it restores into the model `build()`
+  makes without EPL, equal."""
   path = tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/ckpt")
-  restored = _TwoStageModel()
+  restored = build()
   restored(_data(1)[0])
   tf.train.Checkpoint(model=restored).restore(
       path).assert_existing_objects_matched()

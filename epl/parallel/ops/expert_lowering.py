@@ -20,7 +20,8 @@ expert axis, tokens exchanged by all-to-all.
 
 In a TF2 step traced by tf.function (eager execution on), Keras has made
 the weights eagerly, whole: `traced_einsum` takes each shard's E / k
-experts of a weight it reads, and the einsums are then lowered as above.
+experts of a weight it reads (which the rewrite makes a variable of that
+shape), and the einsums are then lowered as above.
 
 The experts axis of the tokens (dispatch) or of the tensor met at combine
 may be unknown when the graph is built (a batch dimension used as the
@@ -206,12 +207,10 @@ def _reads_variable(tensor):
 def traced_einsum(original, equation, *inputs, **kwargs):
   """tf.einsum inside a split scope while a TF2 step is traced (eager
   execution on): the expert weights are the user's eager variables
-  `[E, ...]`, whole, which the step reads; each shard computes with its
-  E / k experts (its slice, whose gradient is zero elsewhere), and the
-  tokens go to them as in a TF1 graph. The weights' gradients are
-  averaged over every replica as data-parallel ones: each shard's holds
-  its experts' gradient of its group's summed losses, so the mean over
-  all replicas is the global batch loss's gradient."""
+  `[E, ...]`, whole; the trace computes with each shard's E / k experts
+  of them (`split_lowering.shard_of_whole`), which the rewrite turns into
+  variables of the shard's shape on each shard's device, and the tokens
+  go to them as in a TF1 graph."""
   strategy = split_lowering.split_strategy()
   if strategy is None:
     return original(equation, *inputs, **kwargs)
@@ -231,11 +230,11 @@ def traced_einsum(original, equation, *inputs, **kwargs):
               group_size))
     columns = experts // group_size
     logger.info("epl: tf.einsum(%r) inside %r in a traced step: each shard "
-                "computes with %d of the %d experts of %s (the whole eager "
-                "variable, in every replica)", equation, strategy, columns,
+                "computes with %d of the %d experts of %s (its shard, held "
+                "by its device alone)", equation, strategy, columns,
                 experts, value.name)
     with tf.name_scope("experts_of_shard"):
-      return split_lowering.columns_of_whole(
+      return split_lowering.shard_of_whole(
           tensor, 0, experts, columns, split_lowering.shard_index() * columns,
           group_size), True
   return _lowered(original, equation, inputs, kwargs, strategy,

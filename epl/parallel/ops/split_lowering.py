@@ -416,17 +416,65 @@ def columns_of_whole(weight, axis, units, columns, start, group_size):
   return tf.slice(tf.pad(weight, padding), tf.stack(begin), size)
 
 
+def _whole_gradient(shard_gradient, sharding, start):
+  """The gradient of a whole weight whose shard at `start` has gradient
+  `shard_gradient`: zero outside the shard (the gradient of
+  `columns_of_whole`)."""
+  rank = shard_gradient.shape.rank
+  along = tf.one_hot(sharding.axis, rank, dtype=tf.int32)
+  after = sharding.columns * (sharding.group_size - 1) - start
+  padded = tf.pad(shard_gradient, tf.stack([along * start, along * after],
+                                           axis=1))
+  size = [-1] * rank
+  size[sharding.axis] = sharding.full_size
+  return tf.slice(padded, [0] * rank, size)
+
+
+@dataclasses.dataclass
+class TracedShard:
+  """The shard of a user's whole eager weight that a split layer of a
+  traced TF2 step computes with (`shard_of_whole`). `whole`: the name of
+  the read of the weight it was taken from; `sharding`: how the weight is
+  cut (ShardedVariable); `gradients`: the names of the shard's gradients
+  (one a backward pass through it). The step's copy reads a variable of
+  the shard's shape instead and updates it with these gradients
+  (epl.runtime.traced_split_weights)."""
+  whole: str
+  sharding: ShardedVariable
+  gradients: list
+
+
+def shard_of_whole(whole, axis, full_size, columns, start, group_size):
+  """The shard `[start, start + columns)` along `axis` of `whole`, a read
+  of a user's eager weight in a traced TF2 step (zero past its end, as a
+  padded shard), recorded with its gradient (TracedShard): the rewrite
+  makes each replica's copy of the weight this shard alone. Its gradient
+  here is the shard's, padded with zeros to the whole shape, as
+  TensorFlow's own gradient of the slice."""
+  record = TracedShard(whole.name, ShardedVariable(
+      axis, full_size, columns, group_size), [])
+
+  @tf.custom_gradient
+  def shard(value):
+    def gradient(upstream):
+      upstream = tf.identity(upstream, name="shard_gradient")
+      record.gradients.append(upstream.name)
+      return _whole_gradient(upstream, record.sharding, start)
+    return columns_of_whole(value, axis, full_size, columns, start,
+                            group_size), gradient
+
+  part = shard(whole)
+  _records(create=True).traced_shards[part.name] = record
+  return part
+
+
 def traced_dense_layer_call(layer, inputs, *args, **kwargs):
   """Calling a built Keras Dense layer inside a split scope while a TF2
   step is traced (eager execution on): the layer's weights are the user's
-  eager variables, whole, which the traced step reads; each shard
-  computes with its columns of them (its slice, whose gradient is zero
-  elsewhere). The logits, their softmax and the loss are sharded as in a
-  TF1 graph; the weights are not, and their gradients are averaged over
-  every replica as data-parallel ones: each holds k times the group
-  loss's gradient on its own columns (the collectives' gradients sum
-  over the group), so the mean over all replicas is the global batch
-  loss's gradient."""
+  eager variables, whole; the trace computes with each shard's columns of
+  them (`shard_of_whole`), which the rewrite turns into variables of the
+  shard's shape on each shard's device. The logits, their softmax and the
+  loss are sharded as in a TF1 graph."""
   strategy = split_strategy()
   _refuse_call_arguments(layer, strategy, args, kwargs)
   given = sorted(k for k in _DENSE_UNSUPPORTED
@@ -447,16 +495,15 @@ def traced_dense_layer_call(layer, inputs, *args, **kwargs):
   columns = -(-units // group_size)
   with tf.name_scope(layer.name):
     start = shard_index() * columns
-    kernel = columns_of_whole(tf.convert_to_tensor(layer.kernel), 1, units,
-                               columns, start, group_size)
-    bias = columns_of_whole(
+    kernel = shard_of_whole(tf.convert_to_tensor(layer.kernel), 1, units,
+                            columns, start, group_size)
+    bias = shard_of_whole(
         tf.convert_to_tensor(layer.bias), 0, units, columns, start,
         group_size) if layer.use_bias else None
     logits = _sharded_logits(tf.cast(inputs, kernel.dtype), kernel, bias,
                              layer.activation, units, start, strategy)
   logger.debug("split dense %s in a traced step: %d classes over %d shards "
-               "of %d columns of its whole weights", layer.name, units,
-               group_size, columns)
+               "of %d columns", layer.name, units, group_size, columns)
   return logits
 
 

@@ -262,7 +262,11 @@ def lower_split(ctx, subgraph, gradient_points, copies):
     split_variables = [v for v in subgraph.variables if v.name in sharded]
     names = set(sharded)
     result["subgraph"] = subgraph.without_variables(names)
-    _initialize_shards(ctx, copies, split_variables, sharded)
+    # A traced step's caller writes its split variables' shards before
+    # every run (epl.runtime.traced_shards): no initializer.
+    written = ctx.state.split.written_by_caller
+    _initialize_shards(ctx, copies, [v for v in split_variables
+                                     if v.name not in written], sharded)
     split_points = []
     for points in gradient_points:
       split_points.extend((g, v) for g, v in points if v.name in names)

@@ -98,7 +98,7 @@ class WeightPartition:
              for name, route in self.routes])
 
 
-def _not_elementwise(update, variable, gradients):
+def not_elementwise(update, variable, gradients):
   """Why the `update` ops of `variable` cannot apply to one shard at a time
   with shards of its gradient (tensor names `gradients`): op types that
   are not elementwise, and tensors other than the variable, its gradients
@@ -152,7 +152,7 @@ def _sharding(variable, grads, update, minimum):
   if not update:
     return Decision(WeightSharding.SHARED_UPDATE, "its update is built "
                     "together with other variables' (one op for several)")
-  blocking = _not_elementwise(update, variable, {g.name for g in grads})
+  blocking = not_elementwise(update, variable, {g.name for g in grads})
   if blocking:
     return Decision(WeightSharding.NOT_ELEMENTWISE, "its update cannot "
                     "apply shard by shard: %s" % ", ".join(blocking))
