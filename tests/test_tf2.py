@@ -61,6 +61,13 @@ def test_memory_savers_of_the_engine_apply_to_a_data_parallel_step(saver):
 
 
 @pytest.mark.timeout(300)
+def test_two_traced_steps_keep_their_own_replicas_state():
+  # Two models' steps called in turn under ZeRO v1: each rewrite's copies
+  # of its Adam slots are its own, though both name them alike.
+  assert "TF2_TWO_MODELS_OK" in _run("two_models_in_turn")
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
     ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
     ("amp_in_pipeline", "TF2_AMP_OK"),

@@ -45,6 +45,7 @@ and for those, every replica's shards are the function's own variables,
 kept in step with the user's whole ones (`traced_shards`).
 """
 import dataclasses
+import itertools
 import logging
 
 import tensorflow as tf
@@ -70,6 +71,9 @@ from epl.tf_compat import ops as tf_ops
 
 logger = logging.getLogger("epl")
 _SYNC = "EPL_TRACED_SYNC"
+# Numbers the rewritten steps of the process: each one's resources (the
+# replicas' copies and shards, loss-scale state) live under its own.
+_STEP_NUMBERS = itertools.count()
 
 
 def _variables_by_placeholder(func_graph):
@@ -358,6 +362,23 @@ def _run_def(graph, graph_def, fetches):
       graph_def, sorted(set(kept)))
 
 
+def _own_resources(graph_def, namespace):
+  """A copy of `graph_def` whose resources (every op with a `shared_name`)
+  are named under `namespace`. The eager runtime keeps a function's
+  resources by name for the whole process, and two traced steps' rewrites
+  name their copies alike (`EPL_REPLICA_1/Adam/...` for two models' Adam
+  optimizers): without it, one step would read and update the other's
+  replicas' optimizer slots."""
+  own = tf.compat.v1.GraphDef()
+  own.CopyFrom(graph_def)
+  for node in own.node:
+    shared_name = node.attr["shared_name"].s if "shared_name" in node.attr \
+        else b""
+    if shared_name:
+      node.attr["shared_name"].s = namespace.encode() + shared_name
+  return own
+
+
 def _import(graph_def, input_map, return_elements):
   """Imports `graph_def` into the function being traced, mapping only the
   inputs it has (TensorFlow refuses a mapping of an absent one). A
@@ -382,6 +403,7 @@ class EngineStep:
     step that is not run (before the rewrite); `names`: the ops outside
     the divided step that read a batch argument's rows whole."""
     self._concrete = concrete
+    self._namespace = "epl_step_%d/" % next(_STEP_NUMBERS)
     func_graph = concrete.graph
     graph, variables = _graph_copy(concrete, traced, default_strategy)
     self._captured = {internal.name: external
@@ -402,8 +424,9 @@ class EngineStep:
           ", ".join(readers[:3]))
     # Imported into one tf.function, the collectives stay unchained, as in
     # a TF1 graph.
-    self._step_def = _run_def(
-        graph, collective_order.unchain(graph.as_graph_def()), self._fetches)
+    self._step_def = _own_resources(_run_def(
+        graph, collective_order.unchain(graph.as_graph_def()), self._fetches),
+                                    self._namespace)
     # The micro-batch loop's v1 contexts, which the import into the
     # function must give back to its ops (`_body`).
     self._step_contexts = control_flow.context_defs(graph)
@@ -488,6 +511,7 @@ class EngineStep:
   def _transfer_function(self, graph_def, group):
     # Imported into a function, the writes run (automatic control
     # dependencies run every stateful op).
+    graph_def = _own_resources(graph_def, self._namespace)
     return tf.function(
         lambda: _import(graph_def, self._transfer_inputs(), [group]) and None,
         autograph=False).get_concrete_function()
