@@ -156,6 +156,22 @@ def test_metrics_of_the_predictions_alone_match_plain_fit():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", [
+    # 4 replicas x 2 micro-batches: the call after the update used to be
+    # put in the micro-batch loop, before the update (a cycle).
+    "called_after_update_accumulation",
+    # ZeRO v1: the call used to read replica 0's copies before the owners'
+    # new values reached them.
+    "called_after_update_zero_v1",
+    # Keras fit, own train_step: a shape error (one replica's rows against
+    # the whole batch's targets), and a cycle in a pipeline.
+    "fit_called_after_update_accumulation",
+    "fit_called_after_update_pipeline"])
+def test_model_called_again_after_the_update_matches_single_device(scenario):
+  assert "TF2_CALLED_AFTER_UPDATE_OK" in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_of_two_outputs_matches_plain_fit():
   assert "TF2_FIT_TWO_OUTPUTS_OK" in _run("fit_two_outputs_dp")
 

@@ -345,6 +345,7 @@ class EngineStep:
           graph, state_of(graph), traced.losses, self._arguments, roots,
           function_name)
       result = engine.ensure_rewritten(graph)
+      traced_whole_batch.read_after_every_write(graph)
     if result is None:
       raise ValueError(
           "tf.function %s computes gradients but EPL found no variable "

@@ -120,9 +120,12 @@ def _halve_weights_after_step_2(model, step, optimizer):
     model.set_weights([0.5 * w for w in model.get_weights()])
 
 
-def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
+def _train(kind, model=None, batch=GLOBAL_BATCH, between=None,
+           after_update=None):
   """The script of the issue's first row: returns the model and the last
-  loss. `between(model, step, optimizer)` runs eagerly after each step."""
+  loss. `between(model, step, optimizer)` runs eagerly after each step;
+  with `after_update(model, x, y)`, the step also returns what it computes
+  once the gradients are applied (then the last (loss, that value))."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -135,7 +138,9 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
         loss += tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
+    if after_update is None:
+      return loss
+    return loss, after_update(model, x, y)
 
   loss = None
   batches = tf.data.Dataset.from_tensor_slices(_data()).batch(batch)
@@ -143,7 +148,7 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None):
     loss = train_step(x, y)
     if between is not None:
       between(model, step, optimizer)
-  return model, float(loss)
+  return model, tf.nest.map_structure(float, loss)
 
 
 def _init(micro_batches=1, default_strategy=True, config=None):
@@ -953,6 +958,86 @@ class _PeakPenaltySequential(_CustomStepSequential):
 def fit_undecided_prediction_merge_refused():
   """The tracked peak prediction, computed in the divided step."""
   _refused(lambda: _fit(_custom_step_sequential(_PeakPenaltySequential)))
+
+
+def _updated_error(model, x, y):
+  """The mean squared error of `model` called again, in inference mode."""
+  return tf.reduce_mean(tf.square(model(x, training=False) - y))
+
+
+def called_after_update(micro_batches=2, zero=None):
+  """The model called again after the update in a data-parallel step (4
+  replicas x `micro_batches`, ZeRO `zero`), its error returned by the
+  step: that call runs once, on the whole batch, after every replica's
+  update; weights and the step's outputs equal plain TF."""
+  _init(micro_batches, config={"zero.level": zero} if zero else None)
+  model, outputs = _train("adam", after_update=_updated_error)
+  epl.shutdown()
+  expected, expected_outputs = _train("adam", after_update=_updated_error)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(np.array(outputs), np.array(expected_outputs))
+  print("TF2_CALLED_AFTER_UPDATE_OK micro_batches=%d zero=%s error=%.6f" % (
+      micro_batches, zero, outputs[1]))
+
+
+def called_after_update_accumulation():
+  called_after_update(micro_batches=2)
+
+
+def called_after_update_zero_v1():
+  called_after_update(micro_batches=1, zero="v1")
+
+
+class _CalledAfterUpdate:
+  """A train_step that also tracks the squared error of the model called
+  again, in inference mode, once the gradients are applied."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.updated_error = tf.keras.metrics.Mean("updated_error")
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compiled_loss(y, y_pred)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+    self.compiled_metrics.update_state(y, y_pred)
+    self.updated_error.update_state(tf.square(self(x, training=False) - y))
+    return {metric.name: metric.result() for metric in self.metrics}
+
+
+class _CalledAfterUpdateSequential(_CalledAfterUpdate, tf.keras.Sequential):
+  """_model()'s layers, called again after the update."""
+
+
+class _CalledAfterUpdateStages(_CalledAfterUpdate, _TwoStageModel):
+  """The two-stage model, called again after the update."""
+
+
+def fit_called_after_update_accumulation():
+  """Keras fit of a data-parallel model (4 replicas x 2 micro-batches)
+  whose own train_step calls it again after the update: equal to plain
+  fit (weights, each epoch's loss, mae and updated error)."""
+  _init(micro_batches=2)
+  fitted = _fit(_custom_step_sequential(_CalledAfterUpdateSequential))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_custom_step_sequential(
+      _CalledAfterUpdateSequential)))
+  print("TF2_CALLED_AFTER_UPDATE_OK fit %s" % fitted[1]["updated_error"])
+
+
+def fit_called_after_update_pipeline():
+  """The same in 2 stages x 2 replicas x 4 micro-batches."""
+  _init(micro_batches=4, default_strategy=False)
+  fitted = _fit(_CalledAfterUpdateStages(
+      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")]))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_CalledAfterUpdateStages()))
+  print("TF2_CALLED_AFTER_UPDATE_OK fit pipeline %s" %
+        fitted[1]["updated_error"])
 
 
 def offload_in_pipeline_refused():

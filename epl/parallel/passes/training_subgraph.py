@@ -39,6 +39,13 @@ from epl.parallel.passes.resolve import mark_gradient_processing
 MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
                       "global_concat_objects")
 
+# Graph collection of the ops that run once a step, as built, on the whole
+# batch, though they wait for the updates (a traced step that calls its
+# model again after applying the gradients: `epl.runtime.
+# traced_whole_batch`): no replica's step, so the updates' search stops
+# at them.
+RUN_ONCE_AFTER_UPDATES = "epl_run_once_after_updates"
+
 
 @dataclasses.dataclass(frozen=True)
 class CapturedStep:
@@ -171,11 +178,16 @@ def raw_gradients(state):
 
 def find_updates(state):
   """(updates, ops after them): the variable writes downstream of the
-  recorded gradients, and those writes with every op that depends on them."""
+  recorded gradients, and those writes with every op that depends on them
+  (but the ops that run once after them, RUN_ONCE_AFTER_UPDATES)."""
+  once = {op.name for op in
+          state.graph.get_collection(RUN_ONCE_AFTER_UPDATES)}
+  later = lambda op: [o for o in graph_editor.output_ops(op)
+                      if o.name not in once]
   raw_ops = [t.op for grad in raw_gradients(state) for t in tensors_of(grad)]
-  updates = [op for op in graph_editor.descendants(raw_ops)
+  updates = [op for op in graph_editor.reachable(raw_ops, later)
              if written_variables(op)]
-  return updates, graph_editor.descendants(updates)
+  return updates, graph_editor.reachable(updates, later)
 
 
 def _input_pipeline_ops(training_ops):
