@@ -61,6 +61,16 @@ def test_memory_savers_of_the_engine_apply_to_a_data_parallel_step(saver):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["offload", "offload_in_pipeline"])
+def test_offload_of_a_traced_step_keeps_the_state_on_the_host(scenario):
+  """offload.level v0 through the engine's pass: equal to plain TF, and
+  the GraphDef the rewritten step runs places the replicas' variables and
+  updates on the host (before the importer's fix, the copies kept their
+  replica's device there)."""
+  assert "TF2_OFFLOAD_OK" in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
     ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
     ("amp_in_pipeline", "TF2_AMP_OK"),
@@ -203,9 +213,10 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("tf1_dense_in_traced_split_refused",
      "tf.compat.v1.layers.dense inside epl.split(device_count=2, "
      "name='head') with eager execution on"),
-    ("offload_in_pipeline_refused", "offload.level 'v0' asked, but they "
-                                    "are not built for a traced TF2 step "
-                                    "yet"),
+    ("grouped_apply_refused", "optimizer.num_apply_group 2 asked, but EPL "
+                              "groups an update only while a "
+                              "tf.compat.v1.train.Optimizer's "
+                              "apply_gradients builds it"),
     ("functional_layer_in_two_stages_refused",
      "Keras layer 'dense' is called in epl.replicate(device_count=1, "
      "name='stage_0') and in epl.replicate(device_count=1, "

@@ -383,6 +383,11 @@ class EngineStep:
     logger.info("epl: tf.function %s runs as rewritten by EPL's engine: %s",
                 function_name, result.plan.describe())
 
+  @property
+  def graph_def(self):
+    """The rewritten step's GraphDef, which every call imports and runs."""
+    return self._step_def
+
   def _shard_transfers(self, graph, result, function_name):
     """zero.level v3: replica 0's shards are the function's own variables,
     written from the user's before every call and back after it

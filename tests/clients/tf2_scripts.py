@@ -66,10 +66,18 @@ conftest switched it off) and reads what they print.
   with its experts and their einsums inside `epl.split(shards)`, trained
   on 4 CPU replicas: each shard computes with its experts alone (EPL's
   log says so), and weights and loss equal the same script without EPL.
+- called_after_update_accumulation, called_after_update_zero_v1: a step
+  that returns the error of the model called again after its update (4
+  replicas x 2 micro-batches; ZeRO v1); fit_called_after_update_*: Keras
+  fit of a train_step that tracks that error (4 x 2 micro-batches; the
+  pipeline): equal to plain TF.
+- offload, offload_in_pipeline: offload.level v0 on the data-parallel and
+  the pipeline script: equal to plain TF, and the rewritten step keeps
+  the other replicas' variables and writes on the host.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
-  offload_in_pipeline_refused, fit_undecided_merge_refused,
+  grouped_apply_refused, fit_undecided_merge_refused,
   fit_undecided_prediction_merge_refused,
   uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
@@ -83,6 +91,7 @@ import numpy as np
 import tensorflow as tf
 
 import epl
+from epl.runtime import traced_function
 from examples.moe import model as moe
 from tests import tolerance
 
@@ -121,11 +130,12 @@ def _halve_weights_after_step_2(model, step, optimizer):
 
 
 def _train(kind, model=None, batch=GLOBAL_BATCH, between=None,
-           after_update=None):
+           after_update=None, inspect=None):
   """The script of the issue's first row: returns the model and the last
   loss. `between(model, step, optimizer)` runs eagerly after each step;
   with `after_update(model, x, y)`, the step also returns what it computes
-  once the gradients are applied (then the last (loss, that value))."""
+  once the gradients are applied (then the last (loss, that value));
+  `inspect(train_step, x, y)` runs after the last step."""
   model = model or _model()
   optimizer = _optimizer(kind)
 
@@ -148,6 +158,8 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None,
     loss = train_step(x, y)
     if between is not None:
       between(model, step, optimizer)
+  if inspect is not None:
+    inspect(train_step, x, y)
   return model, tf.nest.map_structure(float, loss)
 
 
@@ -521,16 +533,18 @@ def tf1_dense_in_traced_split_refused():
 
 
 def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2,
-                  one_stage=False):
+                  one_stage=False, inspect=None):
   """The pipeline script under EPL (2 stages x 2 replicas, 4
   micro-batches, `config` besides; with `one_stage`, both halves in one
-  scope: 4 replicas of one stage) and without, `between` run after each
-  step: the two models and losses, and what EPL logged."""
+  scope: 4 replicas of one stage; `inspect` as `_train`'s) and without,
+  `between` run after each step: the two models and losses, and what EPL
+  logged."""
   _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
   logged = _Logged()
   stages = [epl.replicate(1, name="stage_0")]
   stages.append(stages[0] if one_stage else epl.replicate(1, name="stage_1"))
-  model, loss = _train(kind, _TwoStageModel(stages), between=between)
+  model, loss = _train(kind, _TwoStageModel(stages), between=between,
+                       inspect=inspect)
   epl.shutdown()
   expected, expected_loss = _train(kind, _TwoStageModel(), between=between)
   return (model, loss), (expected, expected_loss), logged.lines
@@ -1040,11 +1054,57 @@ def fit_called_after_update_pipeline():
         fitted[1]["updated_error"])
 
 
-def offload_in_pipeline_refused():
-  _refused(lambda: _train("adam", _TwoStageModel([
-      epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
-           micro_batches=4, default_strategy=False,
-           config={"offload.level": "v0"})
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp",
+                    "AssignSubVariableOp")
+
+
+def _replica_state_devices(train_step, x, y):
+  """The devices of the other replicas' variables and variable writes in
+  the GraphDef EPL's rewritten `train_step` runs, and how many there are."""
+  step = traced_function.rewritten_step(train_step, x, y)
+  devices = [node.device for node in step.graph_def.node
+             if node.name.startswith("EPL_REPLICA_") and
+             (node.op == "VarHandleOp" or node.op in _VARIABLE_WRITES)]
+  return set(devices), len(devices)
+
+
+def offload(pipeline=False):
+  """offload.level v0 on a traced step (Keras Adam), data parallel over 4
+  replicas or in 2 stages x 2 replicas x 4 micro-batches, with an eager
+  set_weights after step 2: weights equal plain TF, and the rewritten step
+  that runs keeps every replica's variables and updates on the host
+  (CPU:0; the replicas compute on CPU:1-3)."""
+  config = {"offload.level": "v0"}
+  placed = []
+  record = lambda *call: placed.append(_replica_state_devices(*call))
+  if pipeline:
+    (model, _), (expected, _), logged = _pipeline_run("adam", config,
+                                                      inspect=record)
+  else:
+    _init(config=config)
+    logged = _Logged().lines
+    model, _ = _train("adam", between=_halve_weights_after_step_2,
+                      inspect=record)
+    epl.shutdown()
+    expected, _ = _train("adam", between=_halve_weights_after_step_2)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  (devices, count), = placed
+  assert count and {d.split("device:")[-1] for d in devices} == {"CPU:0"}, (
+      devices)
+  moved = [line for line in logged if "on the host CPU" in line]
+  assert moved, logged
+  print("TF2_OFFLOAD_OK pipeline=%s %d replica variables and writes on %s; "
+        "%s" % (pipeline, count, sorted(devices), moved[0]))
+
+
+def offload_in_pipeline():
+  offload(pipeline=True)
+
+
+def grouped_apply_refused():
+  _refused(lambda: _train("adam"),
+           config={"optimizer.num_apply_group": 2})
 
 
 def uneven_batch_refused():
