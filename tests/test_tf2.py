@@ -135,6 +135,28 @@ def test_moe_experts_in_a_traced_step_match_single_device(shards,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    # The experts' weights dealt to owners with the others.
+    ("moe_zero_v1", "TF2_MOE_OK"),
+    # Gradient checkpointing (auto) around the experts.
+    ("moe_recompute", "TF2_MOE_OK"),
+    # Keras fit (eager), the experts split over 4.
+    ("fit_moe", "TF2_FIT_MOE_OK"),
+])
+def test_moe_experts_with_savers_and_keras_fit_match_single_device(scenario,
+                                                                   says):
+  assert says in _run(scenario)
+
+
+@pytest.mark.timeout(300)
+def test_batch_norm_statistics_in_a_traced_step_match_towers():
+  """The moving statistics of a data-parallel step with micro-batches move
+  by the mean of the parts' updates (they used to be optimizer updates,
+  moved by one part's statistics on each replica)."""
+  assert "TF2_BATCH_NORM_OK" in _run("batch_norm_accumulation")
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 

@@ -203,7 +203,11 @@ def _tag_updates(graph, state, losses):
   """Tags APPLY what a TF1 graph's optimizer hook would: the variable
   writes that read a gradient or were built outside every scope (a Keras
   optimizer's), and what they read that neither the gradients nor the
-  `losses` (names) need (a metric's update reads the loss)."""
+  `losses` (names) need (a metric's update reads the loss). A write that
+  needs no gradient but a value the forward pass computes (batch norm's
+  moving averages read the batch's statistics), built in a stage or in a
+  step that opens no scope, is forward state, which the engine averages
+  over replicas and micro-batches (`forward_state`)."""
   gradient_ops = [grad.op for record in state.gradient_records
                   for grad, _ in record.pairs]
   gradient_part = set()
@@ -211,12 +215,16 @@ def _tag_updates(graph, state, losses):
                             for name in losses]:
     gradient_part |= _data_ancestors(op)
   gradient_names = {op.name for op in gradient_ops}
+  computed = {name for name in gradient_part
+              if graph.get_operation_by_name(name).type not in (
+                  "VarHandleOp", "Placeholder", "ReadVariableOp", "Const")}
   for op in graph.get_operations():
     if not training_subgraph.written_variables(op):
       continue
     needs = _data_ancestors(op)
-    if state.taskgraph_of(op) is not None and not needs & gradient_names:
-      continue  # a forward state update (moving averages) of a stage
+    if not needs & gradient_names and (
+        state.taskgraph_of(op) is not None or needs & computed):
+      continue  # a forward state update (moving averages)
     for name in needs - gradient_part:
       update = graph.get_operation_by_name(name)
       if update.type not in ("VarHandleOp", "Placeholder"):

@@ -71,6 +71,11 @@ conftest switched it off) and reads what they print.
   replicas x 2 micro-batches; ZeRO v1); fit_called_after_update_*: Keras
   fit of a train_step that tracks that error (4 x 2 micro-batches; the
   pipeline): equal to plain TF.
+- batch_norm_accumulation: a model with BatchNormalization, 4 replicas x 2
+  micro-batches: weights and moving statistics equal plain TF's towers.
+- moe_zero_v1, moe_recompute: moe_experts_4x1 with ZeRO v1, with
+  gradient checkpointing (auto); fit_moe: Keras fit (eager) of the MoE
+  model, experts split over 4: equal to plain fit.
 - offload, offload_in_pipeline: offload.level v0 on the data-parallel and
   the pipeline script: equal to plain TF, and the rewritten step keeps
   the other replicas' variables and writes on the host.
@@ -479,12 +484,13 @@ class _MoEModel(tf.keras.Model):
     return self.head(tf.reshape(outputs + tokens, [-1, x.shape[-1]]))
 
 
-def moe_experts(shards, micro_batches=1):
+def moe_experts(shards, micro_batches=1, config=None):
   """The MoE model on 4 CPU replicas, its experts split over `shards`
   devices (4: one expert a shard; 2: two groups of 2 experts a shard),
-  with `micro_batches` a replica (groups of 8 / micro_batches rows),
-  trained 5 steps: weights and loss equal the same script without EPL."""
-  _init(micro_batches, config=SPLIT_CONFIG)
+  with `micro_batches` a replica (groups of 8 / micro_batches rows) and
+  `config` besides, trained 5 steps: weights and loss equal the same
+  script without EPL."""
+  _init(micro_batches, config=dict(SPLIT_CONFIG, **(config or {})))
   logged = _Logged()
   group = 8 // micro_batches
   model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts"),
@@ -508,6 +514,42 @@ def moe_experts(shards, micro_batches=1):
         "experts=%d loss=%.6f max_abs_diff=%.3g" % (
             tf.__version__, shards, REPLICAS, micro_batches, EXPERTS, loss,
             max(differences)))
+  return logged.lines
+
+
+def moe_zero_v1():
+  """The MoE model, experts over 4 shards, with zero.level v1: the
+  replicated weights are dealt to owners (logged)."""
+  logged = moe_experts(4, config={"zero.level": "v1"})
+  assert any("variables dealt to 4 replicas" in line for line in logged), (
+      logged)
+
+
+def moe_recompute():
+  """The MoE model, experts over 4 shards, with gradient checkpointing
+  (auto): the engine chose checkpoints (logged)."""
+  logged = moe_experts(4, config={"gradient_checkpoint.type": "auto"})
+  assert any("checkpoint tensor(s)" in line for line in logged), logged
+
+
+def _fit_moe(experts_scope=None):
+  """Keras fit (Adam, mse and the layer's auxiliary loss, an mae metric,
+  2 epochs of 5 steps) of the MoE model: its weights and History."""
+  return _fit(_MoEModel(experts_scope))
+
+
+def fit_moe():
+  """Keras fit (eager) of the MoE model whose experts are split over the
+  4 replicas: weights and each epoch's loss and mae equal plain fit."""
+  _init(config=SPLIT_CONFIG)
+  logged = _Logged()
+  fitted = _fit_moe(epl.split(4, name="experts"))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit_moe())
+  assert any("computes with 1 of the 4 experts" in line
+             for line in logged.lines), logged.lines
+  print("TF2_FIT_MOE_OK loss=%s mae=%s" % (fitted[1]["loss"],
+                                           fitted[1]["mae"]))
 
 
 def moe_not_dividing_refused():
@@ -972,6 +1014,74 @@ class _PeakPenaltySequential(_CustomStepSequential):
 def fit_undecided_prediction_merge_refused():
   """The tracked peak prediction, computed in the divided step."""
   _refused(lambda: _fit(_custom_step_sequential(_PeakPenaltySequential)))
+
+
+def _batch_norm_model():
+  """Dense (no bias: the batch norm centres its output, so a bias would
+  get no gradient but rounding, which Adam scales up), BatchNormalization,
+  tanh, Dense; seeded."""
+  seeded = tf.keras.initializers.GlorotUniform
+  model = tf.keras.Sequential([
+      tf.keras.layers.Dense(16, use_bias=False,
+                            kernel_initializer=seeded(seed=1)),
+      tf.keras.layers.BatchNormalization(),
+      tf.keras.layers.Activation("tanh"),
+      tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=2))])
+  model.build((None, 8))
+  return model
+
+
+def _train_towers(model, towers):
+  """Plain TF, as data parallelism defines batch norm: each step the
+  model runs on `towers` equal parts of the global batch, each normalized
+  by its own statistics, the gradients of the parts' mean loss applied
+  (Keras Adam), and the moving statistics moved once by the mean of the
+  parts' updates."""
+  optimizer = _optimizer("adam")
+  norm = [layer for layer in model.layers
+          if isinstance(layer, tf.keras.layers.BatchNormalization)][0]
+  moving = [norm.moving_mean, norm.moving_variance]
+
+  @tf.function
+  def train_step(x, y):
+    before = [variable.read_value() for variable in moving]
+    losses, moved = [], []
+    with tf.GradientTape() as tape:
+      for part_x, part_y in zip(tf.split(x, towers), tf.split(y, towers)):
+        for variable, value in zip(moving, before):
+          variable.assign(value)  # each part moves them from the start
+        losses.append(tf.reduce_mean(tf.square(
+            model(part_x, training=True) - part_y)))
+        moved.append([value - variable.read_value()
+                      for variable, value in zip(moving, before)])
+      loss = tf.add_n(losses) / towers
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    for variable, value, decrements in zip(moving, before, zip(*moved)):
+      variable.assign(value - tf.add_n(decrements) / towers)
+
+  for x, y in tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH):
+    train_step(x, y)
+  return model
+
+
+def batch_norm_accumulation():
+  """A Keras model with BatchNormalization in a data-parallel step, 4
+  replicas x 2 micro-batches: the trained weights and the moving
+  statistics equal plain TF's towers on the same 8 parts (the moving
+  statistics moved by the mean of the parts' updates, as MirroredStrategy
+  and EPL's TF1 graphs do)."""
+  _init(micro_batches=2)
+  model, _ = _train("adam", _batch_norm_model())
+  epl.shutdown()
+  expected = _train_towers(_batch_norm_model(), REPLICAS * 2)
+  names = [w.name for w in model.weights]
+  for name, actual, wanted in zip(names, model.get_weights(),
+                                  expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted, err_msg=name)
+  moved = model.layers[1].moving_mean.numpy()
+  assert np.abs(moved).max() > 1e-3, moved  # they did move
+  print("TF2_BATCH_NORM_OK moving_mean=%s" % moved[:3])
 
 
 def _updated_error(model, x, y):
