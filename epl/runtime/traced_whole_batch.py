@@ -184,13 +184,14 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
   """Leaves the ops of the step outside its divided part (the ops that
   `roots`, the fetches and stateful ops, need, which neither the
   gradients nor the losses need nor are computed from them, and which
-  read the batch (`_reads_whole_batch`): metric updates, and what reads
-  their results) out of the part the engine
-  divides, and makes them read, once it rewrites `graph`, the batch whole
-  and each batch-dependent tensor of the divided part as its value merged
-  over replicas and micro-batches. `losses` are the names of the losses
-  the gradients are taken of, `arguments` the batch arguments'. Returns
-  the names of those ops."""
+  read the batch (`_reads_whole_batch`): metric updates, the model called
+  again after the updates, and what reads their results) out of the part
+  the engine divides (in `training_subgraph.WHOLE_BATCH_OPS`), and makes
+  them read, once it rewrites `graph`, the batch whole and each
+  batch-dependent tensor of the divided part as its value merged over
+  replicas and micro-batches. `losses` are the names of the losses the
+  gradients are taken of, `arguments` the batch arguments'. Returns the
+  names of those ops that read the batch."""
   consumers = lambda op: [c for t in op.outputs for c in t.consumers()]
   producers = lambda op: [t.op for t in op.inputs]
   batch_dependent = _data_reachable(
@@ -206,7 +207,7 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
                          batch_dependent, training, roots)
   names = {op.name for op in outside}
   for op in outside:
-    graph.add_to_collection(training_subgraph.RUN_ONCE_AFTER_UPDATES, op)
+    graph.add_to_collection(training_subgraph.WHOLE_BATCH_OPS, op)
   _release(graph, names)
   _merge_inputs(graph, outside, names, divided, batch_dependent, loss_terms,
                 function_name)
@@ -215,12 +216,13 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
 
 def read_after_every_write(graph):
   """Once the engine rewrote `graph`: each variable read among the ops
-  that run once after the updates waits for every write of its variable
-  in the rewritten step, not only for the update it waited for in the
-  trace (under ZeRO the owner of a variable updates its own copy, and
-  then writes the new value into the other replicas', the user's
-  variable included)."""
-  once = graph.get_collection(training_subgraph.RUN_ONCE_AFTER_UPDATES)
+  that run once on the whole batch (`read_whole_batch`; the model called
+  again after the updates) waits for every write of its variable in the
+  rewritten step, not only for the update it waited for in the trace
+  (under ZeRO the owner of a variable updates its own copy, and then
+  writes the new value into the other replicas', the user's variable
+  included)."""
+  once = graph.get_collection(training_subgraph.WHOLE_BATCH_OPS)
   names = {op.name for op in once}
   for op in once:
     if op.type != "ReadVariableOp":

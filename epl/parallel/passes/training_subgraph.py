@@ -40,11 +40,11 @@ MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
                       "global_concat_objects")
 
 # Graph collection of the ops that run once a step, as built, on the whole
-# batch, though they wait for the updates (a traced step that calls its
-# model again after applying the gradients: `epl.runtime.
-# traced_whole_batch`): no replica's step, so the updates' search stops
-# at them.
-RUN_ONCE_AFTER_UPDATES = "epl_run_once_after_updates"
+# batch, outside the part the engine divides (a traced step's metric
+# updates, and its model called again after applying the gradients, which
+# waits for the updates: `epl.runtime.traced_whole_batch`): no replica's
+# step, so the search for the updates and what follows them stops there.
+WHOLE_BATCH_OPS = "epl_whole_batch_ops"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +179,8 @@ def raw_gradients(state):
 def find_updates(state):
   """(updates, ops after them): the variable writes downstream of the
   recorded gradients, and those writes with every op that depends on them
-  (but the ops that run once after them, RUN_ONCE_AFTER_UPDATES)."""
-  once = {op.name for op in
-          state.graph.get_collection(RUN_ONCE_AFTER_UPDATES)}
+  (but the ops that run once on the whole batch, WHOLE_BATCH_OPS)."""
+  once = {op.name for op in state.graph.get_collection(WHOLE_BATCH_OPS)}
   later = lambda op: [o for o in graph_editor.output_ops(op)
                       if o.name not in once]
   raw_ops = [t.op for grad in raw_gradients(state) for t in tensors_of(grad)]
