@@ -43,7 +43,8 @@ capture, planning, the rewrite, the runtime and the tools together.
   scopes, and the loss comes back merged over replicas;
   `GraphExecutionFunction._make_callable` (how Keras backend functions
   run) makes a callable that runs through `Session.run`, with EPL's hooks
-  below.
+  below; `_make_predict_function` fetches outputs of the whole batch when
+  the step's micro-batches run as a loop.
 - `Optimizer.apply_gradients`: ops built inside are APPLY; the
   (gradient, variable) pairs it applied are recorded, so that the rewrite
   knows which post-processed gradient belongs to which raw one; with
@@ -295,6 +296,12 @@ def _v1_make_train_function(original, model, *args, **kwargs):
     return original(model, *args, **kwargs)
   return keras_graph_fit.make_train_function(original, model, *args,
                                              **kwargs)
+
+
+def _v1_make_predict_function(original, model):
+  original(model)
+  if active() is not None:
+    keras_graph_fit.predict_whole_batch(model)
 
 
 def _v1_compile(original, model, *args, **kwargs):
@@ -610,6 +617,8 @@ def _keras_hooks():
     hooks.append((found.make_train_function, _make_train_function))
   if found.v1_make_train_function is not None:
     hooks.append((found.v1_make_train_function, _v1_make_train_function))
+  if found.v1_make_predict_function is not None:
+    hooks.append((found.v1_make_predict_function, _v1_make_predict_function))
   if found.v1_compile is not None:
     hooks.append((found.v1_compile, _v1_compile))
   if found.graph_function_callable is not None:

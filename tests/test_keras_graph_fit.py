@@ -51,6 +51,18 @@ def test_fit_in_graph_mode_with_memory_savers_matches_plain_keras(
 
 
 @pytest.mark.timeout(300)
+def test_predict_after_fit_with_a_loop_of_micro_batches_matches_plain_keras():
+  """Data parallel with 4 micro-batches a replica as a loop: predict after
+  fit (which used to fail: the loop reads the targets, which predict does
+  not feed) returns what plain Keras predict returns."""
+  printed = _run("dp", "pipeline.num_micro_batch=4")
+  assert "KERAS_GRAPH_FIT_OK" in printed, printed
+  assert "micro-batches: loop" in printed, printed
+  assert ("Keras Model.predict of sequential computes its outputs on the "
+          "whole batch") in printed, printed
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
     ("v2_optimizer", "AttributeError: 'Adam' object has no attribute "
                      "'get_updates'"),

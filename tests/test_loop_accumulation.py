@@ -2,6 +2,8 @@
 one stage, the micro-batches of a step run as a while-loop over the
 user's own forward and backward ops, with the results of single-device
 TensorFlow on the whole batch."""
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -125,10 +127,11 @@ def test_dropout_draws_other_numbers_in_each_micro_batch():
 
 
 def test_stateless_random_op_falls_back_to_copies_with_a_warning(caplog):
+  caplog.set_level(logging.INFO, logger="epl")
   epl.init(epl.Config(_loop_config()))
   epl.set_default_strategy(epl.replicate(device_count=1))
   graph = tf.Graph()
-  with graph.as_default():
+  with graph.as_default(), training.epl_logs_caught(caplog):
     x, y = training.input_batch(ROWS)
     noise = tf.random.stateless_uniform(tf.shape(x), seed=[1, 2])
     loss = tf.reduce_mean(tf.square(training.layers_model(x + noise) - y))
@@ -137,6 +140,12 @@ def test_stateless_random_op_falls_back_to_copies_with_a_warning(caplog):
   epl.shutdown()
   assert "not as a loop" in caplog.text and "stateless" in caplog.text
   assert _copied_forward_ops(graph)
+  # The plan's line says what runs: copies, not the loop it asked for.
+  plan = [r.getMessage() for r in caplog.records
+          if r.getMessage().startswith("EPL plan: micro-batches:")]
+  assert len(plan) == 1 and plan[0].startswith(
+      "EPL plan: micro-batches: copies (asked: loop), because op ") and (
+          "is a stateless random op" in plan[0]), caplog.text
 
 
 def test_reference_variables_in_the_loop_match_single_device():

@@ -539,6 +539,10 @@ def test_offload_matches_single_device(layout):
              if op.type in ADAM_UPDATE_TYPES]
   assert len(updates) == replicas * 4
   assert {op.device for op in updates} == {host}
+  # So does the GraphDef a session runs (the copies' devices used to stay
+  # those they were copied with there).
+  placed = {node.name: node.device for node in graph.as_graph_def().node}
+  assert {placed[op.name] for op in variables + updates} == {host}
   # The compute stays on the replicas' devices; each op there reads the
   # weights through a read of its own, made after its other inputs.
   checked = 0

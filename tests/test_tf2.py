@@ -68,6 +68,16 @@ def test_two_traced_steps_keep_their_own_replicas_state():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["offload", "offload_in_pipeline"])
+def test_offload_of_a_traced_step_keeps_the_state_on_the_host(scenario):
+  """offload.level v0 through the engine's pass: equal to plain TF, and
+  the GraphDef the rewritten step runs places the replicas' variables and
+  updates on the host (before the importer's fix, the copies kept their
+  replica's device there)."""
+  assert "TF2_OFFLOAD_OK" in _run(scenario)
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario, says", [
     ("recompute_in_pipeline", "TF2_RECOMPUTE_OK"),
     ("amp_in_pipeline", "TF2_AMP_OK"),
@@ -141,6 +151,28 @@ def test_moe_experts_in_a_traced_step_match_single_device(shards,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario, says", [
+    # The experts' weights dealt to owners with the others.
+    ("moe_zero_v1", "TF2_MOE_OK"),
+    # Gradient checkpointing (auto) around the experts.
+    ("moe_recompute", "TF2_MOE_OK"),
+    # Keras fit (eager), the experts split over 4.
+    ("fit_moe", "TF2_FIT_MOE_OK"),
+])
+def test_moe_experts_with_savers_and_keras_fit_match_single_device(scenario,
+                                                                   says):
+  assert says in _run(scenario)
+
+
+@pytest.mark.timeout(300)
+def test_batch_norm_statistics_in_a_traced_step_match_towers():
+  """The moving statistics of a data-parallel step with micro-batches move
+  by the mean of the parts' updates (they used to be optimizer updates,
+  moved by one part's statistics on each replica)."""
+  assert "TF2_BATCH_NORM_OK" in _run("batch_norm_accumulation")
+
+
+@pytest.mark.timeout(300)
 def test_keras_fit_data_parallel_matches_plain_fit():
   assert "TF2_FIT_DP_OK" in _run("fit_dp")
 
@@ -169,6 +201,22 @@ def test_metrics_of_the_predictions_alone_match_plain_fit():
   model's own train_step, read neither the targets nor the loss: they
   too run outside the divided step, on the predictions concatenated."""
   assert "TF2_FIT_PREDICTION_METRICS_OK" in _run("fit_prediction_metrics_dp")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", [
+    # 4 replicas x 2 micro-batches: the call after the update used to be
+    # put in the micro-batch loop, before the update (a cycle).
+    "called_after_update_accumulation",
+    # ZeRO v1: the call used to read replica 0's copies before the owners'
+    # new values reached them.
+    "called_after_update_zero_v1",
+    # Keras fit, own train_step: a shape error (one replica's rows against
+    # the whole batch's targets), and a cycle in a pipeline.
+    "fit_called_after_update_accumulation",
+    "fit_called_after_update_pipeline"])
+def test_model_called_again_after_the_update_matches_single_device(scenario):
+  assert "TF2_CALLED_AFTER_UPDATE_OK" in _run(scenario)
 
 
 @pytest.mark.timeout(300)
@@ -210,9 +258,10 @@ def test_checkpoint_after_eager_training_holds_one_copy():
     ("tf1_dense_in_traced_split_refused",
      "tf.compat.v1.layers.dense inside epl.split(device_count=2, "
      "name='head') with eager execution on"),
-    ("offload_in_pipeline_refused", "offload.level 'v0' asked, but they "
-                                    "are not built for a traced TF2 step "
-                                    "yet"),
+    ("grouped_apply_refused", "optimizer.num_apply_group 2 asked, but EPL "
+                              "groups an update only while a "
+                              "tf.compat.v1.train.Optimizer's "
+                              "apply_gradients builds it"),
     ("functional_layer_in_two_stages_refused",
      "Keras layer 'dense' is called in epl.replicate(device_count=1, "
      "name='stage_0') and in epl.replicate(device_count=1, "

@@ -18,6 +18,7 @@ the engine and the session name no pass. In a dry run
 rewrite is done (`epl.hooks` calls `epl.tools.dry_run`).
 """
 import collections
+import dataclasses
 import logging
 import weakref
 
@@ -300,13 +301,21 @@ class RewriteResult:
     # Names of every op of the rewritten step (epl.runtime.coverage).
     self.covered_names = None
 
+  @property
+  def decisions(self):
+    """The plan's decisions as the rewrite applied them: the micro-batches
+    as they finally run (copies where the step has an op the loop cannot
+    hold, though the plan decided a loop)."""
+    return dataclasses.replace(self.plan.decisions,
+                               micro_batches=self.micro_batching)
+
 
 def _log_plan(result):
   ctx, subgraph = result.context, result.subgraph
   phases = collections.Counter(
       ctx.state.phase_of(op).value for op in subgraph.cloned)
   logger.info("EPL plan: %s", result.plan.describe())
-  for line in result.plan.decisions.lines(notable_only=True):
+  for line in result.decisions.lines(notable_only=True):
     logger.info("EPL plan: %s", line)
   logger.info(
       "EPL rewrite: %d local replica(s) %s; per replica %d ops cloned (%s), "

@@ -22,6 +22,7 @@ again after the rewrite (`epl.runtime.keras_session`).
 """
 import contextlib
 import logging
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +32,7 @@ from epl.env import active
 from epl.ir import graph_editor
 from epl.ir.graph_state import state_of
 from epl.parallel.passes import merge_outputs
+from epl.parallel.plan.decisions import MicroBatching
 from epl.tf_compat import keras
 
 logger = logging.getLogger("epl")
@@ -82,6 +84,39 @@ def _refuse_pipelined_predict(function, graph):
         "the stages with the training step). Save the weights "
         "(model.save_weights) and predict with the model built without "
         "EPL; Model.evaluate works." % len(state.taskgraphs))
+
+
+# Model -> the outputs its predict function fetches instead of the
+# model's own, once the step's micro-batches run as a loop.
+_whole_batch_outputs = weakref.WeakKeyDictionary()
+
+
+def predict_whole_batch(model):
+  """After Keras made `model`'s predict function: when the rewritten step
+  runs its micro-batches as a loop, the model's outputs merged over
+  replicas and micro-batches come out of that loop, which runs the
+  training step's forward and backward passes and reads the targets,
+  which `predict` does not feed. The predict function then fetches the
+  outputs of the model called once more on the fed batch, whole, with
+  replica 0's weights (the user's), as without EPL (built once, logged)."""
+  state = state_of(model.outputs[0].graph) if model.outputs else None
+  result = state.rewrite_result if state is not None else None
+  if (result is None or result.plan.num_micro_batch == 1 or
+      result.micro_batching.value is not MicroBatching.LOOP):
+    return
+  outputs = _whole_batch_outputs.get(model)
+  if outputs is not None and list(
+      model.predict_function.outputs) == outputs:
+    return
+  if outputs is None:
+    inputs = model.inputs if len(model.inputs) > 1 else model.inputs[0]
+    outputs = _whole_batch_outputs[model] = tf.nest.flatten(model(inputs))
+    logger.info(
+        "EPL: Keras Model.predict of %s computes its outputs on the whole "
+        "batch with replica 0's weights: the step's %d micro-batches run "
+        "as a loop, which predict cannot run without the targets",
+        model.name, result.plan.num_micro_batch)
+  keras.set_predict_outputs(model, outputs)
 
 
 def output_stage(model, what):

@@ -238,7 +238,11 @@ def _tag_updates(graph, state, losses):
   """Tags APPLY what a TF1 graph's optimizer hook would: the variable
   writes that read a gradient or were built outside every scope (a Keras
   optimizer's), and what they read that neither the gradients nor the
-  `losses` (names) need (a metric's update reads the loss)."""
+  `losses` (names) need (a metric's update reads the loss). A write that
+  needs no gradient but a value the forward pass computes (batch norm's
+  moving averages read the batch's statistics), built in a stage or in a
+  step that opens no scope, is forward state, which the engine averages
+  over replicas and micro-batches (`forward_state`)."""
   gradient_ops = [grad.op for record in state.gradient_records
                   for grad, _ in record.pairs]
   gradient_part = set()
@@ -246,12 +250,16 @@ def _tag_updates(graph, state, losses):
                             for name in losses]:
     gradient_part |= graph_editor.data_ancestor_names([op])
   gradient_names = {op.name for op in gradient_ops}
+  computed = {name for name in gradient_part
+              if graph.get_operation_by_name(name).type not in (
+                  "VarHandleOp", "Placeholder", "ReadVariableOp", "Const")}
   for op in graph.get_operations():
     if not training_subgraph.written_variables(op):
       continue
     needs = graph_editor.data_ancestor_names([op])
-    if state.taskgraph_of(op) is not None and not needs & gradient_names:
-      continue  # a forward state update (moving averages) of a stage
+    if not needs & gradient_names and (
+        state.taskgraph_of(op) is not None or needs & computed):
+      continue  # a forward state update (moving averages)
     for name in needs - gradient_part:
       update = graph.get_operation_by_name(name)
       if update.type not in ("VarHandleOp", "Placeholder"):
@@ -465,12 +473,18 @@ class EngineStep:
       if check_plan is not None and plan is not None:
         check_plan(plan, _argument_readers(graph, readers, self._arguments))
       result = engine.ensure_rewritten(graph)
+      traced_whole_batch.read_after_every_write(graph)
     if result is None:
       raise ValueError(
           "tf.function %s computes gradients but EPL found no variable "
           "update built from them in its trace: apply the gradients in the "
           "step (optimizer.apply_gradients)." % function_name)
     return sources, readers, result
+
+  @property
+  def graph_def(self):
+    """The rewritten step's GraphDef, which every call imports and runs."""
+    return self._step_def
 
   def _shard_transfers(self, graph, result, function_name):
     """The variables the rewrite made shards of (zero.level v3's, a split

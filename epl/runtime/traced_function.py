@@ -126,29 +126,27 @@ def _refuse_untrained_split(graph, name):
 def _refuse_in_engine(step, name, env):
   """Raises for what EPL's engine does not do yet for a traced step."""
   _refuse_unsupported_gradients(step, name)
-  # Gradient checkpointing, AMP and ZeRO v0-v3 come through the engine's
-  # own passes (tested; v3's shards are the function's own variables,
-  # traced_shards); offload and grouped apply are not checked on a traced
-  # step yet.
-  savers = _memory_savers_asked(env.config)
-  if savers:
-    raise NotSupportedInTracedStep(
-        "tf.function %s: %s asked, but they are not built for a traced "
-        "TF2 step yet, which would train without them. Leave them unset "
-        "for this script, or build the step TF1 style, where they apply "
-        "(docs/tf2.md)." % (name, ", ".join(savers)))
+  # Gradient checkpointing, AMP, ZeRO v0-v3 and offload come through the
+  # engine's own passes (tested; v3's shards are the function's own
+  # variables, traced_shards).
+  _refuse_grouped_apply(name, env.config)
 
 
-def _memory_savers_asked(config):
-  """The memory-saver settings of `config` that are on and that the
-  engine's rewrite of a traced step does not apply yet, as config keys."""
-  asked = []
-  if config.offload.level:
-    asked.append("offload.level %r" % config.offload.level)
+def _refuse_grouped_apply(name, config):
+  """optimizer.num_apply_group groups an update while a
+  tf.compat.v1.train.Optimizer's apply_gradients builds it
+  (`grouped_apply`); no pass of the engine groups an update already
+  built, and a traced step's is a Keras optimizer's."""
   if config.optimizer.num_apply_group > 1:
-    asked.append("optimizer.num_apply_group %d" %
-                 config.optimizer.num_apply_group)
-  return asked
+    raise NotSupportedInTracedStep(
+        "tf.function %s: optimizer.num_apply_group %d asked, but EPL groups "
+        "an update only while a tf.compat.v1.train.Optimizer's "
+        "apply_gradients builds it in a TF1 graph (the groups one after "
+        "another); the update of a traced TF2 step is a Keras optimizer's, "
+        "built whole, which no pass of EPL's engine cuts into groups, so "
+        "the step would apply every variable at once. Leave it unset for "
+        "this script, or build the step TF1 style (docs/tf2.md)." % (
+            name, config.optimizer.num_apply_group))
 
 
 def _whole_batch_spec(value):
@@ -164,14 +162,27 @@ def _whole_batch_spec(value):
   return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
 
 
+def _whole_batch_trace(function, args, kwargs):
+  """The concrete function of `function` traced for the call's arguments,
+  each batch's first axis unknown."""
+  whole_args, whole_kwargs = tf.nest.map_structure(_whole_batch_spec,
+                                                   (args, kwargs))
+  return function.get_concrete_function(*whole_args, **whole_kwargs)
+
+
+def rewritten_step(function, *args, **kwargs):
+  """The EngineStep that calls of tf.function `function` with such
+  arguments run (its `graph_def` is what runs), or None before the first
+  call or for a function that trains nothing."""
+  return _rewritten.get(_whole_batch_trace(function, args, kwargs).graph)
+
+
 def call(env, function, original, args, kwargs):
   """Calls `function` (a tf.function called eagerly): as EPL's engine
   rewrites it when its trace is a training step, else the traced function
   itself."""
   name = getattr(function, "__name__", repr(function))
-  whole_args, whole_kwargs = tf.nest.map_structure(_whole_batch_spec,
-                                                   (args, kwargs))
-  concrete = function.get_concrete_function(*whole_args, **whole_kwargs)
+  concrete = _whole_batch_trace(function, args, kwargs)
   step = _rewritten.get(concrete.graph)
   if step is None:
     traced = traced_step.step_of(concrete.graph)

@@ -19,6 +19,7 @@ in graph mode:
 - anything else has no merge EPL can decide, and raises.
 """
 from epl import collections as epl_collections
+from epl.ir import control_flow
 from epl.ir import graph_editor
 from epl.parallel.passes import merge_outputs
 from epl.parallel.passes import training_subgraph
@@ -105,11 +106,14 @@ def _reads_whole_batch(tensor, whole, divided, batch_dependent):
 def _outside_ops(graph, whole, divided, batch_dependent, training, roots):
   """The variable writes (Keras' metric updates) computed from what reads
   the batch (`_reads_whole_batch`; `whole` are the batch arguments and the
-  loss's terms), with the computation they need there and what reads them
-  (a metric's result). What else reads the forward pass stays in the
-  divided part: a batch norm's moving averages, an output the step
-  returns (merged as a fetch is), a split layer's collectives (every
-  replica runs its own)."""
+  loss's terms), and what reads the batch after the updates (the model
+  called again once the gradients are applied: the divided part runs
+  before the updates, so it cannot hold that call), with the computation
+  they need there, what reads them (a metric's result) and the variable
+  reads only they make after the updates. What else reads the forward
+  pass stays in the divided part: a batch norm's moving averages, an
+  output the step returns (merged as a fetch is), a split layer's
+  collectives (every replica runs its own)."""
   needed = {op.name for op in graph_editor.ancestors(roots)}
   readers = [graph.get_operation_by_name(name)
              for name in (batch_dependent & needed) - training]
@@ -119,11 +123,28 @@ def _outside_ops(graph, whole, divided, batch_dependent, training, roots):
   candidates = {op.name for op in graph_editor.descendants(readers)
                 if op.name not in training and op.type != "NoOp" and
                 not op.type.startswith("Collective")}
-  writers = [graph.get_operation_by_name(name) for name in candidates
-             if training_subgraph.written_variables(
-                 graph.get_operation_by_name(name))]
-  return [op for op in graph_editor.ancestors(writers) +
-          graph_editor.descendants(writers) if op.name in candidates]
+  after_updates = {op.name for op in graph_editor.descendants(
+      [graph.get_operation_by_name(name) for name in training
+       if training_subgraph.written_variables(
+           graph.get_operation_by_name(name))])} - training
+  seeds = [graph.get_operation_by_name(name) for name in candidates
+           if name in after_updates or training_subgraph.written_variables(
+               graph.get_operation_by_name(name))]
+  outside = {op.name: op for op in graph_editor.ancestors(seeds) +
+             graph_editor.descendants(seeds) if op.name in candidates}
+  outside = list(outside.values())
+  return outside + _reads_only_for(outside, after_updates)
+
+
+def _reads_only_for(ops, after_updates):
+  """The ops after the updates whose values only `ops` read (the variable
+  reads of the model's call after them), which run with them."""
+  names = {op.name for op in ops}
+  inputs = lambda op: [t.op for t in op.inputs]
+  return [op for op in graph_editor.reachable(ops, inputs)
+          if op.name in after_updates and op.name not in names and
+          op.outputs and all(c.name in names for t in op.outputs
+                             for c in t.consumers())]
 
 
 def _release(graph, names):
@@ -163,13 +184,14 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
   """Leaves the ops of the step outside its divided part (the ops that
   `roots`, the fetches and stateful ops, need, which neither the
   gradients nor the losses need nor are computed from them, and which
-  read the batch (`_reads_whole_batch`): metric updates, and what reads
-  their results) out of the part the engine
-  divides, and makes them read, once it rewrites `graph`, the batch whole
-  and each batch-dependent tensor of the divided part as its value merged
-  over replicas and micro-batches. `losses` are the names of the losses
-  the gradients are taken of, `arguments` the batch arguments'. Returns
-  the names of those ops."""
+  read the batch (`_reads_whole_batch`): metric updates, the model called
+  again after the updates, and what reads their results) out of the part
+  the engine divides (in `training_subgraph.WHOLE_BATCH_OPS`), and makes
+  them read, once it rewrites `graph`, the batch whole and each
+  batch-dependent tensor of the divided part as its value merged over
+  replicas and micro-batches. `losses` are the names of the losses the
+  gradients are taken of, `arguments` the batch arguments'. Returns the
+  names of those ops that read the batch."""
   consumers = lambda op: [c for t in op.outputs for c in t.consumers()]
   producers = lambda op: [t.op for t in op.inputs]
   batch_dependent = _data_reachable(
@@ -184,7 +206,29 @@ def read_whole_batch(graph, state, losses, arguments, roots, function_name):
   outside = _outside_ops(graph, set(arguments) | loss_terms, divided,
                          batch_dependent, training, roots)
   names = {op.name for op in outside}
+  for op in outside:
+    graph.add_to_collection(training_subgraph.WHOLE_BATCH_OPS, op)
   _release(graph, names)
   _merge_inputs(graph, outside, names, divided, batch_dependent, loss_terms,
                 function_name)
   return sorted(op.name for op in outside if op.name in batch_dependent)
+
+
+def read_after_every_write(graph):
+  """Once the engine rewrote `graph`: each variable read among the ops
+  that run once on the whole batch (`read_whole_batch`; the model called
+  again after the updates) waits for every write of its variable in the
+  rewritten step, not only for the update it waited for in the trace
+  (under ZeRO the owner of a variable updates its own copy, and then
+  writes the new value into the other replicas', the user's variable
+  included)."""
+  once = graph.get_collection(training_subgraph.WHOLE_BATCH_OPS)
+  names = {op.name for op in once}
+  for op in once:
+    if op.type != "ReadVariableOp":
+      continue
+    variable = training_subgraph.variable_behind(op.inputs[0])
+    writes = [c for c in variable.outputs[0].consumers()
+              if c.name not in names and control_flow.context_of(c) is None
+              and variable in training_subgraph.written_variables(c)]
+    graph_editor.add_control_inputs(op, writes)

@@ -36,9 +36,14 @@ def import_nodes(graph, graph_def, prefix, input_map):
   Returns the new tf.Operations.
   """
   options = c_api_util.ScopedTFImportGraphDefOptions()
+  # The NodeDefs' devices are the new nodes' requested devices only: with
+  # propagate_device_spec they were also their assigned devices, which a
+  # GraphDef of the graph, and so a session, take over the requested
+  # one, so that a pass that placed a copy again later (offload moves the
+  # replicas' updates to the host) changed nothing that runs.
   importer._PopulateTFImportGraphDefOptions(
       options.options, prefix, input_map, return_elements=None,
-      validate_colocation_constraints=True, propagate_device_spec=True)
+      validate_colocation_constraints=True, propagate_device_spec=False)
   c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options.options, False)
   with graph._mutation_lock():
     with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:

@@ -67,6 +67,9 @@ class KerasTargets:
   # Keras backend function (Model.fit's train function in graph mode)
   # runs its step: a callable of the session, which bypasses Session.run.
   graph_function_callable: tuple = None
+  # (training_v1.Model, "_make_predict_function") of Keras 2, or None:
+  # what Model.predict builds its function with in graph mode.
+  v1_make_predict_function: tuple = None
   # (training_v1.Model, "compile") of Keras 2, or None: in graph mode it
   # builds the loss and the metrics, outside the user's stage scopes.
   v1_compile: tuple = None
@@ -154,6 +157,8 @@ def targets():
       make_train_function=(model, "make_train_function") if model else None,
       v1_make_train_function=(
           (v1_model, "_make_train_function") if v1_model else None),
+      v1_make_predict_function=(
+          (v1_model, "_make_predict_function") if v1_model else None),
       v1_compile=(v1_model, "compile") if v1_model else None,
       session_holder=session_holder,
       layer_call=(layers[0], "__call__") if layers[0] else None,
@@ -220,6 +225,17 @@ def graph_function_step(function):
   extra = sorted(function.feed_dict.keys()) if function.feed_dict else []
   return (list(function.outputs) + list(function.fetches),
           function.updates_op, extra)
+
+
+def set_predict_outputs(model, outputs):
+  """Makes Keras 2's graph-mode `model.predict` fetch `outputs` instead of
+  the model's outputs: its predict function as `training_v1.Model.
+  _make_predict_function` builds it, with those outputs."""
+  # pylint: disable=protected-access
+  backend = importlib.import_module(_keras_package() + ".src.backend")
+  model.predict_function = backend.function(
+      model._feed_inputs, outputs, updates=model.state_updates,
+      name="predict_function", **getattr(model, "_function_kwargs", {}))
 
 
 def steps_per_execution(model):

@@ -24,7 +24,6 @@ that ends without one under `epl-plan`.
 way of starting a script, not a property of the model, and a key could be
 left on in a script by mistake and stop every real run.
 """
-import dataclasses
 import importlib
 import logging
 import os
@@ -278,8 +277,7 @@ def describe(result, estimates=None):
                  "step" % (stages - 1, plan.num_micro_batch + stages - 1,
                            100.0 * bubble))
   lines.append("  decisions (the plan's, which the passes apply):")
-  lines.extend("    " + line for line in dataclasses.replace(
-      plan.decisions, micro_batches=result.micro_batching).lines())
+  lines.extend("    " + line for line in result.decisions.lines())
   lines.append("  TaskGraphs:")
   lines.extend(_taskgraph_lines(result))
   lines.append("  memory savers:")

@@ -208,7 +208,10 @@ def _legacy_adam():
 
 
 def _extra_config():
-  return dict(argument.split("=", 1) for argument in sys.argv[2:])
+  """The KEY=VALUE arguments as EPL config entries (a number as an int)."""
+  pairs = (argument.split("=", 1) for argument in sys.argv[2:])
+  return {key: int(value) if value.isdigit() else value
+          for key, value in pairs}
 
 
 def dp():

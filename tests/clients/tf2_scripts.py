@@ -71,11 +71,24 @@ conftest switched it off) and reads what they print.
   on 4 CPU replicas: each shard computes with its experts alone (EPL's
   log says so), and holds them (and their Adam slots) alone, and weights
   and loss equal the same script without EPL.
+- called_after_update_accumulation, called_after_update_zero_v1: a step
+  that returns the error of the model called again after its update (4
+  replicas x 2 micro-batches; ZeRO v1); fit_called_after_update_*: Keras
+  fit of a train_step that tracks that error (4 x 2 micro-batches; the
+  pipeline): equal to plain TF.
+- batch_norm_accumulation: a model with BatchNormalization, 4 replicas x 2
+  micro-batches: weights and moving statistics equal plain TF's towers.
+- moe_zero_v1, moe_recompute: moe_experts_4x1 with ZeRO v1, with
+  gradient checkpointing (auto); fit_moe: Keras fit (eager) of the MoE
+  model, experts split over 4: equal to plain fit.
+- offload, offload_in_pipeline: offload.level v0 on the data-parallel and
+  the pipeline script: equal to plain TF, and the rewritten step keeps
+  the other replicas' variables and writes on the host.
 - functional_layer_in_two_stages_refused, eager_tape_refused,
   fit_run_eagerly_refused, split_softmax_refused, split_clipnorm_refused,
   split_weight_read_elsewhere_refused, split_evaluation_refused,
   moe_not_dividing_refused, tf1_dense_in_traced_split_refused,
-  offload_in_pipeline_refused, fit_undecided_merge_refused,
+  grouped_apply_refused, fit_undecided_merge_refused,
   fit_undecided_prediction_merge_refused,
   uneven_batch_refused,
   iterator_step_refused: each raises EPL's error, which is printed.
@@ -128,9 +141,10 @@ def _halve_weights_after_step_2(model, step, optimizer):
     model.set_weights([0.5 * w for w in model.get_weights()])
 
 
-def _train_step(model, optimizer):
+def _train_step(model, optimizer, after_update=None):
   """The issue's tf.function step: the mean squared error of `model`,
-  its gradients applied by `optimizer`."""
+  its gradients applied by `optimizer`; with `after_update(model, x, y)`,
+  it also returns what that computes once the gradients are applied."""
 
   @tf.function
   def train_step(x, y):
@@ -141,21 +155,25 @@ def _train_step(model, optimizer):
         loss += tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
+    if after_update is None:
+      return loss
+    return loss, after_update(model, x, y)
 
   return train_step
 
 
 def _train(kind, model=None, batch=GLOBAL_BATCH, between=None, feed=None,
-           losses=None):
+           losses=None, after_update=None, inspect=None):
   """The script of the issue's first row: returns the model and the last
   loss. `between(model, step, optimizer)` runs eagerly after each step;
   `feed(x, y)` gives the rows of each batch the step is called with (a
   worker's share; all of them by default); `losses` (a list) gets every
-  step's loss."""
+  step's loss; with `after_update` (`_train_step`), the last loss is
+  (loss, its value); `inspect(train_step, x, y)` runs after the last
+  step."""
   model = model or _model()
   optimizer = _optimizer(kind)
-  train_step = _train_step(model, optimizer)
+  train_step = _train_step(model, optimizer, after_update)
   loss = None
   batches = tf.data.Dataset.from_tensor_slices(_data()).batch(batch)
   for step, (x, y) in enumerate(batches):
@@ -164,7 +182,9 @@ def _train(kind, model=None, batch=GLOBAL_BATCH, between=None, feed=None,
       losses.append(float(loss))
     if between is not None:
       between(model, step, optimizer)
-  return model, float(loss)
+  if inspect is not None:
+    inspect(train_step, x, y)
+  return model, tf.nest.map_structure(float, loss)
 
 
 def _init(micro_batches=1, default_strategy=True, config=None):
@@ -604,12 +624,13 @@ class _MoEModel(tf.keras.Model):
     return self.head(tf.reshape(outputs + tokens, [-1, x.shape[-1]]))
 
 
-def moe_experts(shards, micro_batches=1):
+def moe_experts(shards, micro_batches=1, config=None):
   """The MoE model on 4 CPU replicas, its experts split over `shards`
   devices (4: one expert a shard; 2: two groups of 2 experts a shard),
-  with `micro_batches` a replica (groups of 8 / micro_batches rows),
-  trained 5 steps: weights and loss equal the same script without EPL."""
-  _init(micro_batches, config=SPLIT_CONFIG)
+  with `micro_batches` a replica (groups of 8 / micro_batches rows) and
+  `config` besides, trained 5 steps: weights and loss equal the same
+  script without EPL."""
+  _init(micro_batches, config=dict(SPLIT_CONFIG, **(config or {})))
   logged = _Logged()
   group = 8 // micro_batches
   model, loss = _train("adam", _MoEModel(epl.split(shards, name="experts"),
@@ -635,6 +656,42 @@ def moe_experts(shards, micro_batches=1):
         "experts=%d loss=%.6f max_abs_diff=%.3g" % (
             tf.__version__, shards, REPLICAS, micro_batches, EXPERTS, loss,
             max(differences)))
+  return logged.lines
+
+
+def moe_zero_v1():
+  """The MoE model, experts over 4 shards, with zero.level v1: the
+  replicated weights are dealt to owners (logged)."""
+  logged = moe_experts(4, config={"zero.level": "v1"})
+  assert any("variables dealt to 4 replicas" in line for line in logged), (
+      logged)
+
+
+def moe_recompute():
+  """The MoE model, experts over 4 shards, with gradient checkpointing
+  (auto): the engine chose checkpoints (logged)."""
+  logged = moe_experts(4, config={"gradient_checkpoint.type": "auto"})
+  assert any("checkpoint tensor(s)" in line for line in logged), logged
+
+
+def _fit_moe(experts_scope=None):
+  """Keras fit (Adam, mse and the layer's auxiliary loss, an mae metric,
+  2 epochs of 5 steps) of the MoE model: its weights and History."""
+  return _fit(_MoEModel(experts_scope))
+
+
+def fit_moe():
+  """Keras fit (eager) of the MoE model whose experts are split over the
+  4 replicas: weights and each epoch's loss and mae equal plain fit."""
+  _init(config=SPLIT_CONFIG)
+  logged = _Logged()
+  fitted = _fit_moe(epl.split(4, name="experts"))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit_moe())
+  assert any("computes with 1 of the 4 experts" in line
+             for line in logged.lines), logged.lines
+  print("TF2_FIT_MOE_OK loss=%s mae=%s" % (fitted[1]["loss"],
+                                           fitted[1]["mae"]))
 
 
 def moe_not_dividing_refused():
@@ -660,16 +717,18 @@ def tf1_dense_in_traced_split_refused():
 
 
 def _pipeline_run(kind, config=None, between=_halve_weights_after_step_2,
-                  one_stage=False):
+                  one_stage=False, inspect=None):
   """The pipeline script under EPL (2 stages x 2 replicas, 4
   micro-batches, `config` besides; with `one_stage`, both halves in one
-  scope: 4 replicas of one stage) and without, `between` run after each
-  step: the two models and losses, and what EPL logged."""
+  scope: 4 replicas of one stage; `inspect` as `_train`'s) and without,
+  `between` run after each step: the two models and losses, and what EPL
+  logged."""
   _init(micro_batches=4, default_strategy=kind == "legacy", config=config)
   logged = _Logged()
   stages = [epl.replicate(1, name="stage_0")]
   stages.append(stages[0] if one_stage else epl.replicate(1, name="stage_1"))
-  model, loss = _train(kind, _TwoStageModel(stages), between=between)
+  model, loss = _train(kind, _TwoStageModel(stages), between=between,
+                       inspect=inspect)
   epl.shutdown()
   expected, expected_loss = _train(kind, _TwoStageModel(), between=between)
   return (model, loss), (expected, expected_loss), logged.lines
@@ -1099,11 +1158,205 @@ def fit_undecided_prediction_merge_refused():
   _refused(lambda: _fit(_custom_step_sequential(_PeakPenaltySequential)))
 
 
-def offload_in_pipeline_refused():
-  _refused(lambda: _train("adam", _TwoStageModel([
-      epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")])),
-           micro_batches=4, default_strategy=False,
-           config={"offload.level": "v0"})
+def _batch_norm_model():
+  """Dense (no bias: the batch norm centres its output, so a bias would
+  get no gradient but rounding, which Adam scales up), BatchNormalization,
+  tanh, Dense; seeded."""
+  seeded = tf.keras.initializers.GlorotUniform
+  model = tf.keras.Sequential([
+      tf.keras.layers.Dense(16, use_bias=False,
+                            kernel_initializer=seeded(seed=1)),
+      tf.keras.layers.BatchNormalization(),
+      tf.keras.layers.Activation("tanh"),
+      tf.keras.layers.Dense(1, kernel_initializer=seeded(seed=2))])
+  model.build((None, 8))
+  return model
+
+
+def _train_towers(model, towers):
+  """Plain TF, as data parallelism defines batch norm: each step the
+  model runs on `towers` equal parts of the global batch, each normalized
+  by its own statistics, the gradients of the parts' mean loss applied
+  (Keras Adam), and the moving statistics moved once by the mean of the
+  parts' updates."""
+  optimizer = _optimizer("adam")
+  norm = [layer for layer in model.layers
+          if isinstance(layer, tf.keras.layers.BatchNormalization)][0]
+  moving = [norm.moving_mean, norm.moving_variance]
+
+  @tf.function
+  def train_step(x, y):
+    before = [variable.read_value() for variable in moving]
+    losses, moved = [], []
+    with tf.GradientTape() as tape:
+      for part_x, part_y in zip(tf.split(x, towers), tf.split(y, towers)):
+        for variable, value in zip(moving, before):
+          variable.assign(value)  # each part moves them from the start
+        losses.append(tf.reduce_mean(tf.square(
+            model(part_x, training=True) - part_y)))
+        moved.append([value - variable.read_value()
+                      for variable, value in zip(moving, before)])
+      loss = tf.add_n(losses) / towers
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    for variable, value, decrements in zip(moving, before, zip(*moved)):
+      variable.assign(value - tf.add_n(decrements) / towers)
+
+  for x, y in tf.data.Dataset.from_tensor_slices(_data()).batch(GLOBAL_BATCH):
+    train_step(x, y)
+  return model
+
+
+def batch_norm_accumulation():
+  """A Keras model with BatchNormalization in a data-parallel step, 4
+  replicas x 2 micro-batches: the trained weights and the moving
+  statistics equal plain TF's towers on the same 8 parts (the moving
+  statistics moved by the mean of the parts' updates, as MirroredStrategy
+  and EPL's TF1 graphs do)."""
+  _init(micro_batches=2)
+  model, _ = _train("adam", _batch_norm_model())
+  epl.shutdown()
+  expected = _train_towers(_batch_norm_model(), REPLICAS * 2)
+  names = [w.name for w in model.weights]
+  for name, actual, wanted in zip(names, model.get_weights(),
+                                  expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted, err_msg=name)
+  moved = model.layers[1].moving_mean.numpy()
+  assert np.abs(moved).max() > 1e-3, moved  # they did move
+  print("TF2_BATCH_NORM_OK moving_mean=%s" % moved[:3])
+
+
+def _updated_error(model, x, y):
+  """The mean squared error of `model` called again, in inference mode."""
+  return tf.reduce_mean(tf.square(model(x, training=False) - y))
+
+
+def called_after_update(micro_batches=2, zero=None):
+  """The model called again after the update in a data-parallel step (4
+  replicas x `micro_batches`, ZeRO `zero`), its error returned by the
+  step: that call runs once, on the whole batch, after every replica's
+  update; weights and the step's outputs equal plain TF."""
+  _init(micro_batches, config={"zero.level": zero} if zero else None)
+  model, outputs = _train("adam", after_update=_updated_error)
+  epl.shutdown()
+  expected, expected_outputs = _train("adam", after_update=_updated_error)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  tolerance.assert_equivalent(np.array(outputs), np.array(expected_outputs))
+  print("TF2_CALLED_AFTER_UPDATE_OK micro_batches=%d zero=%s error=%.6f" % (
+      micro_batches, zero, outputs[1]))
+
+
+def called_after_update_accumulation():
+  called_after_update(micro_batches=2)
+
+
+def called_after_update_zero_v1():
+  called_after_update(micro_batches=1, zero="v1")
+
+
+class _CalledAfterUpdate:
+  """A train_step that also tracks the squared error of the model called
+  again, in inference mode, once the gradients are applied."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.updated_error = tf.keras.metrics.Mean("updated_error")
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compiled_loss(y, y_pred)
+    gradients = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+    self.compiled_metrics.update_state(y, y_pred)
+    self.updated_error.update_state(tf.square(self(x, training=False) - y))
+    return {metric.name: metric.result() for metric in self.metrics}
+
+
+class _CalledAfterUpdateSequential(_CalledAfterUpdate, tf.keras.Sequential):
+  """_model()'s layers, called again after the update."""
+
+
+class _CalledAfterUpdateStages(_CalledAfterUpdate, _TwoStageModel):
+  """The two-stage model, called again after the update."""
+
+
+def fit_called_after_update_accumulation():
+  """Keras fit of a data-parallel model (4 replicas x 2 micro-batches)
+  whose own train_step calls it again after the update: equal to plain
+  fit (weights, each epoch's loss, mae and updated error)."""
+  _init(micro_batches=2)
+  fitted = _fit(_custom_step_sequential(_CalledAfterUpdateSequential))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_custom_step_sequential(
+      _CalledAfterUpdateSequential)))
+  print("TF2_CALLED_AFTER_UPDATE_OK fit %s" % fitted[1]["updated_error"])
+
+
+def fit_called_after_update_pipeline():
+  """The same in 2 stages x 2 replicas x 4 micro-batches."""
+  _init(micro_batches=4, default_strategy=False)
+  fitted = _fit(_CalledAfterUpdateStages(
+      [epl.replicate(1, name="stage_0"), epl.replicate(1, name="stage_1")]))
+  epl.shutdown()
+  _assert_fit_equal(fitted, _fit(_CalledAfterUpdateStages()))
+  print("TF2_CALLED_AFTER_UPDATE_OK fit pipeline %s" %
+        fitted[1]["updated_error"])
+
+
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp",
+                    "AssignSubVariableOp")
+
+
+def _replica_state_devices(train_step, x, y):
+  """The devices of the other replicas' variables and variable writes in
+  the GraphDef EPL's rewritten `train_step` runs, and how many there are."""
+  step = traced_function.rewritten_step(train_step, x, y)
+  devices = [node.device for node in step.graph_def.node
+             if node.name.startswith("EPL_REPLICA_") and
+             (node.op == "VarHandleOp" or node.op in _VARIABLE_WRITES)]
+  return set(devices), len(devices)
+
+
+def offload(pipeline=False):
+  """offload.level v0 on a traced step (Keras Adam), data parallel over 4
+  replicas or in 2 stages x 2 replicas x 4 micro-batches, with an eager
+  set_weights after step 2: weights equal plain TF, and the rewritten step
+  that runs keeps every replica's variables and updates on the host
+  (CPU:0; the replicas compute on CPU:1-3)."""
+  config = {"offload.level": "v0"}
+  placed = []
+  record = lambda *call: placed.append(_replica_state_devices(*call))
+  if pipeline:
+    (model, _), (expected, _), logged = _pipeline_run("adam", config,
+                                                      inspect=record)
+  else:
+    _init(config=config)
+    logged = _Logged().lines
+    model, _ = _train("adam", between=_halve_weights_after_step_2,
+                      inspect=record)
+    epl.shutdown()
+    expected, _ = _train("adam", between=_halve_weights_after_step_2)
+  for actual, wanted in zip(model.get_weights(), expected.get_weights()):
+    tolerance.assert_equivalent(actual, wanted)
+  (devices, count), = placed
+  assert count and {d.split("device:")[-1] for d in devices} == {"CPU:0"}, (
+      devices)
+  moved = [line for line in logged if "on the host CPU" in line]
+  assert moved, logged
+  print("TF2_OFFLOAD_OK pipeline=%s %d replica variables and writes on %s; "
+        "%s" % (pipeline, count, sorted(devices), moved[0]))
+
+
+def offload_in_pipeline():
+  offload(pipeline=True)
+
+
+def grouped_apply_refused():
+  _refused(lambda: _train("adam"),
+           config={"optimizer.num_apply_group": 2})
 
 
 def uneven_batch_refused():

@@ -39,6 +39,13 @@ from epl.parallel.passes.resolve import mark_gradient_processing
 MERGED_COLLECTIONS = ("global_mean_objects", "global_sum_objects",
                       "global_concat_objects")
 
+# Graph collection of the ops that run once a step, as built, on the whole
+# batch, outside the part the engine divides (a traced step's metric
+# updates, and its model called again after applying the gradients, which
+# waits for the updates: `epl.runtime.traced_whole_batch`): no replica's
+# step, so the search for the updates and what follows them stops there.
+WHOLE_BATCH_OPS = "epl_whole_batch_ops"
+
 
 @dataclasses.dataclass(frozen=True)
 class CapturedStep:
@@ -171,11 +178,15 @@ def raw_gradients(state):
 
 def find_updates(state):
   """(updates, ops after them): the variable writes downstream of the
-  recorded gradients, and those writes with every op that depends on them."""
+  recorded gradients, and those writes with every op that depends on them
+  (but the ops that run once on the whole batch, WHOLE_BATCH_OPS)."""
+  once = {op.name for op in state.graph.get_collection(WHOLE_BATCH_OPS)}
+  later = lambda op: [o for o in graph_editor.output_ops(op)
+                      if o.name not in once]
   raw_ops = [t.op for grad in raw_gradients(state) for t in tensors_of(grad)]
-  updates = [op for op in graph_editor.descendants(raw_ops)
+  updates = [op for op in graph_editor.reachable(raw_ops, later)
              if written_variables(op)]
-  return updates, graph_editor.descendants(updates)
+  return updates, graph_editor.reachable(updates, later)
 
 
 def _input_pipeline_ops(training_ops):
