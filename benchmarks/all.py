@@ -40,6 +40,7 @@ import io
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -418,7 +419,8 @@ def run_sections(sections, pythons, smoke, in_process, timeout,
         continue
       result = {"name": section.name, "python": python,
                 "tf": versions[python], "load": os.getloadavg()[0],
-                "command": "python " + " ".join(_command(section, smoke))}
+                # Quoted as a shell needs it (data_parallel's --rows).
+                "command": "python " + shlex.join(_command(section, smoke))}
       start, cpu_start = time.perf_counter(), _cpu_seconds()
       if section.needs_horovod and not horovod[python]:
         result["status"], result["output"] = "skipped", (

@@ -11,6 +11,7 @@ and already ran under `make test`, and the CI budget is shared."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -84,7 +85,7 @@ def test_page_says_when_where_and_how(smoke):
   for section in SECTIONS:
     assert "## %s" % section.heading in page
     assert "`python benchmarks/%s.py %s`" % (
-        section.name, " ".join(section.smoke_args)) in page
+        section.name, shlex.join(section.smoke_args)) in page
 
 
 def test_resume_keeps_what_succeeded_and_runs_again_what_failed(
