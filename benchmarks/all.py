@@ -40,6 +40,7 @@ import io
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -70,8 +71,9 @@ def _section(name, heading, args, marker, text, both_versions=False,
 SECTIONS = (
     _section(
         "data_parallel", "Data parallelism and communication",
-        ["--models", "bert_base_2l:16,resnet18:64", "--steps", "5",
-         "--warmup", "2"], "examples/s", """
+        ["--models", "bert_base_2l:16,resnet18:64", "--steps", "15",
+         "--warmup", "2", "--rows", "TF 1 device;TF MirroredStrategy;EPL DP"],
+        "examples/s", """
 The anchors of data parallelism, side by side: the same model, optimizer
 and global batch (16 for BERT, 64 for ResNet-18: the model column says)
 as plain TensorFlow on one device,
@@ -82,8 +84,16 @@ replica (EPL before issue 35), EPL with the collective ring (what runs
 across workers), EPL over Horovod/Gloo, and Horovod alone over Gloo. The
 models have real widths: BERT-Base's (hidden 768, vocabulary 30522) with 2
 layers at sequence 128, and ResNet-18 on 32x32 images. The local rows
-are timed step by step in turn in one process, so that load from other
-jobs hits them alike. On logical CPU devices that share the cores, plain
+are built in one process and timed in turn, one step of each a round
+(each round starting one row later), so that load from other jobs hits
+them alike; the table "Timed in turn" gives each row's examples/s over
+plain TF's in the same round (median over the rounds, and over the quiet
+rounds, in which other processes kept under 0.1 cores busy) and its CPU
+time a step over plain TF's, and whether EPL DP meets issue 35's goals
+(at least 0.95x plain TF's examples/s, 1.0x Mirrored's); **others** is
+the cores other processes kept busy meanwhile (`host_load`). The
+standard run times plain TF, Mirrored and EPL DP (`--rows`; the
+per-replica-weights and ring rows run with the default `--rows`). On logical CPU devices that share the cores, plain
 TF on one device is the limit data parallelism can reach at a fixed
 global batch. **vs TF 1dev**, **vs Mirrored** and **vs Horovod** are
 examples/s over the anchor's: **higher is better**, and the column beside
@@ -409,7 +419,8 @@ def run_sections(sections, pythons, smoke, in_process, timeout,
         continue
       result = {"name": section.name, "python": python,
                 "tf": versions[python], "load": os.getloadavg()[0],
-                "command": "python " + " ".join(_command(section, smoke))}
+                # Quoted as a shell needs it (data_parallel's --rows).
+                "command": "python " + shlex.join(_command(section, smoke))}
       start, cpu_start = time.perf_counter(), _cpu_seconds()
       if section.needs_horovod and not horovod[python]:
         result["status"], result["output"] = "skipped", (

@@ -32,12 +32,31 @@ Models (benchmarks/horovod_data_parallel.py builds them): the standard
 sizes `bert_base_2l` (BERT-Base's widths and vocabulary, 2 layers,
 sequence 128, AdamW) and `resnet18` (ResNet-18 on 32x32 images,
 Momentum); `mlp` (6 layers 1024 wide, Adam, issue 35's probe); the smoke
-sizes `bert_tiny` and `resnet`. The local rows of a model are built in
-one process (a fresh one per model, or this one with `--in_process`) and
-timed step by step in turn (one step of each row, then the next), so
-that load from other jobs on a shared machine hits them alike;
-`--own_processes` builds and times each in a process of its own, one
-after the other. examples/s = G / median step time after the warm-up;
+sizes `bert_tiny` and `resnet`. The local rows of a model (`--rows`)
+are built in one process (a fresh one per model, or this one with
+`--in_process`) and timed in turn (`in_turn.rounds`: one step of each row
+a round, each round starting one row later), so that load from other
+jobs on a shared machine hits them alike: on 2 shared cores, rows timed
+in processes of their own mostly measure which had the cores to itself.
+The table "Timed in turn" gives each row's examples/s over plain TF's in
+the same round, median over the `--steps` rounds (and over the quiet
+rounds, other processes under QUIET cores), its CPU time a step over
+plain TF's, and EPL DP against issue 35's goals. `--own_processes` builds
+and times each in a process of its own, one after the other (no in-turn
+table).
+
+The comparison in one process is fair to plain TF: each row has a graph
+and a session of its own, with the same ConfigProto (soft placement,
+TensorFlow's default intra- and inter-op threads) but for the number of
+CPU devices: 1 for plain TF, N for the others. The logical devices that
+`epl.init` asks for do not reach plain TF's session, which has one CPU
+device and places every op on it; TensorFlow's CPU devices of one
+process share one intra-op thread pool, so plain TF's ops get as many
+threads as the replicas' together. Plain TF and Mirrored are built and
+stepped without EPL (`epl.env.detached`), EPL's rows with EPL on, as in
+a user's script.
+
+examples/s = G / median step time after the warm-up;
 the spread is the slowest and fastest step; CPU ms is the process's CPU
 time a step (median, `time.process_time`): what the step costs in work,
 which the load of other jobs on a shared machine moves far less than the
@@ -70,17 +89,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import horovod_data_parallel  # pylint: disable=wrong-import-position
+from benchmarks import host_load  # pylint: disable=wrong-import-position
+from benchmarks import in_turn  # pylint: disable=wrong-import-position
 from benchmarks import machine  # pylint: disable=wrong-import-position
 from benchmarks import smoke  # noqa: E402
 from benchmarks import step_parts  # pylint: disable=wrong-import-position
-from benchmarks import timing  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
 
 CPU_DEVICES = 4
@@ -97,6 +116,12 @@ LOCAL_ROWS = {
 # The Horovod rows have a --smoke of their own (horovod_data_parallel.py).
 SMOKE = ["--models", "resnet", "--global_batch", "4", "--steps", "1",
          "--warmup", "1", "--no_horovod", "--in_process"]
+# Other processes' cores under which a round in turn counts as quiet.
+QUIET = 0.1
+# Issue 35's goals for EPL DP's examples/s: over plain TF on one device's,
+# and over MirroredStrategy's.
+GOAL_ONE_DEVICE, GOAL_MIRRORED = 0.95, 1.0
+ROW_SEPARATOR = ";"
 # --row's value for every local row timed in turn (measure_interleaved).
 IN_TURN = "in turn"
 
@@ -185,65 +210,85 @@ class Row:
     from epl.env import detached  # pylint: disable=import-outside-toplevel
     return contextlib.nullcontext() if self.is_epl else detached()
 
-  def step(self, timed=True):
+  def step(self):
     with self.context():
-      start, start_cpu = time.perf_counter(), time.process_time()
       self.session.run(self.fetches)
-      if timed:
-        self.times.append(time.perf_counter() - start)
-        self.cpu_times.append(time.process_time() - start_cpu)
 
   def parts(self):
     with self.context():
       return step_parts.traced_parts(self.session, self.fetches,
                                      self.parts_of)
 
-  def result(self, global_batch, with_parts):
+  def result(self, global_batch, timed, with_parts, others):
+    """The row's figures from its (wall s, CPU s) of each timed step;
+    `others`: the cores other processes kept busy meanwhile."""
     self.session.close()
-    return {"examples_per_s": global_batch / statistics.median(self.times),
-            "step_s": self.times, "step_flops": self.step_flops,
-            "cpu_s": statistics.median(self.cpu_times),
+    times, cpu_times = (list(column) for column in zip(*timed))
+    return {"examples_per_s": global_batch / statistics.median(times),
+            "step_s": times, "step_flops": self.step_flops,
+            "cpu_s": statistics.median(cpu_times), "others": others,
             "parts": with_parts}
 
 
-def measure_interleaved(model, global_batch, steps, warmup):
-  """Every local row built in this process, warmed up, then timed one
-  step of each in turn; {row: {"examples_per_s", "step_s", "step_flops",
-  "cpu_s", "parts"}}."""
+def measure_interleaved(model, global_batch, steps, warmup, rows=None):
+  """The local rows `rows` (default: all) built in this process, warmed
+  up, then timed in turn, `steps` rounds of one step of each
+  (`in_turn.rounds`); {row: {"examples_per_s", "step_s", "step_flops",
+  "cpu_s", "others", "parts", and for every row but ONE_DEVICE
+  "in_turn": {"rate", "cpu", "quiet_rate", "rounds", "quiet"}}}: its
+  examples/s and CPU time a step over ONE_DEVICE's, median over the rounds
+  (and over the quiet rounds)."""
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   import epl  # pylint: disable=import-outside-toplevel
   tf.disable_eager_execution()
   # Plain TF and Mirrored first: MirroredStrategy needs EPL off.
-  rows = [Row(name, model, global_batch) for name in LOCAL_ROWS]
+  built = [Row(name, model, global_batch) for name in LOCAL_ROWS
+           if rows is None or name in rows]
   try:
     for _ in range(warmup):
-      for row in rows:
-        row.step(timed=False)
-    for _ in range(steps):
-      for row in rows:
+      for row in built:
         row.step()
-    parts = {row.name: row.parts() for row in rows}
-    return {row.name: row.result(global_batch, parts[row.name])
-            for row in rows}
+    timed, quiet, others = in_turn.rounds(
+        [(row.name, row.step) for row in built], steps, QUIET)
+    parts = {row.name: row.parts() for row in built}
+    figures = {row.name: row.result(global_batch, timed[row.name],
+                                    parts[row.name], others)
+               for row in built}
   finally:
     epl.shutdown()
+  base = timed.get(ONE_DEVICE)
+  for name, pairs in timed.items():
+    if base is None or name == ONE_DEVICE:
+      continue
+    calm = [(p, b) for p, b, q in zip(pairs, base, quiet) if q]
+    figures[name]["in_turn"] = {
+        # examples/s over ONE_DEVICE's = its step over this row's.
+        "rate": 1.0 / in_turn.median_ratio(pairs, base, 0),
+        "cpu": in_turn.median_ratio(pairs, base, 1),
+        "quiet_rate": 1.0 / in_turn.median_ratio(*zip(*calm), 0)
+                      if calm else None,
+        # examples/s over MIRRORED's, by the same rounds.
+        "mirrored": in_turn.median_ratio(timed[MIRRORED], pairs, 0)
+                    if MIRRORED in timed else None,
+        "rounds": len(pairs), "quiet": len(calm)}
+  return figures
 
 
-def measure_row(row, model, global_batch, steps, warmup):
-  """One row alone in this process (--own_processes' child); every row
-  timed in turn for IN_TURN."""
+def measure_row(row, model, global_batch, steps, warmup, rows):
+  """One row alone in this process (--own_processes' child); the rows
+  `rows` timed in turn for IN_TURN."""
   if row == IN_TURN:
-    return measure_interleaved(model, global_batch, steps, warmup)
+    return measure_interleaved(model, global_batch, steps, warmup, rows)
   import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
   import epl  # pylint: disable=import-outside-toplevel
   tf.disable_eager_execution()
   try:
     built = Row(row, model, global_batch)
     for _ in range(warmup):
-      built.step(timed=False)
-    for _ in range(steps):
       built.step()
-    return built.result(global_batch, built.parts())
+    others = host_load.OtherProcesses()
+    timed = [in_turn.timed_step(built.step) for _ in range(steps)]
+    return built.result(global_batch, timed, built.parts(), others.cores())
   finally:
     epl.shutdown()
 
@@ -256,6 +301,7 @@ def _own_process(row, model, args):
     command = [sys.executable, os.path.abspath(__file__), "--row", row,
                "--model", model, "--global_batch", str(args.global_batch),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--rows", ROW_SEPARATOR.join(args.rows),
                "--out", out]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
     if _devices()[0] == "CPU":
@@ -304,15 +350,62 @@ def _print_model(model, figures, rates, devices, global_batch, peak):
               verdict.ratio(rate, horovod or 0)]
     used = 1 if row == ONE_DEVICE else devices
     utilisation = machine.mfu(step_flops, global_batch / rate, peak, used)
-    print("%-16s %-24s %10.1f %11s %8s %8.2fx %9s %8.2fx %9s %8s %9s %6s" % (
-        model, row, rate, _spread(figures.get(row, {})),
-        _cpu_ms(figures.get(row, {})), versus[0],
+    others = figures.get(row, {}).get("others")
+    print("%-16s %-24s %10.1f %11s %8s %8.2fx %9s %8.2fx %9s %8s %9s %6s %6s"
+          % (model, row, rate, _spread(figures.get(row, {})),
+             _cpu_ms(figures.get(row, {})), versus[0],
         verdict.verdict(versus[0]) if epl_row else "", versus[1],
         verdict.verdict(versus[1]) if epl_row else "",
         "%.2fx" % versus[2] if horovod else "-",
         verdict.verdict(versus[2]) if epl_row and horovod else "",
-        "%.3f" % utilisation if utilisation is not None else "-"),
-          flush=True)
+             "%.3f" % utilisation if utilisation is not None else "-",
+             "-" if others is None else "%.2f" % others), flush=True)
+
+
+def _local_rows(names):
+  """The local rows of --rows `names`, in LOCAL_ROWS' order, with the
+  anchors."""
+  wanted = set(names.split(ROW_SEPARATOR)) | {ONE_DEVICE, MIRRORED}
+  unknown = wanted - set(LOCAL_ROWS)
+  if unknown:
+    raise SystemExit("--rows: unknown %s (known: %s)" % (
+        sorted(unknown), ", ".join(LOCAL_ROWS)))
+  return [row for row in LOCAL_ROWS if row in wanted]
+
+
+def _print_in_turn(rows):
+  """The in-turn ratios to TF 1 device of each (model, row, figures) of
+  `rows`, then each EPL DP row against GOAL_ONE_DEVICE and
+  GOAL_MIRRORED (the median over the rounds of its examples/s over
+  Mirrored's)."""
+  print("\nTimed in turn: examples/s over %s's in the same round "
+        "(median over the rounds, higher is better; over the quiet rounds, "
+        "other processes under %.2f cores), CPU a step over %s's (median, "
+        "lower is better); others = cores other processes kept busy"
+        % (ONE_DEVICE, QUIET, ONE_DEVICE))
+  print("%-16s %-24s %7s %12s %14s %12s %7s" % (
+      "model", "run", "rounds", "vs TF 1dev", "quiet rounds", "CPU x 1dev",
+      "others"))
+  for model, row, figures in rows:
+    ratio = figures["in_turn"]
+    print("%-16s %-24s %7d %11.2fx %14s %11.2fx %7s" % (
+        model, row, ratio["rounds"], ratio["rate"],
+        "-" if ratio["quiet_rate"] is None else "%.2fx (%d)" % (
+            ratio["quiet_rate"], ratio["quiet"]), ratio["cpu"],
+        "-" if figures["others"] is None else "%.2f" % figures["others"]))
+  for model, row, figures in rows:
+    if row != "EPL DP":
+      continue
+    ratio = figures["in_turn"]
+    versus = ratio["mirrored"]
+    print("%s %s: %.2fx TF 1 device's examples/s (goal at least %.2fx: "
+          "%s), %.2fx MirroredStrategy's (goal at least %.2fx: %s); CPU "
+          "%.2fx TF 1 device's" % (
+              model, row, ratio["rate"], GOAL_ONE_DEVICE,
+              "meets" if ratio["rate"] >= GOAL_ONE_DEVICE else "misses",
+              versus, GOAL_MIRRORED,
+              "meets" if versus >= GOAL_MIRRORED else "misses",
+              ratio["cpu"]))
 
 
 def main(argv=None):
@@ -334,14 +427,20 @@ def main(argv=None):
                       help="time the local rows in turn in this process, not "
                       "in a child process per model (smoke: TensorFlow "
                       "imported once)")
+  # Row names hold commas: ";" separates them.
+  parser.add_argument("--rows", default=ROW_SEPARATOR.join(LOCAL_ROWS),
+                      help="semicolon-separated local rows (%s); %s and %s "
+                      "always run: the ratios are to them" % (
+                          ", ".join(LOCAL_ROWS), ONE_DEVICE, MIRRORED))
   parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
   args = smoke.parse_args(parser, argv, SMOKE)
+  args.rows = _local_rows(args.rows)
   if args.row:
     with open(args.out, "w") as f:
       json.dump(measure_row(args.row, args.model, args.global_batch,
-                            args.steps, args.warmup), f)
+                            args.steps, args.warmup, args.rows), f)
     return 0
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   device_type, devices = _devices()
@@ -361,10 +460,10 @@ def main(argv=None):
   print("examples/s: higher is better; vs = examples/s over the anchor's "
         "(higher is better); spread = fastest-slowest step, ms; CPU ms = "
         "the process's CPU time a step, median (lower is better)")
-  print("%-16s %-24s %10s %11s %8s %9s %9s %9s %9s %8s %9s %6s" % (
+  print("%-16s %-24s %10s %11s %8s %9s %9s %9s %9s %8s %9s %6s %6s" % (
       "model", "run", "examples/s", "spread ms", "CPU ms", "vs TF 1dev", "",
-      "vs Mirr.", "", "vs Horovod", "", "MFU"))
-  all_parts = []
+      "vs Mirr.", "", "vs Horovod", "", "MFU", "others"))
+  all_parts, in_turn_rows = [], []
   for spec in args.models.split(","):
     # name[:global batch]: each model at a batch that says something
     # about it (ResNet-18 at 16 gives each replica 4 images).
@@ -375,10 +474,10 @@ def main(argv=None):
       raise SystemExit("%s: the global batch must be a multiple of %d" % (
           spec, devices))
     if args.own_processes:
-      figures = {row: _own_process(row, model, args) for row in LOCAL_ROWS}
+      figures = {row: _own_process(row, model, args) for row in args.rows}
     elif args.in_process:
       figures = measure_interleaved(model, args.global_batch, args.steps,
-                                    args.warmup)
+                                    args.warmup, args.rows)
     else:
       figures = _own_process(IN_TURN, model, args)
     rates = {row: f["examples_per_s"] for row, f in figures.items()}
@@ -388,6 +487,10 @@ def main(argv=None):
     label = "%s/%d" % (model, args.global_batch)
     _print_model(label, figures, rates, devices, args.global_batch, peak)
     all_parts += [(label, row, f["parts"]) for row, f in figures.items()]
+    in_turn_rows += [(label, row, f) for row, f in figures.items()
+                     if "in_turn" in f]
+  if in_turn_rows:
+    _print_in_turn(in_turn_rows)
   print("\nOne traced step of each local row split into parts "
         "(benchmarks/step_parts.py): busy ms of each part, lower is "
         "better; parts overlap, so they do not add up to the step")

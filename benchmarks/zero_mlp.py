@@ -27,10 +27,10 @@ step in turn instead (no peak memory: they share the allocator); each
 level's step over v2's is taken round by round, steps a few tens of
 milliseconds apart, so the load from other processes hits both alike.
 """
+import functools
 import os
 import statistics
 import sys
-import time
 
 # get_memory_info("CPU:0") has no figures without the BFC allocator.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -46,6 +46,7 @@ if ROOT not in sys.path:
 import epl  # noqa: E402
 from benchmarks import fresh_process  # noqa: E402
 from benchmarks import host_load  # noqa: E402
+from benchmarks import in_turn  # noqa: E402
 
 # With every replica a CPU device of this process, the plan's
 # communication is local sums (v3 gathers by one concatenation per use);
@@ -105,13 +106,6 @@ def _built(settings, layers, width, batch):
   return session, train_op
 
 
-def _timed_step(session, train_op):
-  """(wall s, process CPU s) of one step."""
-  start, start_cpu = time.perf_counter(), time.process_time()
-  session.run(train_op)
-  return time.perf_counter() - start, time.process_time() - start_cpu
-
-
 def measure(settings, layers, width, batch, steps):
   """One row, in this process: {peak, step (median s), best, cpu (median
   process CPU s a step), others (cores other processes kept busy meanwhile,
@@ -122,31 +116,13 @@ def measure(settings, layers, width, batch, steps):
       session.run(train_op)
     tf.config.experimental.reset_memory_stats("CPU:0")
     others = host_load.OtherProcesses()
-    times, cpu = zip(*[_timed_step(session, train_op)
+    times, cpu = zip(*[in_turn.timed_step(lambda: session.run(train_op))
                        for _ in range(steps)])
     others = others.cores()
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   return {"peak": peak, "step": statistics.median(times), "best": min(times),
           "cpu": statistics.median(cpu), "others": others,
           "steps": list(times)}
-
-
-def _rounds(runs, rounds):
-  """({name: [(wall s, CPU s) of each round's step]}, [whether each round
-  was quiet], cores other processes kept busy) of `rounds` rounds of one
-  step of each of `runs` ([(name, session, train op)]), each round
-  starting one run later."""
-  others = host_load.OtherProcesses()
-  timed = {name: [] for name, _, _ in runs}
-  quiet = []
-  for round_index in range(rounds):
-    start = round_index % len(runs)
-    in_round = host_load.OtherProcesses()
-    for name, session, train_op in runs[start:] + runs[:start]:
-      timed[name].append(_timed_step(session, train_op))
-    in_round = in_round.cores()
-    quiet.append(in_round is not None and in_round < QUIET)
-  return timed, quiet, others.cores()
 
 
 def _in_turn_table(timed, quiet):
@@ -170,8 +146,7 @@ def _in_turn_table(timed, quiet):
         "%-14.1f" % (min(walls) * 1000),
         "%-13.1f" % (statistics.median(cpus) * 1000),
         "%-18s" % ("%.2fx" % steps[name]),
-        "%-17s" % ("%.2fx" % statistics.median(
-            c / b[1] for (_, c), b in zip(pairs, base))),
+        "%-17s" % ("%.2fx" % in_turn.median_ratio(pairs, base, 1)),
         "%.2fx" % statistics.median(calm) if calm else "no quiet round"]))
   for name, step in steps.items():
     if "v3" in name:
@@ -194,7 +169,9 @@ def time_in_turn(levels, args):
     for _ in range(2):
       session.run(train_op)
   load = os.getloadavg()[0]
-  timed, quiet, others = _rounds(runs, args.steps)
+  timed, quiet, others = in_turn.rounds(
+      [(name, functools.partial(session.run, train_op))
+       for name, session, train_op in runs], args.steps, QUIET)
   for _, session, _ in runs:
     session.close()
   print("timed in turn, %d rounds, %d of them quiet (other processes under "

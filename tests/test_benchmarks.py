@@ -11,6 +11,7 @@ and already ran under `make test`, and the CI budget is shared."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -84,7 +85,7 @@ def test_page_says_when_where_and_how(smoke):
   for section in SECTIONS:
     assert "## %s" % section.heading in page
     assert "`python benchmarks/%s.py %s`" % (
-        section.name, " ".join(section.smoke_args)) in page
+        section.name, shlex.join(section.smoke_args)) in page
 
 
 def test_resume_keeps_what_succeeded_and_runs_again_what_failed(
@@ -113,6 +114,39 @@ def test_resume_keeps_what_succeeded_and_runs_again_what_failed(
       done=done[:1], save=saved.append)
   assert saved[-1][0] == done[0] and saved[-1][1:] == results
   assert ran == [second.name] and results[0]["output"] == "ran"
+
+
+def test_data_parallel_times_plain_tf_and_epl_in_turn(smoke):
+  # data_parallel's local rows, built in one process, are timed round by
+  # round: every row has a ratio to plain TF on one device (examples/s and
+  # CPU a step) over the same rounds, the other processes' load, and EPL
+  # DP's verdict against issue 35's goals.
+  output = smoke[0]["data_parallel"]["output"]
+  table = output[output.index("Timed in turn"):output.index("One traced")]
+  for row in ("TF MirroredStrategy", "EPL DP"):
+    assert re.search(r"^\S+ +%s +\d+ +\d+\.\d+x .* \d+\.\d+x +\d+\.\d+$"
+                     % re.escape(row), table, re.M), table
+  assert re.search(r"EPL DP: \d+\.\d+x TF 1 device's examples/s \(goal "
+                   r"at least 0\.95x: (meets|misses)\), \d+\.\d+x "
+                   r"MirroredStrategy's \(goal at least 1\.00x: "
+                   r"(meets|misses)\)", table), table
+
+
+def test_in_turn_rounds_start_one_run_later_each_round():
+  from benchmarks import in_turn  # pylint: disable=import-outside-toplevel
+  order = []
+  runs = [(name, lambda name=name: order.append(name)) for name in "abc"]
+  timed, quiet, _ = in_turn.rounds(runs, 3, quiet_cores=2.0 ** 10)
+  assert order == list("abc" "bca" "cab")
+  assert {name: len(pairs) for name, pairs in timed.items()} == {
+      "a": 3, "b": 3, "c": 3}
+  assert len(quiet) == 3
+  # The median over the rounds of each round's ratio, not a ratio of
+  # medians.
+  assert in_turn.median_ratio([(2.0, 1.0), (9.0, 3.0), (4.0, 1.0)],
+                              [(1.0, 1.0), (3.0, 1.0), (1.0, 1.0)], 0) == 3.0
+  assert in_turn.median_ratio([(2.0, 1.0), (9.0, 3.0), (4.0, 1.0)],
+                              [(1.0, 1.0), (3.0, 1.0), (1.0, 1.0)], 1) == 1.0
 
 
 def test_verdict_says_who_wins():
