@@ -28,14 +28,14 @@ def _run(scenario, with_log=False):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+@pytest.mark.parametrize("optimizer", ["adam", "legacy", "v1"])
 def test_eager_tf_function_loop_data_parallel_matches_single_device(
     optimizer):
   assert "TF2_EAGER_DP_OK" in _run("eager_dp_" + optimizer)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("optimizer", ["adam", "legacy"])
+@pytest.mark.parametrize("optimizer", ["adam", "legacy", "v1"])
 @pytest.mark.parametrize("scenario, says", [
     # A loop over 4 micro-batches a replica (no stages).
     ("accumulation_", "TF2_EAGER_DP_OK"),

@@ -19,14 +19,17 @@ from epl.ir import graph_editor
 from epl.ir import pass_through
 from epl.ir.graph_state import state_of
 from epl.ir.op_types import VARIABLE_READ_TYPES, VARIABLE_TYPES
-from epl.tf_compat.ops import resource_variable_ops
+from epl.tf_compat.ops import EagerTensor, resource_variable_ops
 
 
 def op_of(source):
   """The variable op behind `source` (a variable, its handle or its ref
-  tensor); None when `source` is not a variable."""
+  tensor); None when `source` is not a variable, or is one made eagerly
+  (no graph holds it: a traced step reaches it through a capture)."""
   if resource_variable_ops.is_resource_variable(source):
     handle = getattr(source, "handle", None)
+    if isinstance(handle, EagerTensor):
+      return None
     return handle.op if isinstance(handle, tf.Tensor) else None
   if isinstance(source, tf.Variable):
     return source.op

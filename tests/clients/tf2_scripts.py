@@ -131,6 +131,8 @@ def _model():
 def _optimizer(kind):
   if kind == "legacy":
     return tf.keras.optimizers.legacy.Adam(0.01)
+  if kind == "v1":  # a TF1 optimizer in a TF2 step, as TF allows
+    return tf.compat.v1.train.AdamOptimizer(0.01)
   return tf.keras.optimizers.Adam(0.01)
 
 
