@@ -206,20 +206,19 @@ def test_run_config_ignores_tf_config_and_distribution(monkeypatch, caplog):
   assert os.environ["TF_CONFIG"] == _TWO_WORKERS
 
 
-def _estimator_job(tmp_path, monkeypatch, name, model_dir, **options):
+def _estimator_job(tmp_path, name, model_dir, **options):
   """Runs tests/workers/estimator_worker.py on 2 workers x 2 devices."""
   multiworker.require_namespaces()
-  monkeypatch.setattr(multiworker, "WORKER_SCRIPT", ESTIMATOR_WORKER)
-  return multiworker.train_job(tmp_path, name, model_dir=model_dir,
-                               **options)
+  return multiworker.train_job(tmp_path, name, script=ESTIMATOR_WORKER,
+                               model_dir=model_dir, **options)
 
 
 @NEEDS_ESTIMATOR
 def test_two_workers_train_like_single_device_and_only_worker_0_writes(
-    tmp_path, monkeypatch):
+    tmp_path):
   # 2 workers x 2 devices x 8 rows: the global batch of 32. Each worker
   # has its own model directory, to show what each writes.
-  job, results = _estimator_job(tmp_path, monkeypatch, "train",
+  job, results = _estimator_job(tmp_path, "train",
                                 str(tmp_path / "model_{worker}"))
   assert job.returncode == 0, job.output[-8000:]
   worker0, worker1 = results
@@ -237,11 +236,10 @@ def test_two_workers_train_like_single_device_and_only_worker_0_writes(
 
 
 @NEEDS_ESTIMATOR
-def test_two_workers_train_and_evaluate_in_one_directory(tmp_path,
-                                                         monkeypatch):
+def test_two_workers_train_and_evaluate_in_one_directory(tmp_path):
   # One model directory for both workers, as on a shared file system:
   # every worker evaluates worker 0's final checkpoint.
-  job, results = _estimator_job(tmp_path, monkeypatch, "evaluate",
+  job, results = _estimator_job(tmp_path, "evaluate",
                                 str(tmp_path / "model"), evaluate=True)
   assert job.returncode == 0, job.output[-8000:]
   plain, plain_evaluation = _train_and_evaluate(tmp_path / "plain",

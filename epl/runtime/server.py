@@ -110,6 +110,16 @@ def _serve_eagerly(env):
   return EAGER
 
 
+class _EagerServer:
+  """The eager context's gRPC server as a Session's target: a full
+  TensorFlow server (master and worker services), so a graph built
+  under eager execution (an Estimator's, a `tf.Graph().as_default()`
+  block) runs in a Session of the same job."""
+
+  def __init__(self, target):
+    self.target = target
+
+
 def get_or_start(env):
   """This worker's tf.distribute.Server, started on first use; None for
   one worker."""
@@ -118,12 +128,8 @@ def get_or_start(env):
     return None
   server = _reuse(cluster)
   if server is EAGER:
-    raise RuntimeError(
-        "epl.init() ran with eager execution on, so this worker of the "
-        "multi-worker job serves its TF2 tf.function steps through the "
-        "eager context's own gRPC server, and a Session cannot join the "
-        "job. A TF1 script calls tf.compat.v1.disable_eager_execution() "
-        "before epl.init() (docs/tf2.md, multi-worker jobs).")
+    return _EagerServer("grpc://" + cluster.worker_addresses[
+        cluster.worker_index])
   if server is not None:
     return server
   spec = tf.train.ClusterSpec({JOB: cluster.worker_addresses})
