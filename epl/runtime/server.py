@@ -16,7 +16,8 @@ A TF2 script (eager execution on at `epl.init`) runs its steps as
 `tf.function`s in the eager context, whose collectives across processes
 need the context itself to serve the worker (`epl.tf_compat.eager_cluster`):
 there the eager context's own server takes the worker's address instead
-of a `tf.distribute.Server`, and sessions cannot reach the job.
+of a `tf.distribute.Server`, and a Session of the job (an Estimator's)
+targets it.
 """
 import logging
 
@@ -121,8 +122,9 @@ class _EagerServer:
 
 
 def get_or_start(env):
-  """This worker's tf.distribute.Server, started on first use; None for
-  one worker."""
+  """This worker's server for a Session, started on first use: its
+  tf.distribute.Server, or the eager context's when that serves the
+  worker; None for one worker."""
   cluster = env.cluster
   if not cluster.runs_tf_server:
     return None
