@@ -10,6 +10,7 @@ from epl.config import Config
 from epl.env import Env
 from epl.ir.graph_state import state_of
 from epl.parallel.plan import planner
+from epl.runtime import cpu_threads
 from epl.runtime import eager_devices
 from epl.runtime import server
 from epl.strategies.strategy import Replicate, require_devices
@@ -112,7 +113,8 @@ def init(config=None):
   env = Env.get()
   env.reset(config, job)
   cluster.set_layout_planner(planner.planned_virtual_devices)
-  eager_devices.ensure_logical_cpus(job)
+  env.cpu_threads = cpu_threads.plan_at_init(config, job)
+  eager_devices.ensure_logical_cpus(job, env.cpu_threads)
   hooks.install()
   notice = keras.init_notice()
   if notice is not None:

@@ -430,6 +430,11 @@ _KEYS = (
     _k("cluster", "num_cpu_devices", _Int(minimum=1, optional=True), None,
        "Logical CPU devices per worker when no GPU is present; None means 1.",
        built=True),
+    _k("cluster", "cpu_device_threads", _Int(minimum=0, optional=True), None,
+       "Intra-op threads of each logical CPU device, in a pool of its own; "
+       "None means the cores over the devices (at least 1) when a worker "
+       "has several CPU devices; 0 keeps TensorFlow's one pool that all "
+       "CPU devices share (docs/data_parallel.md).", built=True),
     _k("cluster", "collective_timeout_seconds", _PositiveFloat(), 300.0,
        "A dead peer becomes an error after this many seconds.", built=True),
     # gradient_checkpoint

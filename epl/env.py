@@ -66,6 +66,9 @@ class Env:
     self.config = config
     self.cluster = cluster
     self.default_strategy = None
+    # How the CPU devices share the cores (runtime.cpu_threads.ThreadPlan),
+    # decided by epl.init.
+    self.cpu_threads = None
     # Distinguishes environments: a graph's capture state belongs to the
     # environment that made it, and a later epl.init starts afresh.
     self.generation = next(_generations)

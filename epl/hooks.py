@@ -128,6 +128,7 @@ from epl.parallel.passes import grouped_apply
 from epl.parallel.plan import auto
 from epl.parallel.plan import planner
 from epl.runtime import checkpoint
+from epl.runtime import cpu_threads
 from epl.runtime import estimator
 from epl.runtime import failures
 from epl.runtime import keras_fit
@@ -331,10 +332,15 @@ def _finalize(original, graph):
 
 def _session_init(original, session, target="", graph=None, config=None):
   env = active()
-  if env is not None:
-    target, config = epl_session.session_settings(env, target, config,
-                                                  graph)
+  if env is None:
+    original(session, target, graph, config)
+    return
+  target, config = epl_session.session_settings(env, target, config, graph)
+  threads_before = cpu_threads.thread_count()
   original(session, target, graph, config)
+  if not target:
+    # A local session makes its own devices (a server's were made with it).
+    cpu_threads.check_session(env.cpu_threads, threads_before)
 
 
 def _session_run(original, session, fetches, feed_dict=None, options=None,

@@ -49,6 +49,7 @@ EXPECTED_DEFAULTS = {
     "cluster.run_visible_devices": "",
     "cluster.colocate_split_and_replicate": False,
     "cluster.num_cpu_devices": None,
+    "cluster.cpu_device_threads": None,
     "cluster.collective_timeout_seconds": 300.0,
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
@@ -68,7 +69,7 @@ BUILT_SECTIONS = {"pipeline", "communication", "io", "zero", "offload",
 BUILT_CLUSTER_KEYS = {
     "cluster.num_cpu_devices", "cluster.collective_timeout_seconds",
     "cluster.device_place_prefer_intra_node", "cluster.run_visible_devices",
-    "cluster.colocate_split_and_replicate"
+    "cluster.colocate_split_and_replicate", "cluster.cpu_device_threads"
 }
 
 

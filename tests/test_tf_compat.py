@@ -1125,3 +1125,31 @@ def test_keras_fit_counters_are_what_fit_keeps():
       "assert int(model._train_counter.numpy()) == before + 1\n"
       "print('counted')\n")
   assert done.returncode == 0 and "counted" in done.stdout, done.stderr[-2000:]
+
+
+@contract("thread_pools.ask_pool_per_device")
+def test_asked_before_the_first_device_every_cpu_device_has_its_own_pool():
+  # With one pool per process, a second session's devices would start no
+  # intra-op threads; with a pool per device each session's 4 devices start
+  # one each (intra_op_parallelism_threads 1), and closing frees them.
+  done = _python(
+      "import os\n"
+      "import tensorflow as tf\n"
+      "from epl.tf_compat import thread_pools\n"
+      "thread_pools.ask_pool_per_device()\n"
+      "assert thread_pools.pool_per_device_in_environment()\n"
+      "tf.compat.v1.disable_eager_execution()\n"
+      "def threads():\n"
+      "  return len(os.listdir('/proc/self/task'))\n"
+      "config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)\n"
+      "config.device_count['CPU'] = 4\n"
+      "started = []\n"
+      "for _ in range(2):\n"
+      "  before = threads()\n"
+      "  session = tf.compat.v1.Session(config=config)\n"
+      "  started.append(threads() - before)\n"
+      "  session.close()\n"
+      "print('started', *started)\n")
+  assert done.returncode == 0, done.stderr[-2000:]
+  started = [int(n) for n in done.stdout.split("started", 1)[1].split()]
+  assert started[1] >= 4, started

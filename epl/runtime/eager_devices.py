@@ -9,14 +9,20 @@ import logging
 
 import tensorflow as tf
 
+from epl.runtime import cpu_threads
+from epl.tf_compat import thread_pools
+
 logger = logging.getLogger("epl")
 
 
-def ensure_logical_cpus(cluster):
-  """Gives this process `cluster.devices_per_worker` logical CPU devices
-  when the cluster is made of CPU devices and execution is eager."""
+def ensure_logical_cpus(cluster, threads):
+  """Gives this process `cluster.devices_per_worker` logical CPU devices,
+  each with the threads of the ThreadPlan `threads`, when the cluster is
+  made of CPU devices and execution is eager."""
   if not tf.executing_eagerly() or cluster.device_type != "CPU":
     return
+  if not thread_pools.eager_runtime_started():
+    cpu_threads.set_eager_threads(threads)
   wanted = cluster.devices_per_worker
   cpu = tf.config.list_physical_devices("CPU")[0]
   configured = tf.config.get_logical_device_configuration(cpu)

@@ -43,11 +43,13 @@ def task_filter(worker):
   return "/job:%s/task:%d" % (JOB, worker)
 
 
-def base_config(cluster, config):
-  """The ConfigProto that the server and every session share."""
+def base_config(cluster, config, threads):
+  """The ConfigProto that the server and every session share; `threads`:
+  the ThreadPlan of its CPU devices."""
   proto = tf.compat.v1.ConfigProto()
   if cluster.device_type == "CPU":
     proto.device_count["CPU"] = cluster.devices_per_worker
+    cpu_threads.set_threads(threads, proto)
   elif config.cluster.run_visible_devices:
     proto.gpu_options.visible_device_list = config.cluster.run_visible_devices
   proto.experimental.collective_group_leader = GROUP_LEADER
@@ -137,7 +139,7 @@ def get_or_start(env):
   spec = tf.train.ClusterSpec({JOB: cluster.worker_addresses})
   server = tf.distribute.Server(
       spec, job_name=JOB, task_index=cluster.worker_index,
-      config=base_config(cluster, env.config), protocol="grpc", start=True)
+      config=base_config(cluster, env.config, env.cpu_threads), protocol="grpc", start=True)
   _server.update(server=server, key=_key(cluster))
   _say_what_the_job_exposes(cluster)
   logger.info("epl.init: worker %d of %d serves %s at %s (%d %s device(s))",

@@ -21,6 +21,7 @@ from epl.ir.graph_state import state_of
 from epl.parallel import engine
 from epl.runtime import collective_groups
 from epl.runtime import coverage
+from epl.runtime import cpu_threads
 from epl.runtime import grappler
 from epl.runtime import server as epl_server
 
@@ -57,6 +58,7 @@ def session_settings(env, target, config, graph=None):
   if cluster.device_type == "CPU":
     current = merged.device_count.get("CPU", 0)
     merged.device_count["CPU"] = max(current, cluster.devices_per_worker)
+    cpu_threads.set_threads(env.cpu_threads, merged)
   elif (env.config.cluster.run_visible_devices and
         not merged.gpu_options.visible_device_list):
     merged.gpu_options.visible_device_list = (

@@ -16,6 +16,8 @@ of this package, and only from here (tests/test_layers.py checks it):
 - `estimator`: tf.estimator's entry points, when it is installed.
 - `training`: TF1 optimizer internals.
 - `horovod`: Horovod, imported on first use.
+- `thread_pools`: the intra-op pools of CPU devices, one per process or
+  one per device.
 
 This package imports only TensorFlow, Keras and the optional packages
 above, never the rest of EPL. `VERSIONS` gives, for each of its functions
@@ -97,6 +99,8 @@ VERSIONS = {
     **{"tape." + name: _TESTED for name in (
         "GRADIENT_LOOKUP", "is_gradient_registry", "forward_op",
         "original_op_scope")},
+    # thread_pools: a pool of its own for each CPU device.
+    "thread_pools.ask_pool_per_device": _TESTED,
     # training: TF1 optimizer internals.
     "training.base_finish": _TESTED,
     # collective_order: the ordering tokens of V2 collectives and the
