@@ -24,6 +24,7 @@ import logging
 import tensorflow as tf
 
 from epl.parallel.plan import planner
+from epl.runtime import cpu_threads
 from epl.runtime import network_namespace
 from epl.tf_compat import eager_cluster
 
