@@ -430,6 +430,10 @@ _KEYS = (
     _k("cluster", "num_cpu_devices", _Int(minimum=1, optional=True), None,
        "Logical CPU devices per worker when no GPU is present; None means 1.",
        built=True),
+    _k("cluster", "cpu_device_threads", _Int(minimum=0, optional=True), None,
+       "Intra-op threads of each logical CPU device: None lets epl.init "
+       "choose, 0 keeps TensorFlow's one pool shared by the devices, k gives "
+       "each device k (docs/data_parallel.md)."),
     _k("cluster", "collective_timeout_seconds", _PositiveFloat(), 300.0,
        "A dead peer becomes an error after this many seconds.", built=True),
     # gradient_checkpoint

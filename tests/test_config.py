@@ -49,6 +49,7 @@ EXPECTED_DEFAULTS = {
     "cluster.run_visible_devices": "",
     "cluster.colocate_split_and_replicate": False,
     "cluster.num_cpu_devices": None,
+    "cluster.cpu_device_threads": None,
     "cluster.collective_timeout_seconds": 300.0,
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
