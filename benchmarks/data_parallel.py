@@ -19,6 +19,10 @@ step, each row saying what ran.
                             (shared_weights off: EPL before issue 35)
   EPL DP, ring              collective ring all-reduce (local_cpu_reduce
                             off), as across workers; on GPUs NCCL
+  EPL DP, one pool          EPL DP with TensorFlow's one intra-op pool
+                            shared by the logical CPU devices
+                            (cluster.cpu_device_threads 0: EPL before
+                            its per-device pools), in the same rounds
   EPL Horovod/Gloo 2x2      EPL with communication.backend "horovod",
                             horovodrun -np 2 x 2 logical devices per process
   EPL Horovod/Gloo 4x1      the same with 4 processes of one device
@@ -32,33 +36,37 @@ Models (benchmarks/horovod_data_parallel.py builds them): the standard
 sizes `bert_base_2l` (BERT-Base's widths and vocabulary, 2 layers,
 sequence 128, AdamW) and `resnet18` (ResNet-18 on 32x32 images,
 Momentum); `mlp` (6 layers 1024 wide, Adam, issue 35's probe); the smoke
-sizes `bert_tiny` and `resnet`. The local rows of a model (`--rows`)
-are built in one process (a fresh one per model, or this one with
-`--in_process`) and timed in turn (`in_turn.rounds`: one step of each row
-a round, each round starting one row later), so that load from other
-jobs on a shared machine hits them alike: on 2 shared cores, rows timed
-in processes of their own mostly measure which had the cores to itself.
+sizes `bert_tiny` and `resnet`. Each local row of a model (`--rows`)
+runs in a process of its own (`row_process`), built and warmed up there
+one row after another; all stay alive and are timed in turn
+(`in_turn.rounds`: one step of each row a round, each round starting one
+row later, each step timed in its row's process), so that load from
+other jobs on a shared machine hits them alike: on 2 shared cores, rows
+timed one after the other mostly measure which had the cores to itself.
 The table "Timed in turn" gives each row's examples/s over plain TF's in
 the same round, median over the `--steps` rounds (and over the quiet
-rounds, other processes under QUIET cores), its CPU time a step over
-plain TF's, and EPL DP against issue 35's goals. `--own_processes` builds
-and times each in a process of its own, one after the other (no in-turn
-table).
+rounds, other processes under QUIET cores: the row processes are not
+"other"), its CPU time a step over plain TF's, and EPL DP against issue
+35's goals. `--own_processes` times each row alone, one after the other
+(no in-turn table).
 
-The comparison in one process is fair to plain TF: each row has a graph
-and a session of its own, with the same ConfigProto (soft placement,
-TensorFlow's default intra- and inter-op threads) but for the number of
-CPU devices: 1 for plain TF, N for the others. The logical devices that
-`epl.init` asks for do not reach plain TF's session, which has one CPU
-device and places every op on it; TensorFlow's CPU devices of one
-process share one intra-op thread pool, so plain TF's ops get as many
-threads as the replicas' together. Plain TF and Mirrored are built and
-stepped without EPL (`epl.env.detached`), EPL's rows with EPL on, as in
-a user's script.
+The comparison is fair to every row: each runs as its users run it, in
+a process of its own. Plain TF and Mirrored keep TensorFlow's defaults
+(soft placement, TensorFlow's default intra- and inter-op threads, the
+process-wide thread settings untouched: TF_OVERRIDE_GLOBAL_THREADPOOL is
+removed from their environment), with 1 CPU device for plain TF and N
+for Mirrored; plain TF's ops get all the intra-op threads. EPL's rows
+call `epl.init` first in their process, as a user's script does, and
+run with what it decides for that process (the logical CPU devices, and
+their intra-op threads: `cluster.cpu_device_threads`). Plain TF and
+Mirrored are built and stepped without EPL (`epl.env.detached`), EPL's
+rows with EPL on. Each row process holds its own copy of TensorFlow and
+of its model; the output ends with their peak RSS, together and the
+largest.
 
 examples/s = G / median step time after the warm-up;
-the spread is the slowest and fastest step; CPU ms is the process's CPU
-time a step (median, `time.process_time`): what the step costs in work,
+the spread is the slowest and fastest step; CPU ms is the row process's
+CPU time a step (median, `time.process_time`): what the step costs in work,
 which the load of other jobs on a shared machine moves far less than the
 wall time (the Horovod rows, in processes of their own, have none). "vs" columns are examples/s
 over the anchor's (higher is better) with the verdict. A second table
@@ -127,6 +135,9 @@ ROW_SEPARATOR = ";"
 # Mirrored run with TensorFlow's defaults; EPL's rows with what epl.init
 # decides in their own process).
 THREADPOOL_OVERRIDE = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+# What to do when the row processes do not fit in memory together.
+MEMORY_FIX = ("time fewer rows together (--rows) or each alone "
+              "(--own_processes)")
 
 
 def _devices():
@@ -246,8 +257,8 @@ def _serve_row(row, model, global_batch, warmup, channel):
   row_process.serve(channel, build)
 
 
-def _start_row(row, model, args):
-  """The row process of `row`, built and warmed up."""
+def _start_row(row, model, args, name):
+  """The row process of `row`, built and warmed up; `name` in errors."""
   command = [sys.executable, os.path.abspath(__file__), "--row", row,
              "--model", model, "--global_batch", str(args.global_batch),
              "--warmup", str(args.warmup)]
@@ -255,8 +266,7 @@ def _start_row(row, model, args):
   env.pop(THREADPOOL_OVERRIDE, None)
   if _devices()[0] == "CPU":
     env["CUDA_VISIBLE_DEVICES"] = ""
-  return row_process.RowProcess("%s / %s" % (model, row), command, env,
-                                cwd=ROOT)
+  return row_process.RowProcess(name, command, env, cwd=ROOT)
 
 
 def _figures(global_batch, timed, step_flops, parts, others, peak_rss):
@@ -276,7 +286,9 @@ def _time_together(rows, model, args):
   started = []
   try:
     for row in rows:
-      started.append(_start_row(row, model, args))
+      label = "%s / %s" % (model, row)
+      row_process.check_memory(started, label, MEMORY_FIX)
+      started.append(_start_row(row, model, args, label))
     timed, quiet, others = in_turn.rounds(
         [(row.name, row.step) for row in started], args.steps, QUIET,
         self_timed=True, child_pids=[row.pid for row in started])

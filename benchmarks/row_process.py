@@ -22,7 +22,10 @@ function that builds its row to `serve`.
 A row that fails, exits or does not answer within its timeout is killed
 by pid and the parent raises, naming the row and quoting the end of its
 output; `stop_all` in a `finally` kills what is left, so that no row
-process outlives the benchmark.
+process outlives the benchmark. Each row process holds its own copy of
+TensorFlow and of its model: `check_memory` refuses to start one more
+where the memory left would not hold another as large as the largest so
+far (on a shared host the kernel's OOM killer would pick any process).
 """
 import json
 import os
@@ -47,6 +50,36 @@ OUTPUT_TAIL = 4000
 
 class RowFailed(RuntimeError):
   """A row process failed, exited or did not answer in time."""
+
+
+def _proc_kib(path, field):
+  """The `field` line's KiB of a /proc file ("VmRSS", "MemAvailable"),
+  or None without it."""
+  try:
+    with open(path) as lines:
+      for line in lines:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return None
+
+
+def check_memory(rows, name, fix):
+  """Raises RowFailed when the host's available memory is below the
+  resident memory of the largest of `rows` (the row processes started so
+  far): starting row `name` might then exhaust it. `fix` says what the
+  user can do. Does nothing without /proc."""
+  resident = [_proc_kib("/proc/%d/status" % row.pid, "VmRSS") for row in rows]
+  largest = max([kib for kib in resident if kib is not None], default=0)
+  available = _proc_kib("/proc/meminfo", "MemAvailable")
+  if available is not None and available < largest:
+    raise RowFailed(
+        "not enough memory to start row %r: %.1f GiB available, the "
+        "largest row process so far holds %.1f GiB (the %d started hold "
+        "%.1f GiB); %s" % (name, available / 2 ** 20, largest / 2 ** 20,
+                           len(rows), sum(k or 0 for k in resident) / 2 ** 20,
+                           fix))
 
 
 class RowProcess:

@@ -142,6 +142,28 @@ def test_a_row_that_fails_to_build_says_why():
   assert not _alive(pid)
 
 
+@pytest.mark.timeout(TIMEOUT)
+def test_no_row_starts_where_memory_would_not_hold_it(monkeypatch):
+  row = _start("burn", "big row")
+  try:
+    gib = 2 ** 20  # in KiB
+    # A host with 1 GiB left and a row process of 4 GiB: refused.
+    monkeypatch.setattr(row_process, "_proc_kib", lambda path, field: (
+        4 * gib if field == "VmRSS" else 1 * gib))
+    with pytest.raises(row_process.RowFailed) as refused:
+      row_process.check_memory([row], "next row", "time fewer rows")
+    assert ("not enough memory to start row 'next row': 1.0 GiB available, "
+            "the largest row process so far holds 4.0 GiB" in
+            str(refused.value))
+    assert str(refused.value).endswith("; time fewer rows")
+    # 5 GiB left: it fits.
+    monkeypatch.setattr(row_process, "_proc_kib", lambda path, field: (
+        4 * gib if field == "VmRSS" else 5 * gib))
+    row_process.check_memory([row], "next row", "time fewer rows")
+  finally:
+    row.kill()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"),
                     reason="needs /proc")
 @pytest.mark.timeout(TIMEOUT)
