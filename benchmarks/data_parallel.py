@@ -475,7 +475,7 @@ def main(argv=None):
             "; Horovod rows: %s" % missing if missing else ""))
   print("examples/s: higher is better; vs = examples/s over the anchor's "
         "(higher is better); spread = fastest-slowest step, ms; CPU ms = "
-        "the process's CPU time a step, median (lower is better)")
+        "the row process's CPU time a step, median (lower is better)")
   print("%-16s %-24s %10s %11s %8s %9s %9s %9s %9s %8s %9s %6s %6s" % (
       "model", "run", "examples/s", "spread ms", "CPU ms", "vs TF 1dev", "",
       "vs Mirr.", "", "vs Horovod", "", "MFU", "others"))
