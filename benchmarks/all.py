@@ -72,7 +72,8 @@ SECTIONS = (
     _section(
         "data_parallel", "Data parallelism and communication",
         ["--models", "bert_base_2l:16,resnet18:64", "--steps", "15",
-         "--warmup", "2", "--rows", "TF 1 device;TF MirroredStrategy;EPL DP"],
+         "--warmup", "2", "--rows",
+         "TF 1 device;TF MirroredStrategy;EPL DP;EPL DP, one pool"],
         "examples/s", """
 The anchors of data parallelism, side by side: the same model, optimizer
 and global batch (16 for BERT, 64 for ResNet-18: the model column says)
@@ -81,31 +82,39 @@ as plain TensorFlow on one device,
 default (on one host's CPUs: local sums and one shared copy of the
 weights, updated once per step), EPL with a copy of the weights per
 replica (EPL before issue 35), EPL with the collective ring (what runs
-across workers), EPL over Horovod/Gloo, and Horovod alone over Gloo. The
-models have real widths: BERT-Base's (hidden 768, vocabulary 30522) with 2
-layers at sequence 128, and ResNet-18 on 32x32 images. The local rows
-are built in one process and timed in turn, one step of each a round
-(each round starting one row later), so that load from other jobs hits
-them alike; the table "Timed in turn" gives each row's examples/s over
-plain TF's in the same round (median over the rounds, and over the quiet
+across workers), EPL with TensorFlow's one intra-op pool shared by the
+logical CPU devices ("EPL DP, one pool": `cluster.cpu_device_threads` 0,
+EPL before its per-device pools), EPL over Horovod/Gloo, and Horovod
+alone over Gloo. The models have real widths: BERT-Base's (hidden 768,
+vocabulary 30522) with 2 layers at sequence 128, and ResNet-18 on 32x32
+images. Each local row runs in a process of its own, as its users run
+it: plain TF and Mirrored with TensorFlow's defaults, EPL's rows with
+what `epl.init` decides for their process (TensorFlow reads some thread
+settings once per process, so rows sharing one could not each have
+theirs). The rows are built one after another, then all timed in turn,
+one step of each a round (each round starting one row later, each step
+timed in its row's process), so that load from other jobs hits them
+alike; the table "Timed in turn" gives each row's examples/s over plain
+TF's in the same round (median over the rounds, and over the quiet
 rounds, in which other processes kept under 0.1 cores busy) and its CPU
 time a step over plain TF's, and whether EPL DP meets issue 35's goals
 (at least 0.95x plain TF's examples/s, 1.0x Mirrored's); **others** is
-the cores other processes kept busy meanwhile (`host_load`). The
-standard run times plain TF, Mirrored and EPL DP (`--rows`; the
-per-replica-weights and ring rows run with the default `--rows`). On logical CPU devices that share the cores, plain
-TF on one device is the limit data parallelism can reach at a fixed
-global batch. **vs TF 1dev**, **vs Mirrored** and **vs Horovod** are
-examples/s over the anchor's: **higher is better**, and the column beside
-says whether EPL wins, loses or is level (within 5%); the spread is the
-fastest and slowest step; **CPU ms** is the process's CPU time a step
-(median, **lower is better**), which other jobs' load moves far less
-than the wall time. The second table splits one traced step of
+the cores other processes (not the row processes) kept busy meanwhile
+(`host_load`). The standard run times plain TF, Mirrored, EPL DP and EPL
+DP with one pool (`--rows`; the per-replica-weights and ring rows run
+with the default `--rows`). On logical CPU devices that share the cores,
+plain TF on one device is the limit data parallelism can reach at a
+fixed global batch. **vs TF 1dev**, **vs Mirrored** and **vs Horovod**
+are examples/s over the anchor's: **higher is better**, and the column
+beside says whether EPL wins, loses or is level (within 5%); the spread
+is the fastest and slowest step; **CPU ms** is the row process's CPU
+time a step (median, **lower is better**), which other jobs' load moves
+far less than the wall time. The second table splits one traced step of
 each row into forward, backward, gradient sums, updates and copies (busy
-ms, **lower is better**). MFU needs a known peak (a GPU of
-`benchmarks/machine.py`'s table or `--peak_tflops`); on CPUs it is "-".
-On a GPU machine the rows use its GPUs (the Horovod rows stay on CPUs
-over Gloo).""",
+ms, **lower is better**); the last lines give the row processes' peak
+memory. MFU needs a known peak (a GPU of `benchmarks/machine.py`'s table
+or `--peak_tflops`); on CPUs it is "-". On a GPU machine the rows use
+its GPUs (the Horovod rows stay on CPUs over Gloo).""",
         both_versions=True, uses_gpus=True),
     _section(
         "allreduce", "All-reduce alone: fusion and communicators",

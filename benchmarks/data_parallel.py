@@ -19,6 +19,10 @@ step, each row saying what ran.
                             (shared_weights off: EPL before issue 35)
   EPL DP, ring              collective ring all-reduce (local_cpu_reduce
                             off), as across workers; on GPUs NCCL
+  EPL DP, one pool          EPL DP with TensorFlow's one intra-op pool
+                            shared by the logical CPU devices
+                            (cluster.cpu_device_threads 0: EPL before
+                            its per-device pools), in the same rounds
   EPL Horovod/Gloo 2x2      EPL with communication.backend "horovod",
                             horovodrun -np 2 x 2 logical devices per process
   EPL Horovod/Gloo 4x1      the same with 4 processes of one device
@@ -32,33 +36,37 @@ Models (benchmarks/horovod_data_parallel.py builds them): the standard
 sizes `bert_base_2l` (BERT-Base's widths and vocabulary, 2 layers,
 sequence 128, AdamW) and `resnet18` (ResNet-18 on 32x32 images,
 Momentum); `mlp` (6 layers 1024 wide, Adam, issue 35's probe); the smoke
-sizes `bert_tiny` and `resnet`. The local rows of a model (`--rows`)
-are built in one process (a fresh one per model, or this one with
-`--in_process`) and timed in turn (`in_turn.rounds`: one step of each row
-a round, each round starting one row later), so that load from other
-jobs on a shared machine hits them alike: on 2 shared cores, rows timed
-in processes of their own mostly measure which had the cores to itself.
+sizes `bert_tiny` and `resnet`. Each local row of a model (`--rows`)
+runs in a process of its own (`row_process`), built and warmed up there
+one row after another; all stay alive and are timed in turn
+(`in_turn.rounds`: one step of each row a round, each round starting one
+row later, each step timed in its row's process), so that load from
+other jobs on a shared machine hits them alike: on 2 shared cores, rows
+timed one after the other mostly measure which had the cores to itself.
 The table "Timed in turn" gives each row's examples/s over plain TF's in
 the same round, median over the `--steps` rounds (and over the quiet
-rounds, other processes under QUIET cores), its CPU time a step over
-plain TF's, and EPL DP against issue 35's goals. `--own_processes` builds
-and times each in a process of its own, one after the other (no in-turn
-table).
+rounds, other processes under QUIET cores: the row processes are not
+"other"), its CPU time a step over plain TF's, and EPL DP against issue
+35's goals. `--own_processes` times each row alone, one after the other
+(no in-turn table).
 
-The comparison in one process is fair to plain TF: each row has a graph
-and a session of its own, with the same ConfigProto (soft placement,
-TensorFlow's default intra- and inter-op threads) but for the number of
-CPU devices: 1 for plain TF, N for the others. The logical devices that
-`epl.init` asks for do not reach plain TF's session, which has one CPU
-device and places every op on it; TensorFlow's CPU devices of one
-process share one intra-op thread pool, so plain TF's ops get as many
-threads as the replicas' together. Plain TF and Mirrored are built and
-stepped without EPL (`epl.env.detached`), EPL's rows with EPL on, as in
-a user's script.
+The comparison is fair to every row: each runs as its users run it, in
+a process of its own. Plain TF and Mirrored keep TensorFlow's defaults
+(soft placement, TensorFlow's default intra- and inter-op threads, the
+process-wide thread settings untouched: TF_OVERRIDE_GLOBAL_THREADPOOL is
+removed from their environment), with 1 CPU device for plain TF and N
+for Mirrored; plain TF's ops get all the intra-op threads. EPL's rows
+call `epl.init` first in their process, as a user's script does, and
+run with what it decides for that process (the logical CPU devices, and
+their intra-op threads: `cluster.cpu_device_threads`). Plain TF and
+Mirrored are built and stepped without EPL (`epl.env.detached`), EPL's
+rows with EPL on. Each row process holds its own copy of TensorFlow and
+of its model; the output ends with their peak RSS, together and the
+largest.
 
 examples/s = G / median step time after the warm-up;
-the spread is the slowest and fastest step; CPU ms is the process's CPU
-time a step (median, `time.process_time`): what the step costs in work,
+the spread is the slowest and fastest step; CPU ms is the row process's
+CPU time a step (median, `time.process_time`): what the step costs in work,
 which the load of other jobs on a shared machine moves far less than the
 wall time (the Horovod rows, in processes of their own, have none). "vs" columns are examples/s
 over the anchor's (higher is better) with the verdict. A second table
@@ -83,21 +91,18 @@ import argparse
 import contextlib
 import copy
 import importlib.util
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from benchmarks import horovod_data_parallel  # pylint: disable=wrong-import-position
-from benchmarks import host_load  # pylint: disable=wrong-import-position
 from benchmarks import in_turn  # pylint: disable=wrong-import-position
 from benchmarks import machine  # pylint: disable=wrong-import-position
+from benchmarks import row_process  # pylint: disable=wrong-import-position
 from benchmarks import smoke  # noqa: E402
 from benchmarks import step_parts  # pylint: disable=wrong-import-position
 from benchmarks import verdict  # pylint: disable=wrong-import-position
@@ -112,18 +117,27 @@ LOCAL_ROWS = {
     "EPL DP": {},
     "EPL DP, per-replica wts": {"communication.shared_weights": False},
     "EPL DP, ring": {"communication.local_cpu_reduce": False},
+    # EPL before its per-device intra-op pools: TensorFlow's one pool
+    # shared by the logical CPU devices.
+    "EPL DP, one pool": {"cluster.cpu_device_threads": 0},
 }
 # The Horovod rows have a --smoke of their own (horovod_data_parallel.py).
 SMOKE = ["--models", "resnet", "--global_batch", "4", "--steps", "1",
-         "--warmup", "1", "--no_horovod", "--in_process"]
+         "--warmup", "1", "--no_horovod"]
 # Other processes' cores under which a round in turn counts as quiet.
 QUIET = 0.1
 # Issue 35's goals for EPL DP's examples/s: over plain TF on one device's,
 # and over MirroredStrategy's.
 GOAL_ONE_DEVICE, GOAL_MIRRORED = 0.95, 1.0
 ROW_SEPARATOR = ";"
-# --row's value for every local row timed in turn (measure_interleaved).
-IN_TURN = "in turn"
+# Set by `epl.init` for several logical CPU devices and read once per
+# process: a row process must not inherit it from this one (plain TF and
+# Mirrored run with TensorFlow's defaults; EPL's rows with what epl.init
+# decides in their own process).
+THREADPOOL_OVERRIDE = "TF_OVERRIDE_GLOBAL_THREADPOOL"
+# What to do when the row processes do not fit in memory together.
+MEMORY_FIX = ("time fewer rows together (--rows) or each alone "
+              "(--own_processes)")
 
 
 def _devices():
@@ -173,7 +187,8 @@ def _step_flops(train_op, loss):
 
 
 class Row:
-  """One local row built into its own graph and session, ready to step."""
+  """One local row built into its own graph and session, ready to step
+  (in its row process: `row_process.serve`)."""
 
   def __init__(self, row, model, global_batch):
     import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
@@ -203,6 +218,7 @@ class Row:
         config.device_count["CPU"] = devices
       self.session = tf.Session(config=config)
       self.session.run(init)
+    self.facts = {"step_flops": self.step_flops}
 
   def context(self):
     """EPL's rows run with EPL on, as in a user's script; the others
@@ -219,43 +235,87 @@ class Row:
       return step_parts.traced_parts(self.session, self.fetches,
                                      self.parts_of)
 
-  def result(self, global_batch, timed, with_parts, others):
-    """The row's figures from its (wall s, CPU s) of each timed step;
-    `others`: the cores other processes kept busy meanwhile."""
+  def close(self):
     self.session.close()
-    times, cpu_times = (list(column) for column in zip(*timed))
-    return {"examples_per_s": global_batch / statistics.median(times),
-            "step_s": times, "step_flops": self.step_flops,
-            "cpu_s": statistics.median(cpu_times), "others": others,
-            "parts": with_parts}
-
-
-def measure_interleaved(model, global_batch, steps, warmup, rows=None):
-  """The local rows `rows` (default: all) built in this process, warmed
-  up, then timed in turn, `steps` rounds of one step of each
-  (`in_turn.rounds`); {row: {"examples_per_s", "step_s", "step_flops",
-  "cpu_s", "others", "parts", and for every row but ONE_DEVICE
-  "in_turn": {"rate", "cpu", "quiet_rate", "rounds", "quiet"}}}: its
-  examples/s and CPU time a step over ONE_DEVICE's, median over the rounds
-  (and over the quiet rounds)."""
-  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  import epl  # pylint: disable=import-outside-toplevel
-  tf.disable_eager_execution()
-  # Plain TF and Mirrored first: MirroredStrategy needs EPL off.
-  built = [Row(name, model, global_batch) for name in LOCAL_ROWS
-           if rows is None or name in rows]
-  try:
-    for _ in range(warmup):
-      for row in built:
-        row.step()
-    timed, quiet, others = in_turn.rounds(
-        [(row.name, row.step) for row in built], steps, QUIET)
-    parts = {row.name: row.parts() for row in built}
-    figures = {row.name: row.result(global_batch, timed[row.name],
-                                    parts[row.name], others)
-               for row in built}
-  finally:
+    import epl  # pylint: disable=import-outside-toplevel
     epl.shutdown()
+
+
+def _serve_row(row, model, global_batch, warmup, channel):
+  """The row process of `row`: builds it (EPL's rows call epl.init there,
+  as a user's script does), runs its warm-up steps, then steps it on the
+  parent's command (`row_process.serve`)."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
+  tf.disable_eager_execution()
+
+  def build():
+    built = Row(row, model, global_batch)
+    for _ in range(warmup):
+      built.step()
+    return built
+
+  row_process.serve(channel, build)
+
+
+def _start_row(row, model, args, name):
+  """The row process of `row`, built and warmed up; `name` in errors."""
+  command = [sys.executable, os.path.abspath(__file__), "--row", row,
+             "--model", model, "--global_batch", str(args.global_batch),
+             "--warmup", str(args.warmup)]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  env.pop(THREADPOOL_OVERRIDE, None)
+  if _devices()[0] == "CPU":
+    env["CUDA_VISIBLE_DEVICES"] = ""
+  return row_process.RowProcess(name, command, env, cwd=ROOT)
+
+
+def _figures(global_batch, timed, step_flops, parts, others, peak_rss):
+  """A row's figures from its (wall s, CPU s) of each timed step;
+  `others`: the cores other processes kept busy meanwhile."""
+  times, cpu_times = (list(column) for column in zip(*timed))
+  return {"examples_per_s": global_batch / statistics.median(times),
+          "step_s": times, "step_flops": step_flops,
+          "cpu_s": statistics.median(cpu_times), "others": others,
+          "parts": parts, "peak_rss": peak_rss}
+
+
+def _time_together(rows, model, args):
+  """({row: figures}, {row: [(wall s, CPU s) a round]}, [quiet rounds])
+  of `rows`, each in a row process of its own, built one after another
+  and all alive while they are timed in turn (`in_turn.rounds`)."""
+  started = []
+  try:
+    for row in rows:
+      label = "%s / %s" % (model, row)
+      row_process.check_memory(started, label, MEMORY_FIX)
+      started.append(_start_row(row, model, args, label))
+    timed, quiet, others = in_turn.rounds(
+        [(row.name, row.step) for row in started], args.steps, QUIET,
+        self_timed=True, child_pids=[row.pid for row in started])
+    parts = [row.parts() for row in started]
+    figures = {
+        name: _figures(args.global_batch, timed[row.name],
+                       row.ready["step_flops"], row_parts, others,
+                       row.stop())
+        for name, row, row_parts in zip(rows, started, parts)}
+  finally:
+    row_process.stop_all(started)
+  return figures, {name: timed[row.name] for name, row in
+                   zip(rows, started)}, quiet
+
+
+def measure(model, args):
+  """{row: {"examples_per_s", "step_s", "step_flops", "cpu_s", "others",
+  "parts", "peak_rss", and, timed in turn, for every row but ONE_DEVICE
+  "in_turn": {"rate", "cpu", "quiet_rate", "mirrored", "rounds",
+  "quiet"}}} of the local rows `args.rows`: its examples/s and CPU time a
+  step over ONE_DEVICE's, median over the rounds (and over the quiet
+  rounds). With `args.own_processes` each row is timed alone, one after
+  the other (no "in_turn")."""
+  if args.own_processes:
+    return {row: _time_together([row], model, args)[0][row]
+            for row in args.rows}
+  figures, timed, quiet = _time_together(args.rows, model, args)
   base = timed.get(ONE_DEVICE)
   for name, pairs in timed.items():
     if base is None or name == ONE_DEVICE:
@@ -272,47 +332,6 @@ def measure_interleaved(model, global_batch, steps, warmup, rows=None):
                     if MIRRORED in timed else None,
         "rounds": len(pairs), "quiet": len(calm)}
   return figures
-
-
-def measure_row(row, model, global_batch, steps, warmup, rows):
-  """One row alone in this process (--own_processes' child); the rows
-  `rows` timed in turn for IN_TURN."""
-  if row == IN_TURN:
-    return measure_interleaved(model, global_batch, steps, warmup, rows)
-  import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
-  import epl  # pylint: disable=import-outside-toplevel
-  tf.disable_eager_execution()
-  try:
-    built = Row(row, model, global_batch)
-    for _ in range(warmup):
-      built.step()
-    others = host_load.OtherProcesses()
-    timed = [in_turn.timed_step(built.step) for _ in range(steps)]
-    return built.result(global_batch, timed, built.parts(), others.cores())
-  finally:
-    epl.shutdown()
-
-
-def _own_process(row, model, args):
-  """measure_row in a fresh process: its memory is given back before the
-  next (the local rows of BERT-Base in one process hold about 10 GiB)."""
-  with tempfile.TemporaryDirectory() as directory:
-    out = os.path.join(directory, "result.json")
-    command = [sys.executable, os.path.abspath(__file__), "--row", row,
-               "--model", model, "--global_batch", str(args.global_batch),
-               "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--rows", ROW_SEPARATOR.join(args.rows),
-               "--out", out]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-    if _devices()[0] == "CPU":
-      env["CUDA_VISIBLE_DEVICES"] = ""
-    finished = subprocess.run(command, env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=1200, check=False)
-    if finished.returncode != 0 or not os.path.exists(out):
-      raise RuntimeError("%s / %s failed:\n%s" % (
-          model, row, (finished.stdout + finished.stderr)[-4000:]))
-    with open(out) as f:
-      return json.load(f)
 
 
 def _horovod_missing():
@@ -420,27 +439,23 @@ def main(argv=None):
   parser.add_argument("--no_horovod", action="store_true",
                       help="leave out the Horovod rows")
   parser.add_argument("--own_processes", action="store_true",
-                      help="build and time each local row in a process of "
-                      "its own, one after the other, not in turn in this "
-                      "one")
-  parser.add_argument("--in_process", action="store_true",
-                      help="time the local rows in turn in this process, not "
-                      "in a child process per model (smoke: TensorFlow "
-                      "imported once)")
+                      help="time each local row alone, one after the other, "
+                      "not all in turn (each is in a process of its own "
+                      "either way)")
   # Row names hold commas: ";" separates them.
   parser.add_argument("--rows", default=ROW_SEPARATOR.join(LOCAL_ROWS),
                       help="semicolon-separated local rows (%s); %s and %s "
                       "always run: the ratios are to them" % (
                           ", ".join(LOCAL_ROWS), ONE_DEVICE, MIRRORED))
+  # A row process's: its row, model and command pipes (_start_row).
   parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
-  parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
   args = smoke.parse_args(parser, argv, SMOKE)
   args.rows = _local_rows(args.rows)
-  if args.row:
-    with open(args.out, "w") as f:
-      json.dump(measure_row(args.row, args.model, args.global_batch,
-                            args.steps, args.warmup, args.rows), f)
+  if args.serve:
+    _serve_row(args.row, args.model, args.global_batch, args.warmup,
+               args.serve)
     return 0
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   device_type, devices = _devices()
@@ -454,16 +469,17 @@ def main(argv=None):
             args.global_batch, args.steps, args.warmup, devices,
             "logical CPU" if device_type == "CPU" else device_type,
             machine.describe(tf.__version__),
-            "each in its own process" if args.own_processes else
-            "in one process per model, timed step by step in turn",
+            "each in a process of its own, timed alone one after the other"
+            if args.own_processes else "each in a process of its own, "
+            "timed step by step in turn",
             "; Horovod rows: %s" % missing if missing else ""))
   print("examples/s: higher is better; vs = examples/s over the anchor's "
         "(higher is better); spread = fastest-slowest step, ms; CPU ms = "
-        "the process's CPU time a step, median (lower is better)")
+        "the row process's CPU time a step, median (lower is better)")
   print("%-16s %-24s %10s %11s %8s %9s %9s %9s %9s %8s %9s %6s %6s" % (
       "model", "run", "examples/s", "spread ms", "CPU ms", "vs TF 1dev", "",
       "vs Mirr.", "", "vs Horovod", "", "MFU", "others"))
-  all_parts, in_turn_rows = [], []
+  all_parts, in_turn_rows, memory = [], [], []
   for spec in args.models.split(","):
     # name[:global batch]: each model at a batch that says something
     # about it (ResNet-18 at 16 gives each replica 4 images).
@@ -473,13 +489,7 @@ def main(argv=None):
     if args.global_batch % devices:
       raise SystemExit("%s: the global batch must be a multiple of %d" % (
           spec, devices))
-    if args.own_processes:
-      figures = {row: _own_process(row, model, args) for row in args.rows}
-    elif args.in_process:
-      figures = measure_interleaved(model, args.global_batch, args.steps,
-                                    args.warmup, args.rows)
-    else:
-      figures = _own_process(IN_TURN, model, args)
+    figures = measure(model, args)
     rates = {row: f["examples_per_s"] for row, f in figures.items()}
     if not missing:
       rates.update(horovod_data_parallel.run(model, args.global_batch,
@@ -489,6 +499,7 @@ def main(argv=None):
     all_parts += [(label, row, f["parts"]) for row, f in figures.items()]
     in_turn_rows += [(label, row, f) for row, f in figures.items()
                      if "in_turn" in f]
+    memory.append((label, [f["peak_rss"] for f in figures.values()]))
   if in_turn_rows:
     _print_in_turn(in_turn_rows)
   print("\nOne traced step of each local row split into parts "
@@ -497,6 +508,10 @@ def main(argv=None):
   print(step_parts.header())
   for model, row, parts in all_parts:
     print(step_parts.line(model, row, parts))
+  print()
+  for model, peaks in memory:
+    print("%s: peak RSS of the row processes %.2f GiB together, %.2f GiB "
+          "the largest" % (model, sum(peaks) / 2 ** 30, max(peaks) / 2 ** 30))
   return 0
 
 
