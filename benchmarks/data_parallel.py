@@ -235,11 +235,6 @@ class Row:
       return step_parts.traced_parts(self.session, self.fetches,
                                      self.parts_of)
 
-  def close(self):
-    self.session.close()
-    import epl  # pylint: disable=import-outside-toplevel
-    epl.shutdown()
-
 
 def _serve_row(row, model, global_batch, warmup, channel):
   """The row process of `row`: builds it (EPL's rows call epl.init there,

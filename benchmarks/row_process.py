@@ -10,7 +10,7 @@ it is ready, then answers commands one at a time:
   step    runs one step; answers its (wall s, CPU s), measured in the
           row's process around the step (`in_turn.timed_step`)
   parts   answers `parts()` of the row (one traced step split in parts)
-  stop    closes the row; answers the process's peak RSS, then it exits
+  stop    answers the process's peak RSS, then it exits at once
 
 Commands and answers are JSON lines over a pair of pipes of their own, not
 stdin/stdout, so that what TensorFlow and EPL print cannot corrupt them;
@@ -116,7 +116,7 @@ class RowProcess:
     return self._ask("parts", STEP_TIMEOUT)
 
   def stop(self):
-    """Closes the row and waits for its process to exit; its peak RSS in
+    """Stops the row's process and waits for it to exit; its peak RSS in
     bytes."""
     peak = self._ask("stop", STOP_TIMEOUT)
     try:
@@ -186,7 +186,7 @@ def stop_all(rows):
 
 def serve(channel, build):
   """In the row's process: builds the row (`build()`: an object with
-  `step()`, `parts()`, `close()` and `facts`, a JSON dict sent with the
+  `step()`, `parts()` and `facts`, a JSON dict sent with the
   ready message), then answers the parent's commands on the pipes of
   `channel` ("<commands fd>,<answers fd>") until it says stop. A failure
   is answered with its traceback, then the process exits with status 1."""
@@ -208,10 +208,12 @@ def serve(channel, build):
         elif command == "parts":
           send(row.parts())
         elif command == "stop":
-          row.close()
           # ru_maxrss is in KiB on Linux.
           send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-          return
+          # Exits without closing the row: nothing is left to keep, and
+          # closing MirroredStrategy's session took over STOP_TIMEOUT on
+          # TensorFlow 2.15.
+          os._exit(0)  # pylint: disable=protected-access
         else:
           raise ValueError("unknown command %r" % (command,))
   except Exception:  # pylint: disable=broad-except

@@ -45,9 +45,6 @@ FAKE_ROW = textwrap.dedent("""
       def parts(self):
         return {"step": 1.0}
 
-      def close(self):
-        pass
-
     def build():
       if sys.argv[1] == "fail":
         raise ValueError("no model named fake")
