@@ -302,7 +302,7 @@ ANCHORS = """
 | plain single-device TF | [Data parallelism](#data-parallelism-and-communication), [BERT](#bert) | EPL examples/s over TF 1 device's (higher) |
 | `tf.distribute.MirroredStrategy` | [Data parallelism](#data-parallelism-and-communication), [BERT](#bert) | examples/s over Mirrored's (higher) |
 | Horovod over Gloo | [Data parallelism](#data-parallelism-and-communication), [Horovod](#horovod) | examples/s over Horovod alone's (higher) |
-| EPL data parallel | [Data parallelism](#data-parallelism-and-communication) | rows "EPL DP, local sums" and "EPL DP, ring" |
+| EPL data parallel | [Data parallelism](#data-parallelism-and-communication) | rows "EPL DP" (as configured by default), "EPL DP, one pool" (TensorFlow's one intra-op pool), and with the default `--rows` "EPL DP, per-replica wts" and "EPL DP, ring" |
 | EPL pipeline | [BERT](#bert), [Pipeline](#pipeline) | examples/s over one device's (higher) |
 | EPL split head (100k classes) vs DP | [Split and MoE](#split-and-moe) | split over DP: state, bytes, step time (lower) |
 | MoE split vs replicated | [Mixture of experts](#mixture-of-experts) | tokens/s (higher), expert bytes (lower) |
