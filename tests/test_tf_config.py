@@ -5,6 +5,7 @@ import pytest
 
 import epl
 from epl.cluster import Cluster
+from epl.runtime import cpu_threads
 from epl.runtime import failures
 from epl.runtime import server
 
@@ -41,9 +42,12 @@ def test_server_config_carries_devices_and_leader(monkeypatch):
   cluster = _cluster(monkeypatch, {"cluster": {"worker": ["a:1", "b:1"]},
                                    "task": {"type": "worker", "index": 1}},
                      devices=3)
-  proto = server.base_config(cluster, epl.Config())
+  threads = cpu_threads.ThreadPlan(2, 3, "the test's")
+  proto = server.base_config(cluster, epl.Config(), threads)
   assert proto.device_count["CPU"] == 3
   assert proto.experimental.collective_group_leader == server.GROUP_LEADER
+  # The server makes this worker's devices: each gets its own pool.
+  assert proto.intra_op_parallelism_threads == 2
 
 
 def test_lost_peer_errors_become_worker_failures(monkeypatch):
