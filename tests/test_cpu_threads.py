@@ -43,7 +43,10 @@ def test_each_device_gets_the_cores_over_the_devices(cores, devices,
 
 
 def test_a_setting_of_threads_wins_over_the_cores():
-  assert _decide(wanted=3, cores=2).threads_per_device == 3
+  plan = _decide(wanted=3, cores=2)
+  assert plan.threads_per_device == 3
+  assert plan.configured
+  assert not _decide().configured
 
 
 @pytest.mark.parametrize("why,arguments", [
@@ -92,11 +95,13 @@ def threads_a_session_starts():
   session.close()
   return started
 
-if sys.argv[1] == "session_first":
+if sys.argv[1].startswith("session_first"):
   threads_a_session_starts()
 config = {"cluster.num_cpu_devices": 4}
 if sys.argv[1] == "one_pool":
   config["cluster.cpu_device_threads"] = 0
+if sys.argv[1] == "session_first_two_threads":
+  config["cluster.cpu_device_threads"] = 2
 epl.init(epl.Config(config))
 print("THREADS_STARTED", threads_a_session_starts())
 print("ASKED", os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL"))
@@ -141,11 +146,17 @@ def test_each_cpu_device_runs_on_a_pool_of_its_own(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_session_opened_before_init_warns_once_and_trains_the_same(
-    tmp_path):
-  out, started = _run(tmp_path, "session_first")
+@pytest.mark.parametrize("case,level", [
+    # EPL's default: a script comparing plain TF first is told at INFO.
+    ("session_first", "[EPL INFO]"),
+    # Threads the configuration asked for: a warning.
+    ("session_first_two_threads", "[EPL WARNING]")])
+def test_a_session_opened_before_init_is_said_once_and_trains_the_same(
+    tmp_path, case, level):
+  out, started = _run(tmp_path, case)
   assert started == 0, out
   assert out.count("share one pool") == 1, out
+  assert "%s EPL asked TensorFlow" % level in out, out
 
 
 @pytest.mark.timeout(300)

@@ -38,10 +38,12 @@ class ThreadPlan:
   """Each of a worker's `devices` CPU devices runs its ops on a pool of its
   own of `threads_per_device` threads, or, when that is None, on
   TensorFlow's one pool shared by the process's CPU devices; because
-  `reason`."""
+  `reason`. `configured`: the threads are the configuration's
+  (cluster.cpu_device_threads), not EPL's default."""
   threads_per_device: Optional[int]
   devices: int
   reason: str
+  configured: bool = False
 
   def describe(self):
     if self.threads_per_device is None:
@@ -77,7 +79,7 @@ def decide(config, cluster, cores, asked_in_environment, eager_started):
                       "(call epl.init before anything runs)")
   if wanted is not None:
     return ThreadPlan(wanted, devices, "cluster.cpu_device_threads is %d" %
-                      wanted)
+                      wanted, configured=True)
   return ThreadPlan(
       max(1, math.ceil(cores / devices)), devices,
       "the %d replicas' devices already run side by side on this "
@@ -128,10 +130,12 @@ _warned = {"shared": False}
 
 
 def check_session(plan, threads_before):
-  """Warns once when a local session just made under a plan of pools per
+  """Says once when a local session just made under a plan of pools per
   device started fewer threads than it has devices (`threads_before`:
   thread_count() before the session): its devices joined the one pool
-  TensorFlow had made with a device before epl.init asked."""
+  TensorFlow had made with a device before epl.init asked. A warning when
+  the configuration asked for the threads; at INFO when they were EPL's
+  default (a script that runs plain TensorFlow before EPL to compare)."""
   after = thread_count()
   if (plan is None or plan.threads_per_device is None or
       threads_before is None or after is None or _warned["shared"]):
@@ -139,7 +143,8 @@ def check_session(plan, threads_before):
   if after - threads_before >= plan.devices:
     return
   _warned["shared"] = True
-  logger.warning(
+  logger.log(
+      logging.WARNING if plan.configured else logging.INFO,
       "EPL asked TensorFlow for a pool of %d thread(s) for each of the %d "
       "CPU devices, but this session's devices share one pool: "
       "TensorFlow made a device in this process before epl.init (a Session "
