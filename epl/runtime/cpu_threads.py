@@ -17,8 +17,8 @@ process, when it makes its first device (`epl.tf_compat.thread_pools`),
 so `epl.init` decides before anything runs (`plan_at_init`), and every
 session, server and the eager runtime are then made with the plan's
 threads. A session whose devices still share one pool (TensorFlow made a
-device before `epl.init` asked) gets one warning: it trains the same, more
-slowly.
+device before `epl.init` asked) is said once (`check_session`): it trains
+the same, more slowly.
 """
 import dataclasses
 import logging
@@ -151,5 +151,5 @@ def check_session(plan, threads_before):
       "opened or an op ran first). Training is the same, but each "
       "replica's ops are cut over every core, which costs CPU time. Call "
       "epl.init() before anything runs, or set cluster.cpu_device_threads "
-      "to 0 to keep one pool without this warning.",
+      "to 0 to keep one pool without this message.",
       plan.threads_per_device, plan.devices)
