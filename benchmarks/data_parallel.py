@@ -194,7 +194,7 @@ class Row:
     import tensorflow.compat.v1 as tf  # pylint: disable=import-outside-toplevel
     import epl  # pylint: disable=import-outside-toplevel
     from epl.parallel import engine  # pylint: disable=import-outside-toplevel
-    self.name, self.times, self.cpu_times, self.step_flops = row, [], [], 0
+    self.step_flops = 0
     self.is_epl = LOCAL_ROWS[row] is not None
     device_type, devices = _devices()
     if row == ONE_DEVICE:

@@ -140,7 +140,8 @@ def get_or_start(env):
   spec = tf.train.ClusterSpec({JOB: cluster.worker_addresses})
   server = tf.distribute.Server(
       spec, job_name=JOB, task_index=cluster.worker_index,
-      config=base_config(cluster, env.config, env.cpu_threads), protocol="grpc", start=True)
+      config=base_config(cluster, env.config, env.cpu_threads),
+      protocol="grpc", start=True)
   _server.update(server=server, key=_key(cluster))
   _say_what_the_job_exposes(cluster)
   logger.info("epl.init: worker %d of %d serves %s at %s (%d %s device(s))",
